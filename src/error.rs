@@ -1,0 +1,73 @@
+//! The error type of every fallible operation. Each variant maps to one C status code.
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvError {
+    /// A size, count or id argument is out of its valid range.
+    InvalidArgument(String),
+    /// The manager config is inconsistent (zero blocks, duplicate windows, ...).
+    InvalidConfig(String),
+    /// No sequence with this request id.
+    UnknownRequest(u64),
+    /// A sequence with this request id already exists.
+    DuplicateRequest(u64),
+    /// Fewer tokens were given than the input length says.
+    TooFewTokens { input_length: usize, num_tokens: usize },
+    /// Beam width above the configured maximum.
+    BeamWidthExceeded { beam_width: usize, max: usize },
+    /// Invalid retention config (priority out of range, overlapping ranges, ...).
+    InvalidRetention(String),
+    /// The sequence would exceed the configured maximum sequence length.
+    SequenceTooLong { length: usize, max: usize },
+    /// Not enough free blocks; nothing was changed.
+    OutOfBlocks { window_size: usize, needed: usize, available: usize },
+    /// The operation is not supported in this configuration.
+    Unsupported(String),
+    /// A caller buffer is too small.
+    BufferTooSmall { needed: usize, given: usize },
+    /// `check_invariants` found a violation.
+    InvariantViolation(String),
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            KvError::InvalidConfig(m) => write!(f, "invalid config: {m}"),
+            KvError::UnknownRequest(id) => write!(f, "unknown request id {id}"),
+            KvError::DuplicateRequest(id) => write!(f, "request id {id} already has a sequence"),
+            KvError::TooFewTokens {
+                input_length,
+                num_tokens,
+            } => write!(
+                f,
+                "input length {input_length} but only {num_tokens} tokens were given"
+            ),
+            KvError::BeamWidthExceeded { beam_width, max } => {
+                write!(f, "beam width {beam_width} exceeds the maximum {max}")
+            }
+            KvError::InvalidRetention(m) => write!(f, "invalid retention config: {m}"),
+            KvError::SequenceTooLong { length, max } => {
+                write!(f, "sequence length {length} exceeds the maximum {max}")
+            }
+            KvError::OutOfBlocks {
+                window_size,
+                needed,
+                available,
+            } => write!(
+                f,
+                "out of blocks in window {window_size}: {needed} needed, {available} free"
+            ),
+            KvError::Unsupported(m) => write!(f, "unsupported: {m}"),
+            KvError::BufferTooSmall { needed, given } => {
+                write!(f, "buffer too small: {needed} entries needed, {given} given")
+            }
+            KvError::InvariantViolation(m) => write!(f, "invariant violated: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
+
+pub type KvResult<T> = Result<T, KvError>;

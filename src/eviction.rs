@@ -1,0 +1,457 @@
+//! Free queues: one LRU list per (cache level, priority 0..=100), intrusive over block indices.
+//!
+//! Eviction takes the front of the lowest non-empty priority of a level (a bitmap finds it in
+//! O(1)); within a priority, blocks leave in release order. Each queued block records the
+//! (level, priority) it was queued under, and removal always uses that record, never the block's
+//! current memory level or priority (seed `004`: claim before swap). The free counter of a level
+//! is the length of its lists by construction.
+
+use std::collections::BTreeSet;
+
+use crate::pool::Level;
+use crate::retention::{BlockRetention, DEFAULT_PRIORITY, MAX_PRIORITY};
+
+const NIL: u32 = u32::MAX;
+const NUM_PRIORITIES: usize = MAX_PRIORITY as usize + 1;
+/// Primary blocks at or above this priority are offloaded to the host tier instead of dropped.
+pub const DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY: u8 = 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QueueSlot {
+    level: Level,
+    priority: u8,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    prev: u32,
+    next: u32,
+    slot: Option<QueueSlot>,
+}
+
+/// Retention state of one block as the policy sees it.
+#[derive(Clone, Copy, Debug)]
+struct RetentionState {
+    priority: u8,
+    duration_ms: Option<u64>,
+    expires_at_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+/// The eviction policy of one window.
+#[derive(Clone, Debug)]
+pub struct FreeQueues {
+    links: Vec<Link>,
+    state: Vec<RetentionState>,
+    lists: [[List; NUM_PRIORITIES]; 2],
+    non_empty: [u128; 2],
+    free: [usize; 2],
+    expiring: BTreeSet<(u64, u32)>,
+    offload_min_priority: u8,
+}
+
+impl FreeQueues {
+    /// A policy over `num_blocks` blocks, none queued.
+    pub fn new(num_blocks: usize, offload_min_priority: u8) -> Self {
+        let empty = List {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        };
+        FreeQueues {
+            links: vec![
+                Link {
+                    prev: NIL,
+                    next: NIL,
+                    slot: None
+                };
+                num_blocks
+            ],
+            state: vec![
+                RetentionState {
+                    priority: DEFAULT_PRIORITY,
+                    duration_ms: None,
+                    expires_at_ms: None
+                };
+                num_blocks
+            ],
+            lists: [[empty; NUM_PRIORITIES]; 2],
+            non_empty: [0; 2],
+            free: [0; 2],
+            expiring: BTreeSet::new(),
+            offload_min_priority,
+        }
+    }
+
+    pub fn num_free(&self, level: Level) -> usize {
+        self.free[level as usize]
+    }
+
+    pub fn is_queued(&self, block: u32) -> bool {
+        self.links[block as usize].slot.is_some()
+    }
+
+    /// The level a queued block was queued at.
+    pub fn queued_level(&self, block: u32) -> Option<Level> {
+        self.links[block as usize].slot.map(|s| s.level)
+    }
+
+    pub fn priority(&self, block: u32) -> u8 {
+        self.state[block as usize].priority
+    }
+
+    pub fn duration_ms(&self, block: u32) -> Option<u64> {
+        self.state[block as usize].duration_ms
+    }
+
+    pub fn offload_min_priority(&self) -> u8 {
+        self.offload_min_priority
+    }
+
+    /// The next block to evict at `level` without removing it, and whether it may be offloaded
+    /// to the secondary level instead of dropped.
+    pub fn peek(&self, level: Level) -> Option<(u32, bool)> {
+        let bits = self.non_empty[level as usize];
+        if bits == 0 {
+            return None;
+        }
+        let priority = bits.trailing_zeros() as usize;
+        let block = self.lists[level as usize][priority].head;
+        let can_offload = level == Level::Primary && priority as u8 >= self.offload_min_priority;
+        Some((block, can_offload))
+    }
+
+    /// Removes `block` from its queue if it is queued (using the recorded slot) and drops its
+    /// pending expiry. Returns whether it was queued.
+    pub fn claim(&mut self, block: u32) -> bool {
+        let Some(slot) = self.links[block as usize].slot else {
+            return false;
+        };
+        self.unlink(block, slot);
+        if let Some(at) = self.state[block as usize].expires_at_ms.take() {
+            self.expiring.remove(&(at, block));
+        }
+        true
+    }
+
+    /// Claims `block` and applies a retention the way TensorRT-LLM's `claimBlock` does: the
+    /// priority changes only when given; the duration always becomes the given one.
+    pub fn claim_with_retention(&mut self, block: u32, retention: BlockRetention) {
+        self.claim(block);
+        let st = &mut self.state[block as usize];
+        if let Some(p) = retention.priority {
+            st.priority = p;
+        }
+        st.duration_ms = retention.duration_ms;
+    }
+
+    /// Sets a block's priority (not while queued).
+    pub fn set_priority(&mut self, block: u32, priority: u8) {
+        debug_assert!(!self.is_queued(block));
+        self.state[block as usize].priority = priority;
+    }
+
+    /// Appends (or prepends) `block` to the queue of `level` and its current priority. A block
+    /// with a duration and a non-default priority gets an expiry `now + duration`.
+    pub fn release(&mut self, block: u32, level: Level, to_front: bool, now_ms: u64) {
+        debug_assert!(!self.is_queued(block), "block {block} released twice");
+        let st = self.state[block as usize];
+        self.link(block, level, st.priority, to_front);
+        if let Some(d) = st.duration_ms {
+            if st.priority != DEFAULT_PRIORITY {
+                let at = now_ms.saturating_add(d);
+                self.state[block as usize].expires_at_ms = Some(at);
+                self.expiring.insert((at, block));
+            }
+        }
+    }
+
+    /// Moves a queued block to `level` keeping its priority, LRU position at the back and
+    /// expiry (used when offloading moves a cached block to the host tier).
+    pub fn requeue_at_level(&mut self, block: u32, level: Level) {
+        let expires = self.state[block as usize].expires_at_ms;
+        if let Some(slot) = self.links[block as usize].slot {
+            self.unlink(block, slot);
+        }
+        let priority = self.state[block as usize].priority;
+        self.link(block, level, priority, false);
+        self.state[block as usize].expires_at_ms = expires;
+    }
+
+    /// Returns the expiry of a block so it can survive a claim/release pair (offload).
+    pub fn expiry(&self, block: u32) -> Option<u64> {
+        self.state[block as usize].expires_at_ms
+    }
+
+    /// Re-arms a saved expiry on a queued block.
+    pub fn restore_expiry(&mut self, block: u32, at: Option<u64>) {
+        if let Some(old) = self.state[block as usize].expires_at_ms.take() {
+            self.expiring.remove(&(old, block));
+        }
+        if let Some(at) = at {
+            self.state[block as usize].expires_at_ms = Some(at);
+            self.expiring.insert((at, block));
+        }
+    }
+
+    /// Expires timed retentions: every queued block whose expiry is due moves to the back of the
+    /// default-priority queue of its level and takes the default priority.
+    pub fn refresh(&mut self, now_ms: u64) -> usize {
+        let mut expired = 0;
+        while let Some(&(at, block)) = self.expiring.first() {
+            if at > now_ms {
+                break;
+            }
+            self.expiring.pop_first();
+            let st = &mut self.state[block as usize];
+            st.expires_at_ms = None;
+            st.priority = DEFAULT_PRIORITY;
+            st.duration_ms = None;
+            if let Some(slot) = self.links[block as usize].slot {
+                self.unlink(block, slot);
+                self.link(block, slot.level, DEFAULT_PRIORITY, false);
+            }
+            expired += 1;
+        }
+        expired
+    }
+
+    /// Visits the queued blocks of `level` in eviction order.
+    pub fn for_each_queued(&self, level: Level, mut f: impl FnMut(u32, u8)) {
+        for (p, list) in self.lists[level as usize].iter().enumerate() {
+            let mut b = list.head;
+            while b != NIL {
+                f(b, p as u8);
+                b = self.links[b as usize].next;
+            }
+        }
+    }
+
+    /// Checks list linkage and counters; returns the first problem found.
+    pub fn verify(&self) -> Result<(), String> {
+        for level in [Level::Primary, Level::Secondary] {
+            let mut count = 0usize;
+            for (p, list) in self.lists[level as usize].iter().enumerate() {
+                let mut n = 0u32;
+                let mut prev = NIL;
+                let mut b = list.head;
+                while b != NIL {
+                    let link = self.links[b as usize];
+                    let expected = QueueSlot {
+                        level,
+                        priority: p as u8,
+                    };
+                    if link.slot != Some(expected) || link.prev != prev {
+                        return Err(format!(
+                            "block {b} is linked in queue ({level:?}, {p}) but records {:?}",
+                            link.slot
+                        ));
+                    }
+                    prev = b;
+                    b = link.next;
+                    n += 1;
+                    if n as usize > self.links.len() {
+                        return Err(format!("queue ({level:?}, {p}) has a cycle"));
+                    }
+                }
+                if n != list.len || list.tail != prev {
+                    return Err(format!("queue ({level:?}, {p}) length or tail is wrong"));
+                }
+                let bit = self.non_empty[level as usize] >> p & 1 == 1;
+                if bit != (n > 0) {
+                    return Err(format!("non-empty bitmap wrong for ({level:?}, {p})"));
+                }
+                count += n as usize;
+            }
+            if count != self.free[level as usize] {
+                return Err(format!(
+                    "free counter of {level:?} is {} but its queues hold {count}",
+                    self.free[level as usize]
+                ));
+            }
+        }
+        for &(at, b) in &self.expiring {
+            if self.state[b as usize].expires_at_ms != Some(at) || !self.is_queued(b) {
+                return Err(format!("expiry entry of block {b} is stale"));
+            }
+        }
+        Ok(())
+    }
+
+    fn link(&mut self, block: u32, level: Level, priority: u8, to_front: bool) {
+        let l = level as usize;
+        let p = priority as usize;
+        let list = &mut self.lists[l][p];
+        let link = &mut self.links[block as usize];
+        link.slot = Some(QueueSlot { level, priority });
+        if list.head == NIL {
+            link.prev = NIL;
+            link.next = NIL;
+            list.head = block;
+            list.tail = block;
+        } else if to_front {
+            let old = list.head;
+            link.prev = NIL;
+            link.next = old;
+            list.head = block;
+            self.links[old as usize].prev = block;
+        } else {
+            let old = list.tail;
+            link.prev = old;
+            link.next = NIL;
+            list.tail = block;
+            self.links[old as usize].next = block;
+        }
+        list.len += 1;
+        self.non_empty[l] |= 1u128 << p;
+        self.free[l] += 1;
+    }
+
+    fn unlink(&mut self, block: u32, slot: QueueSlot) {
+        let l = slot.level as usize;
+        let p = slot.priority as usize;
+        let Link { prev, next, .. } = self.links[block as usize];
+        if prev == NIL {
+            self.lists[l][p].head = next;
+        } else {
+            self.links[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lists[l][p].tail = prev;
+        } else {
+            self.links[next as usize].prev = prev;
+        }
+        let list = &mut self.lists[l][p];
+        list.len -= 1;
+        if list.len == 0 {
+            self.non_empty[l] &= !(1u128 << p);
+        }
+        self.free[l] -= 1;
+        self.links[block as usize] = Link {
+            prev: NIL,
+            next: NIL,
+            slot: None,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queues(p: u32, s: u32) -> FreeQueues {
+        let mut q = FreeQueues::new((p + s) as usize, DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY);
+        for b in 0..p {
+            q.release(b, Level::Primary, false, 0);
+        }
+        for b in p..p + s {
+            q.release(b, Level::Secondary, false, 0);
+        }
+        q
+    }
+
+    fn retention(priority: u8, duration_ms: Option<u64>) -> BlockRetention {
+        BlockRetention {
+            priority: Some(priority),
+            duration_ms,
+        }
+    }
+
+    #[test]
+    fn counts_follow_claims_and_releases() {
+        let mut q = queues(4, 2);
+        assert_eq!(q.num_free(Level::Primary), 4);
+        assert_eq!(q.num_free(Level::Secondary), 2);
+        assert!(q.claim(1));
+        assert!(!q.claim(1), "claiming twice is a no-op");
+        assert_eq!(q.num_free(Level::Primary), 3);
+        q.release(1, Level::Primary, false, 0);
+        assert_eq!(q.num_free(Level::Primary), 4);
+        q.verify().unwrap();
+    }
+
+    #[test]
+    fn lru_order_within_a_priority() {
+        let mut q = queues(3, 0);
+        assert_eq!(q.peek(Level::Primary), Some((0, true)));
+        q.claim(0);
+        q.release(0, Level::Primary, false, 0);
+        assert_eq!(q.peek(Level::Primary).unwrap().0, 1);
+        q.claim(2);
+        q.release(2, Level::Primary, true, 0);
+        assert_eq!(q.peek(Level::Primary).unwrap().0, 2, "to_front makes it next");
+    }
+
+    #[test]
+    fn lowest_priority_is_evicted_first() {
+        let mut q = queues(3, 0);
+        for (b, p) in [(0, 90), (1, 10), (2, 50)] {
+            q.claim_with_retention(b, retention(p, None));
+            q.release(b, Level::Primary, false, 0);
+        }
+        assert_eq!(q.peek(Level::Primary), Some((1, false)), "priority 10 < offload minimum");
+        q.claim(1);
+        assert_eq!(q.peek(Level::Primary), Some((2, true)));
+        q.claim(2);
+        assert_eq!(q.peek(Level::Primary), Some((0, true)));
+        q.verify().unwrap();
+    }
+
+    #[test]
+    fn timed_retention_decays_on_refresh() {
+        let mut q = queues(2, 0);
+        q.claim_with_retention(0, retention(80, Some(10)));
+        q.release(0, Level::Primary, false, 100);
+        q.claim_with_retention(1, retention(50, None));
+        q.release(1, Level::Primary, false, 100);
+        assert_eq!(q.peek(Level::Primary).unwrap().0, 1);
+        assert_eq!(q.refresh(109), 0);
+        assert_eq!(q.refresh(110), 1);
+        assert_eq!(q.priority(0), DEFAULT_PRIORITY);
+        assert_eq!(q.peek(Level::Primary).unwrap().0, 0, "decayed to 35 < 50");
+        q.verify().unwrap();
+    }
+
+    #[test]
+    fn default_priority_duration_never_expires() {
+        let mut q = queues(1, 0);
+        q.claim_with_retention(0, retention(DEFAULT_PRIORITY, Some(1)));
+        q.release(0, Level::Primary, false, 0);
+        assert_eq!(q.expiry(0), None);
+    }
+
+    #[test]
+    fn claim_uses_recorded_slot_after_priority_change() {
+        // The block's priority changes while it is claimed; removal must still use the slot
+        // recorded at enqueue, keeping lists and counters intact.
+        let mut q = queues(2, 2);
+        q.claim(0);
+        q.set_priority(0, 70);
+        q.release(0, Level::Secondary, false, 0);
+        assert_eq!(q.num_free(Level::Secondary), 3);
+        assert!(q.claim(0));
+        assert_eq!(q.num_free(Level::Secondary), 2);
+        assert_eq!(q.num_free(Level::Primary), 1);
+        q.verify().unwrap();
+    }
+
+    #[test]
+    fn requeue_keeps_priority_and_expiry() {
+        let mut q = queues(1, 1);
+        q.claim_with_retention(0, retention(60, Some(50)));
+        q.release(0, Level::Primary, false, 0);
+        q.requeue_at_level(0, Level::Secondary);
+        assert_eq!(q.queued_level(0), Some(Level::Secondary));
+        assert_eq!(q.priority(0), 60);
+        assert_eq!(q.expiry(0), Some(50));
+        q.verify().unwrap();
+        assert_eq!(q.refresh(50), 1);
+        q.verify().unwrap();
+    }
+}

@@ -1,0 +1,284 @@
+//! Tokens, block keys, multimodal extra keys and the chained block hash.
+//!
+//! The hash is bit-exact with TensorRT-LLM V1's `BlockKeyHasher` (reference §2.4) so that event
+//! consumers keyed on TensorRT-LLM hashes keep working. Lookups never rely on the hash alone: the
+//! reuse tree always compares full keys.
+
+/// Multiplier of the 64-bit finaliser (splitmix64 / Stafford variant 13).
+const C1: u64 = 0xbf58_476d_1ce4_e5b9;
+const C2: u64 = 0x94d0_49bb_1331_11eb;
+/// Golden-ratio constant of the boost-style `hash_combine`.
+const GOLDEN: u32 = 0x9e37_79b9;
+
+/// One multimodal item of a request: a 32-byte content digest covering `length` prompt tokens
+/// starting at `position`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MultimodalItem {
+    pub digest: [u8; 32],
+    pub position: i32,
+    pub length: i32,
+}
+
+/// A multimodal item's contribution to one block's key: the digest and where the item starts
+/// relative to the block (0 when the item starts inside the block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmKey {
+    pub digest: [u8; 32],
+    pub start_offset: i32,
+}
+
+/// A borrowed block key: the tokens of one block plus everything that partitions reuse.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockKeyRef<'a> {
+    pub token_ids: &'a [i32],
+    /// Per-token extra ids (prompt-tuning virtual tokens); `None` when the request has none.
+    pub extra_ids: Option<&'a [u64]>,
+    pub lora_task_id: Option<u64>,
+    pub extra_keys: &'a [MmKey],
+    pub cache_salt: Option<u64>,
+}
+
+impl<'a> BlockKeyRef<'a> {
+    /// A key of plain tokens without LoRA, salt or multimodal items.
+    pub fn plain(token_ids: &'a [i32]) -> Self {
+        BlockKeyRef {
+            token_ids,
+            extra_ids: None,
+            lora_task_id: None,
+            extra_keys: &[],
+            cache_salt: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    fn extra_id(&self, i: usize) -> u64 {
+        self.extra_ids.map_or(0, |e| e[i])
+    }
+
+    /// Full equality of all five key fields (TensorRT-LLM `BlockKey::operator==`).
+    pub fn equals(&self, other: &BlockKeyRef<'_>) -> bool {
+        self.extra_ids.is_some() == other.extra_ids.is_some()
+            && self.lora_task_id == other.lora_task_id
+            && self.cache_salt == other.cache_salt
+            && self.extra_keys == other.extra_keys
+            && self.token_ids == other.token_ids
+            && match (self.extra_ids, other.extra_ids) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
+    /// Length of the common token prefix when LoRA id, multimodal keys and salt are equal,
+    /// otherwise 0 (TensorRT-LLM `numMatchingTokens`; `usesExtraIds` is not compared, missing
+    /// extra ids count as 0).
+    pub fn common_prefix_len(&self, other: &BlockKeyRef<'_>) -> usize {
+        if self.lora_task_id != other.lora_task_id
+            || self.cache_salt != other.cache_salt
+            || self.extra_keys != other.extra_keys
+        {
+            return 0;
+        }
+        let n = self.token_ids.len().min(other.token_ids.len());
+        (0..n)
+            .find(|&i| {
+                self.token_ids[i] != other.token_ids[i] || self.extra_id(i) != other.extra_id(i)
+            })
+            .unwrap_or(n)
+    }
+}
+
+fn mix32(mut x: u32) -> u32 {
+    x = ((x >> 16) ^ x).wrapping_mul(0x045d_9f3b);
+    x = ((x >> 16) ^ x).wrapping_mul(0x045d_9f3b);
+    (x >> 16) ^ x
+}
+
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(C1);
+    x = (x ^ (x >> 27)).wrapping_mul(C2);
+    x ^ (x >> 31)
+}
+
+/// `hash_combine` of a 32-bit value: `v + G` wraps at 2^32 before widening, as in C++.
+fn combine32(seed: u64, v: u32) -> u64 {
+    let term = u64::from(v.wrapping_add(GOLDEN));
+    seed ^ term
+        .wrapping_add(seed << 6)
+        .wrapping_add(seed >> 2)
+}
+
+fn combine64(seed: u64, v: u64) -> u64 {
+    seed ^ v
+        .wrapping_add(u64::from(GOLDEN))
+        .wrapping_add(seed << 6)
+        .wrapping_add(seed >> 2)
+}
+
+/// TensorRT-LLM V1 block hash of `key` chained onto `parent_hash` (0 for the root).
+pub fn block_hash(key: &BlockKeyRef<'_>, parent_hash: u64) -> u64 {
+    let mut seed = (key.token_ids.len() as u64) ^ parent_hash.wrapping_mul(C1);
+    if parent_hash == 0 {
+        if let Some(salt) = key.cache_salt {
+            seed = combine64(seed, mix64(salt));
+        }
+    }
+    for (i, &token) in key.token_ids.iter().enumerate() {
+        seed = combine32(seed, mix32(token as u32));
+        if let Some(extra) = key.extra_ids {
+            seed = combine64(seed, mix64(extra[i]));
+        }
+    }
+    if let Some(lora) = key.lora_task_id {
+        seed = combine64(seed, mix64(lora));
+    }
+    for mm in key.extra_keys {
+        for word in mm.digest.chunks_exact(4) {
+            let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            seed = combine32(seed, mix32(w));
+        }
+        seed = combine64(seed, mix64(mm.start_offset as i64 as u64));
+    }
+    seed
+}
+
+/// The multimodal keys of the block covering prompt tokens `[start, end)`: every item that
+/// overlaps the range contributes its digest with offset 0 if it starts inside the block, else
+/// `start - position`.
+pub fn multimodal_keys_for_range(items: &[MultimodalItem], start: i32, end: i32, out: &mut Vec<MmKey>) {
+    out.clear();
+    for item in items {
+        let item_end = item.position + item.length;
+        if item.position < end && item_end > start {
+            let start_offset = if item.position >= start { 0 } else { start - item.position };
+            out.push(MmKey {
+                digest: item.digest,
+                start_offset,
+            });
+        }
+    }
+}
+
+/// Expands TensorRT-LLM's representation of a multimodal digest (8 × int32, each written
+/// big-endian) into the 32-byte digest used by keys.
+pub fn digest_from_i32_words(words: &[i32; 8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, w) in words.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&w.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Expected values were worked out from the formula of reference §2.4 with an independent
+    // arbitrary-precision implementation (explicit 32/64-bit masks), not from this code.
+
+    #[test]
+    fn mixers_match_worked_values() {
+        assert_eq!(mix32(0), 0);
+        assert_eq!(mix32(1), 0x3125_1ba7);
+        assert_eq!(mix32(0xdead_beef), 0x5353_e2e9);
+        assert_eq!(mix64(1), 0x5692_161d_100b_05e5);
+    }
+
+    #[test]
+    fn combine32_wraps_before_widening() {
+        // mix32(2) + G overflows 32 bits: the carry must be dropped.
+        assert_eq!(mix32(2), 0x66a7_9298);
+        let key = BlockKeyRef::plain(&[2]);
+        assert_eq!(block_hash(&key, 0), 0x04df_0c90);
+        assert_ne!(block_hash(&key, 0), 0x1_04df_0c90);
+    }
+
+    #[test]
+    fn plain_chain_hashes() {
+        let first = block_hash(&BlockKeyRef::plain(&[0, 1, 2, 3]), 0);
+        assert_eq!(first, 0x0002_9afb_f4c4_4315);
+        let child = block_hash(&BlockKeyRef::plain(&[4, 5, 6, 7]), first);
+        assert_eq!(child, 0x5794_d533_64db_ae2a);
+        assert_eq!(block_hash(&BlockKeyRef::plain(&[-1, i32::MAX]), 0), 0x30_9a78_d533);
+        assert_eq!(block_hash(&BlockKeyRef::plain(&[]), 0), 0);
+    }
+
+    #[test]
+    fn extra_ids_lora_salt_and_multimodal_change_the_hash() {
+        let tokens = [1, 2];
+        let mut key = BlockKeyRef::plain(&tokens);
+        key.extra_ids = Some(&[7, 0]);
+        assert_eq!(block_hash(&key, 0), 0x6d93_74f7_5aef_6185);
+
+        let mut key = BlockKeyRef::plain(&tokens);
+        key.lora_task_id = Some(42);
+        assert_eq!(block_hash(&key, 0), 0xa759_f751_041c_952e);
+
+        let mut key = BlockKeyRef::plain(&tokens);
+        key.cache_salt = Some(99);
+        assert_eq!(block_hash(&key, 0), 0xc783_35a8_5663_c2d5);
+        // The salt is only mixed into first blocks; descendants inherit it through the chain.
+        assert_eq!(block_hash(&key, 123), block_hash(&BlockKeyRef::plain(&tokens), 123));
+        assert_eq!(block_hash(&key, 123), 0x8674_5320_66a9_7356);
+
+        let mut digest = [0u8; 32];
+        for (i, b) in digest.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let mm = [MmKey {
+            digest,
+            start_offset: 3,
+        }];
+        let mut key = BlockKeyRef::plain(&tokens);
+        key.extra_keys = &mm;
+        assert_eq!(block_hash(&key, 0), 0xcd15_758f_8a82_75aa);
+    }
+
+    #[test]
+    fn key_equality_and_partial_match() {
+        let a = BlockKeyRef::plain(&[1, 2, 3, 4]);
+        let b = BlockKeyRef::plain(&[1, 2, 9, 4]);
+        assert!(a.equals(&a));
+        assert!(!a.equals(&b));
+        assert_eq!(a.common_prefix_len(&b), 2);
+        let mut lora = a;
+        lora.lora_task_id = Some(0);
+        assert!(!a.equals(&lora), "no LoRA differs from LoRA 0");
+        assert_eq!(a.common_prefix_len(&lora), 0);
+        let extras = [0u64, 0, 5, 0];
+        let mut with_extras = a;
+        with_extras.extra_ids = Some(&extras);
+        assert!(!a.equals(&with_extras), "usesExtraIds is part of equality");
+        assert_eq!(a.common_prefix_len(&with_extras), 2);
+    }
+
+    #[test]
+    fn multimodal_keys_cover_overlapping_blocks() {
+        let item = MultimodalItem {
+            digest: [7; 32],
+            position: 2,
+            length: 5,
+        };
+        let mut out = Vec::new();
+        multimodal_keys_for_range(&[item], 0, 4, &mut out);
+        assert_eq!(out, vec![MmKey { digest: [7; 32], start_offset: 0 }]);
+        multimodal_keys_for_range(&[item], 4, 8, &mut out);
+        assert_eq!(out, vec![MmKey { digest: [7; 32], start_offset: 2 }]);
+        multimodal_keys_for_range(&[item], 8, 12, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn digest_words_are_big_endian() {
+        let mut words = [0i32; 8];
+        words[0] = 0x0102_0304;
+        let d = digest_from_i32_words(&words);
+        assert_eq!(&d[0..4], &[1, 2, 3, 4]);
+    }
+}

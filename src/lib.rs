@@ -1,0 +1,13 @@
+//! kvblock: a KV-cache block manager for LLM inference engines with TensorRT-LLM V1 semantics.
+//!
+//! Layers (dependencies point downwards): `ffi` → `manager` → `window` → `tree`, `eviction`,
+//! `pool`, `transfer` → `key`, `retention`, `error`.
+
+pub mod error;
+pub mod eviction;
+pub mod key;
+pub mod pool;
+pub mod retention;
+pub mod transfer;
+pub mod tree;
+pub mod ffi;

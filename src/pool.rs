@@ -1,0 +1,244 @@
+//! The block arena of one window: for every block, the memory row it owns (level and row index)
+//! and its reference counts. Rows move between levels only by swapping two blocks' rows.
+
+/// Cache level of a memory row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Level {
+    /// GPU memory (or whatever the engine's kernels address).
+    Primary = 0,
+    /// Host memory, the offload tier.
+    Secondary = 1,
+}
+
+/// A memory row: the row index inside the pools of one level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemRow {
+    pub level: Level,
+    pub index: u32,
+}
+
+/// Geometry of a window's pool: one row per block holds `[layers][kv][heads][tpb][head]`
+/// elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolGeometry {
+    pub num_layers: usize,
+    pub kv_factor: usize,
+    pub num_kv_heads: usize,
+    pub size_per_head: usize,
+    pub tokens_per_block: usize,
+    pub bytes_per_element: usize,
+}
+
+impl PoolGeometry {
+    /// Bytes of one token's slice of one head.
+    pub fn token_bytes(&self) -> usize {
+        self.size_per_head * self.bytes_per_element
+    }
+
+    /// Bytes of one (layer, K|V, head) slab of a row: `tpb` tokens.
+    pub fn head_slab_bytes(&self) -> usize {
+        self.tokens_per_block * self.token_bytes()
+    }
+
+    /// Bytes of a whole row (one block, all layers of the window).
+    pub fn row_bytes(&self) -> usize {
+        self.num_layers * self.kv_factor * self.num_kv_heads * self.head_slab_bytes()
+    }
+
+    /// Number of (layer, K|V, head) slabs in a row.
+    pub fn slabs_per_row(&self) -> usize {
+        self.num_layers * self.kv_factor * self.num_kv_heads
+    }
+}
+
+/// Per-block rows and reference counts.
+#[derive(Clone, Debug)]
+pub struct BlockArena {
+    rows: Vec<MemRow>,
+    ref_count: Vec<u32>,
+    pins: Vec<u32>,
+    scheduling_ref: Vec<u32>,
+    scheduling_epoch: Vec<u32>,
+    epoch: u32,
+    num_primary: usize,
+}
+
+impl BlockArena {
+    /// Blocks `0..P` own primary rows `0..P`; blocks `P..P+S` own secondary rows `0..S`.
+    pub fn new(num_primary: usize, num_secondary: usize) -> Self {
+        let rows = (0..num_primary)
+            .map(|i| MemRow {
+                level: Level::Primary,
+                index: i as u32,
+            })
+            .chain((0..num_secondary).map(|i| MemRow {
+                level: Level::Secondary,
+                index: i as u32,
+            }))
+            .collect();
+        let n = num_primary + num_secondary;
+        BlockArena {
+            rows,
+            ref_count: vec![0; n],
+            pins: vec![0; n],
+            scheduling_ref: vec![0; n],
+            scheduling_epoch: vec![0; n],
+            epoch: 0,
+            num_primary,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn num_primary(&self) -> usize {
+        self.num_primary
+    }
+
+    pub fn num_secondary(&self) -> usize {
+        self.rows.len() - self.num_primary
+    }
+
+    pub fn row(&self, block: u32) -> MemRow {
+        self.rows[block as usize]
+    }
+
+    pub fn level(&self, block: u32) -> Level {
+        self.rows[block as usize].level
+    }
+
+    pub fn is_primary(&self, block: u32) -> bool {
+        self.level(block) == Level::Primary
+    }
+
+    /// Exchanges the memory rows of two blocks (the data copy is the copy engine's business).
+    pub fn swap_rows(&mut self, a: u32, b: u32) {
+        self.rows.swap(a as usize, b as usize);
+    }
+
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.ref_count[block as usize]
+    }
+
+    pub fn add_refs(&mut self, block: u32, n: u32) {
+        self.ref_count[block as usize] += n;
+    }
+
+    /// Drops one reference; returns the remaining count.
+    pub fn remove_ref(&mut self, block: u32) -> u32 {
+        let rc = &mut self.ref_count[block as usize];
+        debug_assert!(*rc > 0, "block {block} has no reference to drop");
+        *rc -= 1;
+        *rc
+    }
+
+    pub fn pins(&self, block: u32) -> u32 {
+        self.pins[block as usize]
+    }
+
+    pub fn pin(&mut self, block: u32) {
+        self.pins[block as usize] += 1;
+        self.ref_count[block as usize] += 1;
+    }
+
+    /// Drops a pin and its reference; returns the remaining reference count.
+    pub fn unpin(&mut self, block: u32) -> u32 {
+        self.pins[block as usize] -= 1;
+        self.remove_ref(block)
+    }
+
+    /// Starts a scheduling simulation: every block's scheduling refs become its refs (lazily).
+    pub fn start_scheduling(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Drops one scheduling reference; returns whether the block would become free.
+    pub fn scheduling_remove_ref(&mut self, block: u32) -> bool {
+        let i = block as usize;
+        if self.scheduling_epoch[i] != self.epoch {
+            self.scheduling_epoch[i] = self.epoch;
+            self.scheduling_ref[i] = self.ref_count[i];
+        }
+        if self.scheduling_ref[i] == 0 {
+            return false;
+        }
+        self.scheduling_ref[i] -= 1;
+        self.scheduling_ref[i] == 0
+    }
+
+    /// Checks that rows form a permutation: `P` primary and `S` secondary distinct rows.
+    pub fn verify_rows(&self) -> Result<(), String> {
+        let mut seen = [vec![false; self.num_primary], vec![false; self.num_secondary()]];
+        for (b, row) in self.rows.iter().enumerate() {
+            let slot = seen[row.level as usize].get_mut(row.index as usize);
+            match slot {
+                Some(s) if !*s => *s = true,
+                _ => return Err(format!("block {b} owns an invalid or duplicate row {row:?}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_start_split_by_level_and_swap() {
+        let mut a = BlockArena::new(2, 1);
+        assert!(a.is_primary(1));
+        assert_eq!(a.level(2), Level::Secondary);
+        a.swap_rows(1, 2);
+        assert_eq!(
+            a.row(1),
+            MemRow {
+                level: Level::Secondary,
+                index: 0
+            }
+        );
+        assert!(a.is_primary(2));
+        a.verify_rows().unwrap();
+    }
+
+    #[test]
+    fn pins_are_references() {
+        let mut a = BlockArena::new(1, 0);
+        a.add_refs(0, 2);
+        a.pin(0);
+        assert_eq!(a.ref_count(0), 3);
+        assert_eq!(a.unpin(0), 2);
+        assert_eq!(a.pins(0), 0);
+    }
+
+    #[test]
+    fn scheduling_refs_are_reset_per_epoch() {
+        let mut a = BlockArena::new(1, 0);
+        a.add_refs(0, 2);
+        a.start_scheduling();
+        assert!(!a.scheduling_remove_ref(0));
+        assert!(a.scheduling_remove_ref(0));
+        a.start_scheduling();
+        assert!(!a.scheduling_remove_ref(0), "a new simulation starts from the real refs");
+    }
+
+    #[test]
+    fn geometry_sizes() {
+        let g = PoolGeometry {
+            num_layers: 2,
+            kv_factor: 2,
+            num_kv_heads: 3,
+            size_per_head: 4,
+            tokens_per_block: 8,
+            bytes_per_element: 2,
+        };
+        assert_eq!(g.head_slab_bytes(), 64);
+        assert_eq!(g.row_bytes(), 2 * 2 * 3 * 64);
+    }
+}

@@ -1,0 +1,456 @@
+//! The reuse (radix) tree of one window. Nodes are blocks; the path from the root spells a token
+//! prefix. Each block's key lives in a fixed slot of a token arena (no allocation per block).
+//!
+//! Exact lookups go through a map `(parent, hash) -> child` and then compare the full key; the
+//! children of a node also form an intrusive sibling list, walked for partial matching and for
+//! detaching subtrees. A key whose `(parent, hash)` is already taken by a different key (a 64-bit
+//! hash collision) is simply not inserted: the block stays private, reuse is lost, nothing is
+//! corrupted.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::key::{block_hash, BlockKeyRef, MmKey};
+
+pub const NIL: u32 = u32::MAX;
+
+/// Hasher for keys that are already well-mixed 64-bit hashes.
+#[derive(Default)]
+pub struct PremixedHasher(u64);
+
+impl Hasher for PremixedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0 ^ u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub type PremixedMap<K, V> = HashMap<K, V, BuildHasherDefault<PremixedHasher>>;
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    hash: u64,
+    parent: u32,
+    first_child: u32,
+    next_sibling: u32,
+    prev_sibling: u32,
+    key_len: u32,
+    has_key: bool,
+    uses_extra_ids: bool,
+    is_full: bool,
+    in_tree: bool,
+    lora_task_id: Option<u64>,
+    cache_salt: Option<u64>,
+}
+
+const EMPTY_NODE: Node = Node {
+    hash: 0,
+    parent: NIL,
+    first_child: NIL,
+    next_sibling: NIL,
+    prev_sibling: NIL,
+    key_len: 0,
+    has_key: false,
+    uses_extra_ids: false,
+    is_full: false,
+    in_tree: false,
+    lora_task_id: None,
+    cache_salt: None,
+};
+
+/// Result of matching one key under a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match {
+    pub block: u32,
+    /// Tokens matched (the whole key for an exact match).
+    pub num_tokens: usize,
+    /// True unless the match is an exact match of a full block.
+    pub partial: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReuseTree {
+    tokens_per_block: usize,
+    nodes: Vec<Node>,
+    token_ids: Vec<i32>,
+    /// Extra ids per token slot; allocated the first time a key uses them.
+    extra_ids: Vec<u64>,
+    mm_keys: HashMap<u32, Box<[MmKey]>>,
+    children: PremixedMap<(u32, u64), u32>,
+    root: u32,
+    num_in_tree: usize,
+}
+
+impl ReuseTree {
+    pub fn new(num_blocks: usize, tokens_per_block: usize) -> Self {
+        let mut nodes = vec![EMPTY_NODE; num_blocks + 1];
+        nodes[num_blocks].in_tree = true;
+        ReuseTree {
+            tokens_per_block,
+            nodes,
+            token_ids: vec![0; num_blocks * tokens_per_block],
+            extra_ids: Vec::new(),
+            mm_keys: HashMap::new(),
+            children: PremixedMap::default(),
+            root: num_blocks as u32,
+            num_in_tree: 0,
+        }
+    }
+
+    /// The root node id (not a block).
+    pub fn root(&self) -> u32 {
+        self.root
+    }
+
+    pub fn num_in_tree(&self) -> usize {
+        self.num_in_tree
+    }
+
+    pub fn is_in_tree(&self, block: u32) -> bool {
+        block != self.root && self.nodes[block as usize].in_tree
+    }
+
+    pub fn has_key(&self, block: u32) -> bool {
+        self.nodes[block as usize].has_key
+    }
+
+    pub fn is_full(&self, block: u32) -> bool {
+        self.nodes[block as usize].is_full
+    }
+
+    pub fn is_leaf(&self, block: u32) -> bool {
+        self.nodes[block as usize].first_child == NIL
+    }
+
+    /// The hash of a block (0 for the root).
+    pub fn hash(&self, node: u32) -> u64 {
+        if node == self.root {
+            0
+        } else {
+            self.nodes[node as usize].hash
+        }
+    }
+
+    /// Tree parent (the root for first-level blocks), or `None` when not in the tree.
+    pub fn parent(&self, block: u32) -> Option<u32> {
+        let n = &self.nodes[block as usize];
+        (n.in_tree && block != self.root).then_some(n.parent)
+    }
+
+    /// The key stored for `block`.
+    pub fn key(&self, block: u32) -> BlockKeyRef<'_> {
+        let n = &self.nodes[block as usize];
+        let start = block as usize * self.tokens_per_block;
+        let end = start + n.key_len as usize;
+        BlockKeyRef {
+            token_ids: &self.token_ids[start..end],
+            extra_ids: n.uses_extra_ids.then(|| &self.extra_ids[start..end]),
+            lora_task_id: n.lora_task_id,
+            extra_keys: self.mm_keys.get(&block).map_or(&[], |k| &k[..]),
+            cache_salt: n.cache_salt,
+        }
+    }
+
+    /// Writes `key` into the block's slot (the block must not be in the tree) with its hash.
+    pub fn set_key(&mut self, block: u32, key: &BlockKeyRef<'_>, hash: u64) {
+        debug_assert!(!self.is_in_tree(block));
+        debug_assert!(key.len() <= self.tokens_per_block);
+        let start = block as usize * self.tokens_per_block;
+        self.token_ids[start..start + key.len()].copy_from_slice(key.token_ids);
+        if let Some(extra) = key.extra_ids {
+            if self.extra_ids.is_empty() {
+                self.extra_ids = vec![0; self.token_ids.len()];
+            }
+            self.extra_ids[start..start + key.len()].copy_from_slice(extra);
+        }
+        if key.extra_keys.is_empty() {
+            self.mm_keys.remove(&block);
+        } else {
+            self.mm_keys.insert(block, key.extra_keys.into());
+        }
+        let n = &mut self.nodes[block as usize];
+        n.key_len = key.len() as u32;
+        n.has_key = true;
+        n.uses_extra_ids = key.extra_ids.is_some();
+        n.is_full = key.len() == self.tokens_per_block;
+        n.lora_task_id = key.lora_task_id;
+        n.cache_salt = key.cache_salt;
+        n.hash = hash;
+    }
+
+    /// The child of `parent` whose key equals `key` (`hash` = the key's hash under `parent`).
+    pub fn find_exact(&self, parent: u32, key: &BlockKeyRef<'_>, hash: u64) -> Option<u32> {
+        let child = *self.children.get(&(parent, hash))?;
+        self.key(child).equals(key).then_some(child)
+    }
+
+    /// TensorRT-LLM `findMatchingBlock`: an exact child, else (with partial reuse) the eligible
+    /// child sharing the longest token prefix. Eligible: any child when `copy_on_partial`,
+    /// otherwise only unreferenced leaves (`is_unused`).
+    pub fn find_match(
+        &self,
+        parent: u32,
+        key: &BlockKeyRef<'_>,
+        hash: u64,
+        partial_reuse: bool,
+        copy_on_partial: bool,
+        is_unused: impl Fn(u32) -> bool,
+    ) -> Option<Match> {
+        if key.is_empty() {
+            return None;
+        }
+        if let Some(block) = self.find_exact(parent, key, hash) {
+            return Some(Match {
+                block,
+                num_tokens: key.len(),
+                partial: !self.nodes[block as usize].is_full,
+            });
+        }
+        if !partial_reuse {
+            return None;
+        }
+        let mut best: Option<Match> = None;
+        let mut child = self.nodes[parent as usize].first_child;
+        while child != NIL {
+            if copy_on_partial || (self.is_leaf(child) && is_unused(child)) {
+                let n = self.key(child).common_prefix_len(key);
+                if n > 0 && best.map_or(true, |b| n > b.num_tokens) {
+                    best = Some(Match {
+                        block: child,
+                        num_tokens: n,
+                        partial: true,
+                    });
+                }
+            }
+            child = self.nodes[child as usize].next_sibling;
+        }
+        best
+    }
+
+    /// Inserts `block` (key already set) as a child of `parent`, recomputing its hash from the
+    /// parent's. Returns false, inserting nothing, when another child already holds that hash.
+    pub fn insert(&mut self, parent: u32, block: u32) -> bool {
+        debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
+        let hash = block_hash(&self.key(block), self.hash(parent));
+        if self.children.contains_key(&(parent, hash)) {
+            return false;
+        }
+        self.children.insert((parent, hash), block);
+        let old_first = self.nodes[parent as usize].first_child;
+        if old_first != NIL {
+            self.nodes[old_first as usize].prev_sibling = block;
+        }
+        self.nodes[parent as usize].first_child = block;
+        let n = &mut self.nodes[block as usize];
+        n.hash = hash;
+        n.parent = parent;
+        n.next_sibling = old_first;
+        n.prev_sibling = NIL;
+        n.first_child = NIL;
+        n.in_tree = true;
+        self.num_in_tree += 1;
+        true
+    }
+
+    /// Removes `block` and its whole subtree from the tree, calling `on_removed` for each block
+    /// that left it (the block itself first, then descendants). No-op when not in the tree.
+    pub fn detach_subtree(&mut self, block: u32, mut on_removed: impl FnMut(u32, u64)) {
+        if !self.is_in_tree(block) {
+            return;
+        }
+        self.unlink_from_parent(block);
+        let mut stack = vec![block];
+        while let Some(b) = stack.pop() {
+            let mut child = self.nodes[b as usize].first_child;
+            while child != NIL {
+                stack.push(child);
+                let next = self.nodes[child as usize].next_sibling;
+                self.children.remove(&(b, self.nodes[child as usize].hash));
+                child = next;
+            }
+            let n = &mut self.nodes[b as usize];
+            n.in_tree = false;
+            n.parent = NIL;
+            n.first_child = NIL;
+            n.next_sibling = NIL;
+            n.prev_sibling = NIL;
+            self.num_in_tree -= 1;
+            on_removed(b, self.nodes[b as usize].hash);
+        }
+    }
+
+    fn unlink_from_parent(&mut self, block: u32) {
+        let Node {
+            parent,
+            prev_sibling,
+            next_sibling,
+            hash,
+            ..
+        } = self.nodes[block as usize];
+        self.children.remove(&(parent, hash));
+        if prev_sibling == NIL {
+            self.nodes[parent as usize].first_child = next_sibling;
+        } else {
+            self.nodes[prev_sibling as usize].next_sibling = next_sibling;
+        }
+        if next_sibling != NIL {
+            self.nodes[next_sibling as usize].prev_sibling = prev_sibling;
+        }
+    }
+
+    /// Visits the children of a node.
+    pub fn for_each_child(&self, node: u32, mut f: impl FnMut(u32)) {
+        let mut child = self.nodes[node as usize].first_child;
+        while child != NIL {
+            f(child);
+            child = self.nodes[child as usize].next_sibling;
+        }
+    }
+
+    /// Checks tree invariants (reference §10.7): every node's hash is H(key, parent hash), the
+    /// child map and sibling lists agree, parents are in the tree.
+    pub fn verify(&self) -> Result<(), String> {
+        let mut count = 0;
+        let mut map_entries = 0;
+        for b in 0..self.root {
+            let n = &self.nodes[b as usize];
+            if !n.in_tree {
+                continue;
+            }
+            count += 1;
+            if !self.nodes[n.parent as usize].in_tree {
+                return Err(format!("block {b} is in the tree under a detached parent"));
+            }
+            let expected = block_hash(&self.key(b), self.hash(n.parent));
+            if expected != n.hash {
+                return Err(format!("block {b} hash does not match its key and parent"));
+            }
+            if self.children.get(&(n.parent, n.hash)) != Some(&b) {
+                return Err(format!("block {b} missing from its parent's child map"));
+            }
+        }
+        for node in 0..=self.root {
+            if !self.nodes[node as usize].in_tree {
+                continue;
+            }
+            let mut prev = NIL;
+            let mut c = self.nodes[node as usize].first_child;
+            while c != NIL {
+                let cn = &self.nodes[c as usize];
+                if cn.parent != node || cn.prev_sibling != prev || !cn.in_tree {
+                    return Err(format!("sibling list of node {node} is corrupt at {c}"));
+                }
+                map_entries += 1;
+                prev = c;
+                c = cn.next_sibling;
+            }
+        }
+        if count != self.num_in_tree || map_entries != count || self.children.len() != count {
+            return Err(format!(
+                "tree count mismatch: {count} nodes, {map_entries} linked, {} mapped, counter {}",
+                self.children.len(),
+                self.num_in_tree
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(tree: &mut ReuseTree, block: u32, tokens: &[i32]) {
+        let key = BlockKeyRef::plain(tokens);
+        tree.set_key(block, &key, 0);
+    }
+
+    #[test]
+    fn insert_find_and_hash_chain() {
+        let mut t = ReuseTree::new(4, 4);
+        let root = t.root();
+        set(&mut t, 0, &[1, 2, 3, 4]);
+        assert!(t.insert(root, 0));
+        set(&mut t, 1, &[5, 6]);
+        assert!(t.insert(0, 1));
+        let h0 = block_hash(&BlockKeyRef::plain(&[1, 2, 3, 4]), 0);
+        assert_eq!(t.hash(0), h0);
+        let q = BlockKeyRef::plain(&[5, 6]);
+        let m = t.find_match(0, &q, block_hash(&q, h0), true, true, |_| true);
+        assert_eq!(
+            m,
+            Some(Match {
+                block: 1,
+                num_tokens: 2,
+                partial: true
+            }),
+            "an exact match of a non-full block is partial"
+        );
+        t.verify().unwrap();
+    }
+
+    #[test]
+    fn partial_match_picks_longest_prefix_and_respects_eligibility() {
+        let mut t = ReuseTree::new(4, 4);
+        let root = t.root();
+        set(&mut t, 0, &[1, 2, 9, 9]);
+        t.insert(root, 0);
+        set(&mut t, 1, &[1, 2, 3, 9]);
+        t.insert(root, 1);
+        let q = BlockKeyRef::plain(&[1, 2, 3, 4]);
+        let h = block_hash(&q, 0);
+        let m = t.find_match(root, &q, h, true, true, |_| false).unwrap();
+        assert_eq!((m.block, m.num_tokens), (1, 3));
+        assert!(t.find_match(root, &q, h, true, false, |_| false).is_none());
+        assert!(t.find_match(root, &q, h, false, true, |_| true).is_none());
+        let m = t.find_match(root, &q, h, true, false, |b| b == 0).unwrap();
+        assert_eq!((m.block, m.num_tokens), (0, 2));
+    }
+
+    #[test]
+    fn detaching_removes_the_whole_subtree() {
+        let mut t = ReuseTree::new(4, 2);
+        let root = t.root();
+        set(&mut t, 0, &[1, 2]);
+        t.insert(root, 0);
+        set(&mut t, 1, &[3, 4]);
+        t.insert(0, 1);
+        set(&mut t, 2, &[5, 6]);
+        t.insert(1, 2);
+        set(&mut t, 3, &[3, 5]);
+        t.insert(0, 3);
+        let mut removed = Vec::new();
+        t.detach_subtree(1, |b, _| removed.push(b));
+        removed.sort();
+        assert_eq!(removed, vec![1, 2]);
+        assert!(t.is_in_tree(0) && t.is_in_tree(3));
+        assert!(!t.is_in_tree(2));
+        assert_eq!(t.parent(2), None);
+        assert_eq!(t.num_in_tree(), 2);
+        t.verify().unwrap();
+        // Detached blocks keep their tokens.
+        assert_eq!(t.key(2).token_ids, &[5, 6]);
+    }
+
+    #[test]
+    fn colliding_insert_is_refused() {
+        let mut t = ReuseTree::new(2, 2);
+        let root = t.root();
+        set(&mut t, 0, &[1, 2]);
+        assert!(t.insert(root, 0));
+        set(&mut t, 1, &[1, 2]);
+        assert!(!t.insert(root, 1));
+        assert!(!t.is_in_tree(1));
+        t.verify().unwrap();
+    }
+}
