@@ -1,0 +1,112 @@
+//! Static sizing helpers of TensorRT-LLM's `KVCacheManager` (reference §7). Sink tokens are not
+//! supported, so the sink bubble is always 0 and is not a parameter.
+
+/// Extra block per beam budgeted when a sequence outgrows a sliding window.
+pub const SWA_EXTRA_BLOCK: usize = 1;
+
+/// Blocks one beam needs for `sequence_length` tokens under `window`:
+/// `ceil(min(len, window) / tpb) + (len > window)`.
+pub fn max_block_requirements_per_beam(sequence_length: usize, window: usize, tpb: usize) -> usize {
+    let extra = if sequence_length > window { SWA_EXTRA_BLOCK } else { 0 };
+    sequence_length.min(window).div_ceil(tpb) + extra
+}
+
+/// Blocks a request of `input` prompt and `output` generated tokens needs with `beam_width`
+/// beams (context blocks shared among beams where they are full).
+pub fn max_block_requirements(
+    input: usize,
+    output: usize,
+    window: usize,
+    beam_width: usize,
+    tpb: usize,
+) -> usize {
+    if beam_width == 1 {
+        return max_block_requirements_per_beam(input + output, window, tpb);
+    }
+    if window <= output {
+        return max_block_requirements_per_beam(output, window, tpb) * beam_width;
+    }
+    let effective = window.min(input + output);
+    let context_tokens = effective - output;
+    let context_blocks = context_tokens / tpb;
+    let left_over = context_tokens - context_blocks * tpb;
+    let extra = if input + output > window { SWA_EXTRA_BLOCK } else { 0 };
+    let output_blocks = (output + left_over).div_ceil(tpb) + extra;
+    context_blocks + output_blocks * beam_width
+}
+
+/// The largest attention window that fits `capacity_blocks` for one request of `input` +
+/// `output` tokens.
+pub fn max_attention_window(
+    input: usize,
+    output: usize,
+    capacity_blocks: usize,
+    beam_width: usize,
+    tpb: usize,
+) -> usize {
+    let needed = max_block_requirements(0, output, output, beam_width, tpb);
+    if needed > capacity_blocks {
+        return (capacity_blocks / beam_width) * tpb;
+    }
+    (output + (capacity_blocks - needed) * tpb).min(input + output)
+}
+
+/// Share of memory each window gets: proportional to `window × cache bytes per token`
+/// (a single window gets 1.0).
+pub fn window_size_to_share(windows: &[usize], cache_size_per_token: &[usize]) -> Vec<f64> {
+    if windows.len() == 1 {
+        return vec![1.0];
+    }
+    let total_size: f64 = cache_size_per_token.iter().map(|&c| c as f64).sum();
+    let weights: Vec<f64> = windows
+        .iter()
+        .zip(cache_size_per_token)
+        .map(|(&w, &c)| c as f64 / total_size * w as f64)
+        .collect();
+    let total_weight: f64 = weights.iter().sum();
+    weights.iter().map(|w| w / total_weight).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_beam_requirements() {
+        assert_eq!(max_block_requirements_per_beam(100, 1000, 16), 7);
+        assert_eq!(max_block_requirements_per_beam(100, 64, 16), 5, "window blocks + 1");
+        assert_eq!(max_block_requirements_per_beam(64, 64, 16), 4);
+    }
+
+    #[test]
+    fn beam_one_equals_per_beam_and_window_fits_output() {
+        assert_eq!(max_block_requirements(100, 20, 1000, 1, 16), 8);
+        // window <= output: every beam needs the window's blocks.
+        assert_eq!(max_block_requirements(100, 200, 128, 4, 16), (8 + 1) * 4);
+    }
+
+    #[test]
+    fn window_overlapping_input_and_output() {
+        // window 96 over 100 + 20 tokens, beam 2, tpb 16: effective 96, context 76 tokens
+        // = 4 full blocks + 12 left over; output blocks ceil(32/16) + 1 = 3 per beam.
+        assert_eq!(max_block_requirements(100, 20, 96, 2, 16), 4 + 3 * 2);
+    }
+
+    #[test]
+    fn attention_window_from_capacity() {
+        // output 128 at tpb 64, beam 1: needs 2 blocks; capacity 2 → window 128 (but capped at in+out).
+        assert_eq!(max_attention_window(1000, 128, 2, 1, 64), 128);
+        assert_eq!(max_attention_window(1000, 128, 1, 1, 64), 64, "too small: capacity/beam blocks");
+        assert_eq!(max_attention_window(10, 20, 100, 1, 16), 30, "enough for the whole sequence");
+    }
+
+    #[test]
+    fn shares_are_proportional_to_window_times_size() {
+        assert_eq!(window_size_to_share(&[128], &[4]), vec![1.0]);
+        let s = window_size_to_share(&[100, 200, 300], &[1, 1, 1]);
+        assert!((s[0] - 1.0 / 6.0).abs() < 1e-12);
+        assert!((s[2] - 0.5).abs() < 1e-12);
+        let equal = window_size_to_share(&[100, 200, 400], &[4, 2, 1]);
+        assert!(equal.iter().all(|x| (x - 1.0 / 3.0).abs() < 1e-12));
+    }
+}

@@ -1,0 +1,963 @@
+//! `WindowBlockManager`: the blocks of one attention-window size. Allocation through
+//! `get_free_block` (with offload-on-evict), admission (a read-only planning walk, then claims,
+//! then onboarding, copies and allocation), store for reuse, release, sliding-window detach and
+//! onboard/offload.
+//!
+//! Every mutating entry point checks capacity before it changes anything, so a failure leaves
+//! the window exactly as it was.
+
+use std::collections::HashMap;
+
+use crate::error::{KvError, KvResult};
+use crate::eviction::FreeQueues;
+use crate::key::{block_hash, multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
+use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::retention::{BlockRetention, RetentionConfig, DEFAULT_PRIORITY};
+use crate::transfer::{CopyEngine, RowCopy};
+use crate::tree::ReuseTree;
+
+/// Static configuration of one window.
+#[derive(Clone, Debug)]
+pub struct WindowConfig {
+    pub window_size: usize,
+    pub num_primary: usize,
+    pub num_secondary: usize,
+    pub tokens_per_block: usize,
+    /// Most tokens a sequence may hold in this window (`max(window, max_sequence_length)`).
+    pub max_token_num: usize,
+    pub max_blocks_per_seq: usize,
+    pub enable_reuse: bool,
+    pub enable_partial_reuse: bool,
+    pub copy_on_partial_reuse: bool,
+    pub onboard_blocks: bool,
+    pub offload_min_priority: u8,
+    pub geometry: PoolGeometry,
+}
+
+impl WindowConfig {
+    /// A window narrower than the maximum sequence length detaches out-of-window blocks.
+    pub fn is_swa(&self, max_sequence_length: usize) -> bool {
+        self.window_size < max_sequence_length
+    }
+}
+
+/// Cumulative allocation counters (reference §2.9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowStats {
+    pub alloc_total: u64,
+    pub alloc_new: u64,
+    pub reused: u64,
+    pub missed: u64,
+    pub offloaded: u64,
+    pub onboarded: u64,
+    pub evicted_from_tree: u64,
+}
+
+/// The tokens and key attributes of a sequence, from which block keys are cut.
+#[derive(Clone, Copy, Debug)]
+pub struct KeySource<'a> {
+    pub token_ids: &'a [i32],
+    pub extra_ids: Option<&'a [u64]>,
+    pub lora_task_id: Option<u64>,
+    pub cache_salt: Option<u64>,
+    pub mm_items: &'a [MultimodalItem],
+}
+
+impl<'a> KeySource<'a> {
+    /// The key of tokens `[start, end)`; multimodal keys are written into `scratch`.
+    pub fn key<'s>(&'s self, start: usize, end: usize, scratch: &'s mut Vec<MmKey>) -> BlockKeyRef<'s> {
+        if self.mm_items.is_empty() {
+            scratch.clear();
+        } else {
+            multimodal_keys_for_range(self.mm_items, start as i32, end as i32, scratch);
+        }
+        BlockKeyRef {
+            token_ids: &self.token_ids[start..end],
+            extra_ids: self.extra_ids.map(|e| &e[start..end]),
+            lora_task_id: self.lora_task_id,
+            extra_keys: scratch,
+            cache_salt: self.cache_salt,
+        }
+    }
+}
+
+/// What admission of one sequence will do in this window, decided without changing anything.
+#[derive(Clone, Debug, Default)]
+pub struct AdmissionPlan {
+    pub steps: Vec<PlannedReuse>,
+    /// Reused prompt tokens.
+    pub matched_tokens: usize,
+    pub num_context_blocks: usize,
+    /// Context blocks shared by all beams (the rest are per beam).
+    pub num_shared_blocks: usize,
+    /// Primary blocks admission takes from the free queue (allocations + claimed free blocks).
+    pub primary_blocks_needed: usize,
+}
+
+/// One reused context block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannedReuse {
+    /// Exact match of a full block: shared.
+    Share { block: u32 },
+    /// Partial match of an unreferenced leaf: it leaves the tree and becomes this sequence's.
+    TakeOver { block: u32, tokens: usize },
+    /// Partial match of a referenced or inner block: its first `tokens` tokens are copied.
+    Copy { source: u32, tokens: usize },
+}
+
+/// Per-sequence blocks in this window.
+#[derive(Clone, Debug)]
+struct SeqBlocks {
+    /// Block ids per beam, in token order (front-detached ids stay listed).
+    beams: Vec<Vec<u32>>,
+    front_removed: usize,
+    /// Allocation epoch of each front-detached block when it was detached: if a block has been
+    /// allocated again since, its content is someone else's and this sequence must not store.
+    detached_epochs: Vec<u32>,
+}
+
+/// The block manager of one attention-window size.
+pub struct WindowBlockManager {
+    cfg: WindowConfig,
+    arena: BlockArena,
+    queues: FreeQueues,
+    tree: ReuseTree,
+    engine: Box<dyn CopyEngine>,
+    seqs: HashMap<u64, SeqBlocks>,
+    /// Incremented every time a block is handed out by `get_free_block`.
+    alloc_epoch: Vec<u32>,
+    pending_copies: Vec<RowCopy>,
+    stats: WindowStats,
+    scheduling_free: usize,
+    mm_scratch: Vec<MmKey>,
+}
+
+impl std::fmt::Debug for WindowBlockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowBlockManager")
+            .field("window_size", &self.cfg.window_size)
+            .field("free_primary", &self.queues.num_free(Level::Primary))
+            .field("free_secondary", &self.queues.num_free(Level::Secondary))
+            .finish()
+    }
+}
+
+impl WindowBlockManager {
+    pub fn new(cfg: WindowConfig, engine: Box<dyn CopyEngine>) -> Self {
+        let n = cfg.num_primary + cfg.num_secondary;
+        let arena = BlockArena::new(cfg.num_primary, cfg.num_secondary);
+        let mut queues = FreeQueues::new(n, cfg.offload_min_priority);
+        for b in 0..n as u32 {
+            queues.release(b, arena.level(b), false, 0);
+        }
+        WindowBlockManager {
+            tree: ReuseTree::new(n, cfg.tokens_per_block),
+            alloc_epoch: vec![0; n],
+            scheduling_free: cfg.num_primary,
+            cfg,
+            arena,
+            queues,
+            engine,
+            seqs: HashMap::new(),
+            pending_copies: Vec::new(),
+            stats: WindowStats::default(),
+            mm_scratch: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &WindowConfig {
+        &self.cfg
+    }
+
+    pub fn window_size(&self) -> usize {
+        self.cfg.window_size
+    }
+
+    pub fn stats(&self) -> WindowStats {
+        self.stats
+    }
+
+    pub fn num_free(&self, level: Level) -> usize {
+        self.queues.num_free(level)
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.arena.len()
+    }
+
+    pub fn num_in_tree(&self) -> usize {
+        self.tree.num_in_tree()
+    }
+
+    pub fn arena(&self) -> &BlockArena {
+        &self.arena
+    }
+
+    pub fn tree(&self) -> &ReuseTree {
+        &self.tree
+    }
+
+    pub fn queues(&self) -> &FreeQueues {
+        &self.queues
+    }
+
+    pub fn engine_mut(&mut self) -> &mut dyn CopyEngine {
+        self.engine.as_mut()
+    }
+
+    pub fn has_sequence(&self, id: u64) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    /// Block ids of one beam of a sequence (front-detached ids included).
+    pub fn block_ids(&self, id: u64, beam: usize) -> Option<&[u32]> {
+        self.seqs.get(&id).and_then(|s| s.beams.get(beam)).map(|v| &v[..])
+    }
+
+    pub fn front_blocks_removed(&self, id: u64) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.front_removed)
+    }
+
+    /// False once a block this sequence detached (sliding window) was allocated to someone
+    /// else: storing the sequence would then insert foreign content under its keys.
+    pub fn is_valid_for_store(&self, id: u64) -> bool {
+        self.seqs.get(&id).is_some_and(|s| {
+            s.detached_epochs
+                .iter()
+                .zip(&s.beams[0])
+                .all(|(&epoch, &b)| self.alloc_epoch[b as usize] == epoch)
+        })
+    }
+
+    pub fn priority(&self, block: u32) -> u8 {
+        self.queues.priority(block)
+    }
+
+    fn flush_copies(&mut self) {
+        if !self.pending_copies.is_empty() {
+            self.engine.submit(&self.pending_copies);
+            self.pending_copies.clear();
+        }
+    }
+
+    fn queue_copy(&mut self, src: u32, dst: u32, num_tokens: usize) {
+        self.pending_copies.push(RowCopy {
+            src: self.arena.row(src),
+            dst: self.arena.row(dst),
+            num_tokens: num_tokens as u32,
+        });
+    }
+
+    fn evict_from_tree(&mut self, block: u32) {
+        let stats = &mut self.stats;
+        self.tree
+            .detach_subtree(block, |_, _| stats.evicted_from_tree += 1);
+    }
+
+    /// Takes the next block to evict from the primary queue, offloading its content to the host
+    /// tier when its priority allows, and claims it for `seq` with `retention`. Capacity must
+    /// have been checked by the caller.
+    fn get_free_block(&mut self, _seq: u64, retention: BlockRetention, now_ms: u64) -> u32 {
+        let (candidate, can_offload) = self
+            .queues
+            .peek(Level::Primary)
+            .expect("capacity is checked before allocation");
+        let held_tokens = self.tree.has_key(candidate);
+        if !held_tokens {
+            self.stats.alloc_new += 1;
+        }
+        self.stats.alloc_total += 1;
+        let victim = if held_tokens
+            && can_offload
+            && self.cfg.onboard_blocks
+            && self.queues.num_free(Level::Secondary) > 0
+        {
+            let (host_block, _) = self.queues.peek(Level::Secondary).expect("checked above");
+            // Claim both blocks before their rows are swapped (seed 004).
+            let expiry = self.queues.expiry(candidate);
+            self.queues.claim(candidate);
+            self.queues.claim(host_block);
+            self.evict_from_tree(host_block);
+            self.queue_copy(candidate, host_block, 0);
+            self.arena.swap_rows(candidate, host_block);
+            self.queues.release(candidate, Level::Secondary, false, now_ms);
+            self.queues.restore_expiry(candidate, expiry);
+            self.stats.offloaded += 1;
+            host_block
+        } else {
+            self.queues.claim(candidate);
+            self.evict_from_tree(candidate);
+            candidate
+        };
+        self.queues.claim_with_retention(
+            victim,
+            BlockRetention {
+                priority: Some(retention.priority.unwrap_or(DEFAULT_PRIORITY)),
+                duration_ms: retention.duration_ms,
+            },
+        );
+        self.alloc_epoch[victim as usize] = self.alloc_epoch[victim as usize].wrapping_add(1);
+        victim
+    }
+
+    /// Moves a claimed host block to the primary level (copy host → GPU, swap rows).
+    fn onboard(&mut self, seq: u64, block: u32, now_ms: u64) {
+        if !self.cfg.onboard_blocks || self.arena.is_primary(block) {
+            return;
+        }
+        let fresh = self.get_free_block(seq, BlockRetention::default(), now_ms);
+        self.queue_copy(block, fresh, 0);
+        self.arena.swap_rows(block, fresh);
+        self.queues.release(fresh, self.arena.level(fresh), false, now_ms);
+        self.stats.onboarded += 1;
+    }
+
+    /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
+    /// Returns false when there is no host block or offloading is off.
+    pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
+        if block as usize >= self.arena.len() {
+            return Err(KvError::InvalidArgument(format!("block id {block} out of range")));
+        }
+        if self.arena.ref_count(block) > 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block {block} is referenced; only free blocks can be offloaded"
+            )));
+        }
+        if !self.cfg.onboard_blocks
+            || !self.arena.is_primary(block)
+            || self.queues.num_free(Level::Secondary) == 0
+        {
+            return Ok(false);
+        }
+        let (host_block, _) = self.queues.peek(Level::Secondary).expect("checked above");
+        let expiry = self.queues.expiry(block);
+        self.queues.claim(block);
+        self.queues.claim(host_block);
+        self.evict_from_tree(host_block);
+        self.queue_copy(block, host_block, 0);
+        self.arena.swap_rows(block, host_block);
+        self.queues.release(block, Level::Secondary, false, now_ms);
+        self.queues.restore_expiry(block, expiry);
+        self.queues.release(host_block, Level::Primary, false, now_ms);
+        self.stats.offloaded += 1;
+        self.flush_copies();
+        Ok(true)
+    }
+
+    fn is_unused(&self, block: u32) -> bool {
+        self.arena.ref_count(block) == 0
+    }
+
+    /// Number of context blocks and of those shared among beams.
+    pub fn context_blocks(&self, input_length: usize, beam_width: usize) -> (usize, usize) {
+        let eff = input_length.min(self.cfg.max_token_num);
+        let n = eff.div_ceil(self.cfg.tokens_per_block);
+        let shared = if self.cfg.enable_reuse {
+            if beam_width > 1 {
+                n.saturating_sub(1)
+            } else {
+                n
+            }
+        } else if beam_width == 1 || eff % self.cfg.tokens_per_block == 0 {
+            n
+        } else {
+            n.saturating_sub(1)
+        };
+        (n, shared)
+    }
+
+    /// Plans the admission of a sequence without changing anything: walks the tree for the
+    /// reusable prefix (at most `cap_tokens` tokens, never the last prompt token) and counts
+    /// the primary blocks it will take.
+    pub fn plan_admission(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        beam_width: usize,
+        cap_tokens: usize,
+    ) -> AdmissionPlan {
+        let tpb = self.cfg.tokens_per_block;
+        let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
+        let mut plan = AdmissionPlan {
+            num_context_blocks: num_context,
+            num_shared_blocks: num_shared,
+            ..AdmissionPlan::default()
+        };
+        let mut claimed_free_primary = 0;
+        let mut new_blocks = 0;
+        if self.cfg.enable_reuse {
+            let reusable = input_length - 1;
+            let mut scratch = std::mem::take(&mut self.mm_scratch);
+            let mut parent = self.tree.root();
+            for bi in 0..num_shared {
+                let start = bi * tpb;
+                let end = ((bi + 1) * tpb).min(reusable);
+                if start >= end {
+                    break;
+                }
+                let key = src.key(start, end, &mut scratch);
+                let hash = block_hash(&key, self.tree.hash(parent));
+                let Some(m) = self.tree.find_match(
+                    parent,
+                    &key,
+                    hash,
+                    self.cfg.enable_partial_reuse,
+                    self.cfg.copy_on_partial_reuse,
+                    |b| self.is_unused(b),
+                ) else {
+                    break;
+                };
+                let room = cap_tokens.saturating_sub(plan.matched_tokens);
+                if room == 0 {
+                    break;
+                }
+                let step = if !m.partial && m.num_tokens <= room {
+                    PlannedReuse::Share { block: m.block }
+                } else {
+                    let tokens = m.num_tokens.min(room);
+                    let capped = tokens < m.num_tokens;
+                    if capped && !self.cfg.enable_partial_reuse {
+                        break;
+                    }
+                    if !capped && self.is_unused(m.block) && self.tree.is_leaf(m.block) {
+                        PlannedReuse::TakeOver {
+                            block: m.block,
+                            tokens,
+                        }
+                    } else {
+                        PlannedReuse::Copy {
+                            source: m.block,
+                            tokens,
+                        }
+                    }
+                };
+                let (block, tokens) = match step {
+                    PlannedReuse::Share { block } => (block, m.num_tokens),
+                    PlannedReuse::TakeOver { block, tokens } => (block, tokens),
+                    PlannedReuse::Copy { source, tokens } => (source, tokens),
+                };
+                if self.queues.queued_level(block) == Some(Level::Primary) {
+                    claimed_free_primary += 1;
+                }
+                let onboard_needed = !matches!(step, PlannedReuse::Copy { .. })
+                    && self.cfg.onboard_blocks
+                    && !self.arena.is_primary(block);
+                if onboard_needed || matches!(step, PlannedReuse::Copy { .. }) {
+                    new_blocks += 1;
+                }
+                plan.matched_tokens += tokens;
+                plan.steps.push(step);
+                if !matches!(step, PlannedReuse::Share { .. }) {
+                    break;
+                }
+                parent = block;
+            }
+            self.mm_scratch = scratch;
+        }
+        new_blocks += num_shared - plan.steps.len();
+        new_blocks += (num_context - num_shared) * beam_width;
+        plan.primary_blocks_needed = new_blocks + claimed_free_primary;
+        plan
+    }
+
+    /// Fails with `OutOfBlocks` when the plan needs more primary blocks than are free.
+    pub fn check_plan(&self, plan: &AdmissionPlan) -> KvResult<()> {
+        let available = self.queues.num_free(Level::Primary);
+        if plan.primary_blocks_needed > available {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed: plan.primary_blocks_needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Executes a checked plan for a new sequence `id`. Returns the reused token count.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit(
+        &mut self,
+        id: u64,
+        src: &KeySource<'_>,
+        input_length: usize,
+        beam_width: usize,
+        retention: &RetentionConfig,
+        plan: &AdmissionPlan,
+        now_ms: u64,
+    ) -> usize {
+        debug_assert!(!self.seqs.contains_key(&id));
+        let tpb = self.cfg.tokens_per_block;
+        let reusable = input_length - 1;
+        let mut beams = vec![Vec::with_capacity(plan.num_context_blocks + 1); beam_width];
+        let bw = beam_width as u32;
+
+        // Claims first: after this no allocation can evict a block the plan reuses.
+        let mut protected_source = None;
+        for (bi, step) in plan.steps.iter().enumerate() {
+            let r = retention.block_retention(bi, tpb);
+            match *step {
+                PlannedReuse::Share { block } => self.claim_for_reuse(block, r),
+                PlannedReuse::TakeOver { block, .. } => {
+                    self.evict_from_tree(block);
+                    self.claim_for_reuse(block, r);
+                }
+                PlannedReuse::Copy { source, .. } => {
+                    if self.queues.claim(source) {
+                        protected_source = Some(source);
+                    }
+                }
+            }
+        }
+
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut prev_hash = 0u64;
+        for (bi, step) in plan.steps.iter().enumerate() {
+            let r = retention.block_retention(bi, tpb);
+            let block = match *step {
+                PlannedReuse::Share { block } => {
+                    self.onboard(id, block, now_ms);
+                    block
+                }
+                PlannedReuse::TakeOver { block, .. } => {
+                    self.onboard(id, block, now_ms);
+                    let end = ((bi + 1) * tpb).min(reusable);
+                    let key = src.key(bi * tpb, end, &mut scratch);
+                    let hash = block_hash(&key, prev_hash);
+                    self.tree.set_key(block, &key, hash);
+                    block
+                }
+                PlannedReuse::Copy { source, tokens } => {
+                    let fresh = self.get_free_block(id, r, now_ms);
+                    self.queue_copy(source, fresh, tokens);
+                    let end = ((bi + 1) * tpb).min(reusable);
+                    let key = src.key(bi * tpb, end, &mut scratch);
+                    let hash = block_hash(&key, prev_hash);
+                    self.tree.set_key(fresh, &key, hash);
+                    fresh
+                }
+            };
+            prev_hash = self.tree.hash(block);
+            self.arena.add_refs(block, bw);
+            for beam in &mut beams {
+                beam.push(block);
+            }
+            self.stats.reused += 1;
+        }
+        if let Some(source) = protected_source {
+            if self.arena.ref_count(source) == 0 {
+                self.queues
+                    .release(source, self.arena.level(source), false, now_ms);
+            }
+        }
+        for bi in plan.steps.len()..plan.num_shared_blocks {
+            let r = retention.block_retention(bi, tpb);
+            let block = self.get_free_block(id, r, now_ms);
+            prev_hash = self.set_context_key(block, src, bi, reusable, prev_hash, &mut scratch);
+            self.arena.add_refs(block, bw);
+            for beam in &mut beams {
+                beam.push(block);
+            }
+            self.stats.missed += 1;
+        }
+        for bi in plan.num_shared_blocks..plan.num_context_blocks {
+            let r = retention.block_retention(bi, tpb);
+            for beam in &mut beams {
+                let block = self.get_free_block(id, r, now_ms);
+                self.set_context_key(block, src, bi, reusable, prev_hash, &mut scratch);
+                self.arena.add_refs(block, 1);
+                beam.push(block);
+            }
+            self.stats.missed += 1;
+        }
+        self.mm_scratch = scratch;
+        self.flush_copies();
+        self.seqs.insert(
+            id,
+            SeqBlocks {
+                beams,
+                front_removed: 0,
+                detached_epochs: Vec::new(),
+            },
+        );
+        plan.matched_tokens
+    }
+
+    /// Gives a freshly allocated context block its key (when reuse is on) and returns its hash.
+    fn set_context_key(
+        &mut self,
+        block: u32,
+        src: &KeySource<'_>,
+        bi: usize,
+        reusable: usize,
+        prev_hash: u64,
+        scratch: &mut Vec<MmKey>,
+    ) -> u64 {
+        let tpb = self.cfg.tokens_per_block;
+        let start = bi * tpb;
+        let end = ((bi + 1) * tpb).min(reusable);
+        if !self.cfg.enable_reuse || start >= end {
+            return 0;
+        }
+        let key = src.key(start, end, scratch);
+        let hash = block_hash(&key, prev_hash);
+        self.tree.set_key(block, &key, hash);
+        hash
+    }
+
+    fn claim_for_reuse(&mut self, block: u32, r: BlockRetention) {
+        self.queues.claim_with_retention(block, r);
+    }
+
+    /// Blocks `add_token` needs in this window when the sequence grows to `num_tokens`, and the
+    /// blocks it frees first by detaching out-of-window front blocks.
+    fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> (usize, usize, usize) {
+        let tpb = self.cfg.tokens_per_block;
+        let mut detach = 0;
+        let mut freed = 0;
+        if swa && seq.beams.len() == 1 {
+            let mut removed = seq.front_removed;
+            while num_tokens - removed * tpb >= self.cfg.window_size + tpb {
+                let b = seq.beams[0][removed];
+                if self.arena.ref_count(b) == 1 {
+                    freed += 1;
+                }
+                removed += 1;
+                detach += 1;
+            }
+        }
+        let new_blocks = if (num_tokens - 1) % tpb == 0 {
+            seq.beams.len()
+        } else {
+            0
+        };
+        (detach, freed, new_blocks)
+    }
+
+    /// Checks that growing sequence `id` to `num_tokens` tokens can be served.
+    pub fn check_add_token(&self, id: u64, num_tokens: usize, swa: bool) -> KvResult<()> {
+        let seq = &self.seqs[&id];
+        let (_, freed, needed) = self.token_needs(seq, num_tokens, swa);
+        let available = self.queues.num_free(Level::Primary) + freed;
+        if needed > available {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Grows sequence `id` to `num_tokens` tokens: detaches out-of-window blocks (SWA), then
+    /// allocates a new last block (per beam with beam search) when a block boundary is crossed.
+    pub fn add_token(
+        &mut self,
+        id: u64,
+        num_tokens: usize,
+        swa: bool,
+        decode: BlockRetention,
+        now_ms: u64,
+    ) {
+        let (detach, _, needed) = self.token_needs(&self.seqs[&id], num_tokens, swa);
+        for _ in 0..detach {
+            let seq = self.seqs.get_mut(&id).expect("sequence exists");
+            let b = seq.beams[0][seq.front_removed];
+            seq.front_removed += 1;
+            seq.detached_epochs.push(self.alloc_epoch[b as usize]);
+            if self.arena.remove_ref(b) == 0 {
+                self.queues.release(b, self.arena.level(b), false, now_ms);
+            }
+        }
+        if needed > 0 {
+            let beam_width = self.seqs[&id].beams.len();
+            if beam_width == 1 {
+                let b = self.get_free_block(id, decode, now_ms);
+                self.arena.add_refs(b, 1);
+                self.seqs.get_mut(&id).expect("exists").beams[0].push(b);
+            } else {
+                for beam in 0..beam_width {
+                    let b = self.get_free_block(id, decode, now_ms);
+                    self.arena.add_refs(b, 1);
+                    self.seqs.get_mut(&id).expect("exists").beams[beam].push(b);
+                }
+            }
+            self.flush_copies();
+        }
+    }
+
+    /// Number of listed blocks (front-detached included) a sequence of `num_tokens` needs.
+    pub fn blocks_for_tokens(&self, num_tokens: usize) -> usize {
+        num_tokens
+            .min(self.cfg.max_token_num)
+            .div_ceil(self.cfg.tokens_per_block)
+    }
+
+    /// Whether shrinking sequence `id` to `num_tokens` would release a front-detached block.
+    pub fn can_shrink_to(&self, id: u64, num_tokens: usize) -> bool {
+        let seq = &self.seqs[&id];
+        self.blocks_for_tokens(num_tokens) > seq.front_removed
+    }
+
+    /// Shrinks sequence `id` to `num_tokens` tokens, releasing surplus last blocks to the front of
+    /// their queue (they are the next to evict).
+    pub fn remove_tokens(&mut self, id: u64, num_tokens: usize, now_ms: u64) {
+        let keep = self.blocks_for_tokens(num_tokens);
+        let seq = self.seqs.get_mut(&id).expect("sequence exists");
+        let mut released = Vec::new();
+        for beam in seq.beams.iter_mut() {
+            while beam.len() > keep {
+                released.push(beam.pop().expect("non-empty"));
+            }
+        }
+        for b in released {
+            if self.arena.remove_ref(b) == 0 {
+                self.queues.release(b, self.arena.level(b), true, now_ms);
+            }
+        }
+    }
+
+    /// Stores the first `num_tokens` tokens of sequence `id` (beam 0 blocks) in the reuse tree.
+    /// Only full blocks unless `allow_partial`. Existing equal blocks are descended into and the
+    /// sequence's own copies stay private; with `pin`, every block on the path gets a pin.
+    /// Returns the ids of the newly stored blocks and of the pinned blocks.
+    pub fn store_blocks(
+        &mut self,
+        id: u64,
+        src: &KeySource<'_>,
+        num_tokens: usize,
+        allow_partial: bool,
+        pin: bool,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let tpb = self.cfg.tokens_per_block;
+        let mut stored = Vec::new();
+        let mut pinned = Vec::new();
+        let Some(seq) = self.seqs.get(&id) else {
+            return (stored, pinned);
+        };
+        let ids = seq.beams[0].clone();
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut parent = self.tree.root();
+        let mut matching = true;
+        for (i, &block) in ids.iter().enumerate() {
+            let start = i * tpb;
+            let end = ((i + 1) * tpb).min(num_tokens);
+            if start >= end || (!allow_partial && end - start < tpb) {
+                break;
+            }
+            let key = src.key(start, end, &mut scratch);
+            let node = if matching {
+                let hash = block_hash(&key, self.tree.hash(parent));
+                match self.tree.find_exact(parent, &key, hash) {
+                    Some(existing) => Some(existing),
+                    None => {
+                        matching = false;
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let node = match node {
+                Some(n) => n,
+                None => {
+                    if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
+                        break;
+                    }
+                    self.tree.set_key(block, &key, 0);
+                    if !self.tree.insert(parent, block) {
+                        break;
+                    }
+                    stored.push(block);
+                    block
+                }
+            };
+            if pin {
+                self.arena.pin(node);
+                self.queues.claim(node);
+                pinned.push(node);
+            }
+            parent = node;
+        }
+        self.mm_scratch = scratch;
+        (stored, pinned)
+    }
+
+    /// Releases every block of sequence `id`, last to first, and forgets the sequence.
+    pub fn release_sequence(&mut self, id: u64, now_ms: u64) {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return;
+        };
+        let len = seq.beams[0].len();
+        for idx in (seq.front_removed..len).rev() {
+            for beam in seq.beams.iter().rev() {
+                let b = beam[idx];
+                if self.arena.remove_ref(b) == 0 {
+                    self.queues.release(b, self.arena.level(b), false, now_ms);
+                }
+            }
+        }
+    }
+
+    /// Pins every listed (not detached) block of sequence `id`.
+    pub fn pin_sequence(&mut self, id: u64) {
+        let Some(seq) = self.seqs.get(&id) else {
+            return;
+        };
+        let mut blocks = Vec::new();
+        for beam in &seq.beams {
+            blocks.extend_from_slice(&beam[seq.front_removed..]);
+        }
+        for b in blocks {
+            self.arena.pin(b);
+        }
+    }
+
+    /// Checks that every id is a pinned block.
+    pub fn check_unpin(&self, ids: &[u32]) -> KvResult<()> {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &b in ids {
+            if b as usize >= self.arena.len() {
+                return Err(KvError::InvalidArgument(format!("block id {b} out of range")));
+            }
+            let c = counts.entry(b).or_default();
+            *c += 1;
+            if *c > self.arena.pins(b) {
+                return Err(KvError::InvalidArgument(format!("block {b} is not pinned")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops one pin of each block, releasing blocks whose last reference it was.
+    pub fn unpin(&mut self, ids: &[u32], now_ms: u64) {
+        for &b in ids {
+            if self.arena.unpin(b) == 0 {
+                self.queues.release(b, self.arena.level(b), false, now_ms);
+            }
+        }
+    }
+
+    /// Number of consecutive full prompt blocks found in the tree from the root (optionally only
+    /// those currently referenced).
+    pub fn count_reusable_blocks(&mut self, src: &KeySource<'_>, input_length: usize, only_allocated: bool) -> usize {
+        if !self.cfg.enable_reuse || input_length == 0 {
+            return 0;
+        }
+        let tpb = self.cfg.tokens_per_block;
+        let full = (input_length - 1) / tpb;
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut parent = self.tree.root();
+        let mut count = 0;
+        for bi in 0..full {
+            let key = src.key(bi * tpb, (bi + 1) * tpb, &mut scratch);
+            let hash = block_hash(&key, self.tree.hash(parent));
+            let Some(b) = self.tree.find_exact(parent, &key, hash) else {
+                break;
+            };
+            if !only_allocated || self.arena.ref_count(b) > 0 {
+                count += 1;
+            }
+            parent = b;
+        }
+        self.mm_scratch = scratch;
+        count
+    }
+
+    /// Expires timed retentions and waits for outstanding copies.
+    pub fn refresh(&mut self, now_ms: u64) {
+        self.queues.refresh(now_ms);
+        self.flush_copies();
+        self.engine.sync();
+    }
+
+    pub fn start_scheduling(&mut self) {
+        self.arena.start_scheduling();
+        self.scheduling_free = self.queues.num_free(Level::Primary);
+    }
+
+    pub fn scheduling_remove_sequence(&mut self, id: u64) {
+        let Some(seq) = self.seqs.get(&id) else {
+            return;
+        };
+        let mut freed = 0;
+        for beam in &seq.beams {
+            for &b in &beam[seq.front_removed..] {
+                if self.arena.scheduling_remove_ref(b) {
+                    freed += 1;
+                }
+            }
+        }
+        self.scheduling_free += freed;
+    }
+
+    pub fn scheduling_free_blocks(&self) -> usize {
+        self.scheduling_free
+    }
+
+    /// Checks the invariants of reference §10 for this window. `tokens_of` gives each
+    /// sequence's token count.
+    pub fn verify(&self, tokens_of: impl Fn(u64) -> Option<usize>, max_sequence_length: usize) -> Result<(), String> {
+        let w = self.cfg.window_size;
+        self.queues.verify().map_err(|e| format!("window {w}: {e}"))?;
+        self.arena.verify_rows().map_err(|e| format!("window {w}: {e}"))?;
+        self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
+        let n = self.arena.len();
+        let mut expected_refs = vec![0u32; n];
+        let swa = self.cfg.is_swa(max_sequence_length);
+        let tpb = self.cfg.tokens_per_block;
+        for (&id, seq) in &self.seqs {
+            let Some(num_tokens) = tokens_of(id) else {
+                return Err(format!("window {w}: blocks held for unknown sequence {id}"));
+            };
+            for beam in &seq.beams {
+                if beam.len() != self.blocks_for_tokens(num_tokens) {
+                    return Err(format!(
+                        "window {w}: sequence {id} lists {} blocks for {num_tokens} tokens",
+                        beam.len()
+                    ));
+                }
+                for &b in &beam[seq.front_removed..] {
+                    expected_refs[b as usize] += 1;
+                    if !self.arena.is_primary(b) {
+                        return Err(format!(
+                            "window {w}: sequence {id} references non-primary block {b}"
+                        ));
+                    }
+                }
+            }
+            if swa && seq.beams.len() == 1 && num_tokens - seq.front_removed * tpb >= w + tpb {
+                return Err(format!("window {w}: sequence {id} holds blocks outside its window"));
+            }
+        }
+        for b in 0..n as u32 {
+            let refs = self.arena.ref_count(b);
+            let want = expected_refs[b as usize] + self.arena.pins(b);
+            if refs != want {
+                return Err(format!(
+                    "window {w}: block {b} has {refs} references, sequences and pins account for {want}"
+                ));
+            }
+            match self.queues.queued_level(b) {
+                Some(level) if refs > 0 => {
+                    return Err(format!("window {w}: block {b} is queued at {level:?} with {refs} references"));
+                }
+                Some(level) if level != self.arena.level(b) => {
+                    return Err(format!(
+                        "window {w}: block {b} is queued at {level:?} but its row is {:?}",
+                        self.arena.level(b)
+                    ));
+                }
+                None if refs == 0 => {
+                    return Err(format!("window {w}: block {b} is neither referenced nor free"));
+                }
+                _ => {}
+            }
+        }
+        if self.queues.num_free(Level::Primary) > self.cfg.num_primary
+            || self.queues.num_free(Level::Secondary) > self.cfg.num_secondary
+        {
+            return Err(format!("window {w}: more free blocks than blocks"));
+        }
+        Ok(())
+    }
+}

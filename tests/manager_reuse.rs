@@ -1,0 +1,125 @@
+//! Scenario tests of the manager's reuse, eviction and host-tier behaviour.
+
+use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request, WindowSpec};
+use kvblock::pool::Level;
+
+fn config(primary: usize, secondary: usize, tpb: usize) -> ManagerConfig {
+    ManagerConfig {
+        windows: vec![WindowSpec {
+            window_size: 1024,
+            primary_blocks: primary,
+            secondary_blocks: secondary,
+            num_layers: 1,
+            num_kv_heads: 1,
+            size_per_head: 1,
+        }],
+        tokens_per_block: tpb,
+        max_sequence_length: 1024,
+        manual_clock: true,
+        ..ManagerConfig::default()
+    }
+}
+
+fn tokens(range: std::ops::Range<i32>) -> Vec<i32> {
+    range.collect()
+}
+
+#[test]
+fn full_blocks_are_reused_and_last_token_never_is() {
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    let a = m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
+    assert_eq!(a.prepopulated_prompt_len, 0);
+    assert_eq!(a.stats.missed_blocks, 3);
+    m.remove_sequence(1, true).unwrap();
+    m.check_invariants().unwrap();
+    // Same prompt: 8 reusable tokens (2 full blocks); the 9th is the last token.
+    let b = m.add_sequence(&Request::new(2, tokens(0..9))).unwrap();
+    assert_eq!(b.prepopulated_prompt_len, 8);
+    assert_eq!(b.stats.reused_blocks, 2);
+    assert_eq!(b.stats.missed_blocks, 1);
+    m.check_invariants().unwrap();
+    // Exactly two blocks long: only 7 reusable tokens (one full block + 3 of a partial copy).
+    let c = m.add_sequence(&Request::new(3, tokens(0..8))).unwrap();
+    assert_eq!(c.prepopulated_prompt_len, 7);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn partial_reuse_takes_over_unused_leaf_and_copies_shared_block() {
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..7))).unwrap();
+    m.remove_sequence(1, true).unwrap();
+    // Tree now: [0..4] -> [4,5] (partial). Request shares 0..6 then diverges.
+    let mut t = tokens(0..6);
+    t.extend([100, 101, 102]);
+    let b = m.add_sequence(&Request::new(2, t.clone())).unwrap();
+    assert_eq!(b.prepopulated_prompt_len, 6);
+    let ids_b = m.cache_block_ids(2, 1024, 0).unwrap();
+    m.check_invariants().unwrap();
+    // The leaf [4,5] was unused: taken over, so request 3 with the same prompt copies instead.
+    let c = m.add_sequence(&Request::new(3, t)).unwrap();
+    assert_eq!(c.prepopulated_prompt_len, 4);
+    let ids_c = m.cache_block_ids(3, 1024, 0).unwrap();
+    assert_eq!(ids_b[0], ids_c[0]);
+    assert_ne!(ids_b[1], ids_c[1]);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn offload_on_eviction_and_onboard_on_reuse() {
+    let mut m = KvCacheManager::new(config(4, 4, 4)).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..13))).unwrap();
+    m.remove_sequence(1, true).unwrap();
+    // A different prompt takes all 4 primary blocks: cached blocks move to the host.
+    m.add_sequence(&Request::new(2, tokens(100..116))).unwrap();
+    m.check_invariants().unwrap();
+    let s = m.stats();
+    assert_eq!(s.offloaded_blocks, 3, "the fourth block held only the last token: no key");
+    m.remove_sequence(2, false).unwrap();
+    let a = m.add_sequence(&Request::new(3, tokens(0..13))).unwrap();
+    assert_eq!(a.prepopulated_prompt_len, 12);
+    assert_eq!(m.stats().onboarded_blocks, 3);
+    for b in m.cache_block_ids(3, 1024, 0).unwrap() {
+        assert_eq!(m.block_info(1024, b).unwrap().level, Level::Primary);
+    }
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn failed_admission_changes_nothing() {
+    let mut m = KvCacheManager::new(config(4, 0, 4)).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
+    let before = m.stats();
+    let err = m.add_sequence(&Request::new(2, tokens(50..59))).unwrap_err();
+    assert!(matches!(err, kvblock::error::KvError::OutOfBlocks { .. }));
+    assert_eq!(m.stats(), before);
+    assert!(!m.has_sequence(2));
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn host_data_survives_offload_and_onboard() {
+    let mut cfg = config(2, 2, 4);
+    cfg.copy_backend = CopyBackend::HostMemory;
+    cfg.bytes_per_element = 1;
+    let mut m = KvCacheManager::new(cfg).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..5))).unwrap();
+    let ids = m.cache_block_ids(1, 1024, 0).unwrap();
+    let (base, row) = m.pool_pointer(1024, Level::Primary).unwrap();
+    for (i, &b) in ids.iter().enumerate() {
+        let mem = m.block_info(1024, b).unwrap().memory_index as usize;
+        unsafe { std::ptr::write_bytes(base.add(mem * row), 10 + i as u8, row) };
+    }
+    m.remove_sequence(1, true).unwrap();
+    m.add_sequence(&Request::new(2, tokens(100..108))).unwrap();
+    m.remove_sequence(2, false).unwrap();
+    let a = m.add_sequence(&Request::new(3, tokens(0..5))).unwrap();
+    assert_eq!(a.prepopulated_prompt_len, 4);
+    let b = m.cache_block_ids(3, 1024, 0).unwrap()[0];
+    let info = m.block_info(1024, b).unwrap();
+    assert_eq!(info.level, Level::Primary);
+    let (base, row) = m.pool_pointer(1024, Level::Primary).unwrap();
+    let bytes = unsafe { std::slice::from_raw_parts(base.add(info.memory_index as usize * row), row) };
+    assert!(bytes.iter().all(|&x| x == 10));
+    m.check_invariants().unwrap();
+}
