@@ -8,6 +8,56 @@
 #include <stdint.h>
 
 /**
+ * Cache level of a block's memory row.
+ */
+typedef enum kvb_cache_level_t {
+    /**
+     * GPU (primary) memory.
+     */
+    KVB_CACHE_LEVEL_PRIMARY = 0,
+    /**
+     * Host (secondary) memory.
+     */
+    KVB_CACHE_LEVEL_SECONDARY = 1,
+} kvb_cache_level_t;
+
+/**
+ * Where the bytes of the KV pools live (values of `kvb_manager_config_t::copy_backend`).
+ */
+typedef enum kvb_copy_backend_t {
+    /**
+     * Bookkeeping only: no pool memory, copies are counted and dropped.
+     */
+    KVB_COPY_BACKEND_NONE = 0,
+    /**
+     * Pools are host buffers owned by the library; copies are memcpy (tests, host-only use).
+     */
+    KVB_COPY_BACKEND_HOST = 1,
+} kvb_copy_backend_t;
+
+/**
+ * Where a request is in its life (values of `kvb_request_state_t::phase`).
+ */
+typedef enum kvb_request_phase_t {
+    /**
+     * Before its first context chunk.
+     */
+    KVB_PHASE_CONTEXT_INIT = 0,
+    /**
+     * Between context chunks.
+     */
+    KVB_PHASE_CONTEXT_CONTINUE = 1,
+    /**
+     * Generating tokens.
+     */
+    KVB_PHASE_GENERATION = 2,
+    /**
+     * Finished or idle.
+     */
+    KVB_PHASE_OTHER = 3,
+} kvb_request_phase_t;
+
+/**
  * Result of every kvblock C function. `KVB_OK` (0) is success.
  */
 typedef enum kvb_status_t {
@@ -85,9 +135,659 @@ typedef enum kvb_status_t {
     KVB_STATUS_INTERNAL = 17,
 } kvb_status_t;
 
+/**
+ * Opaque handle to a KV-cache manager. Create with `kvb_manager_create`, free with
+ * `kvb_manager_destroy`. Calls on one handle are serialized by an internal lock.
+ */
+typedef struct kvb_manager_t kvb_manager_t;
+
+/**
+ * One attention-window size and its pool layout.
+ */
+typedef struct kvb_window_config_t {
+    /**
+     * Attention window in tokens (distinct per window; windows below the maximum sequence
+     * length are sliding windows).
+     */
+    int32_t window_size;
+    /**
+     * Blocks in GPU (primary) memory; must be positive.
+     */
+    int32_t primary_blocks;
+    /**
+     * Blocks in host (secondary) memory for offloading; may be 0.
+     */
+    int32_t secondary_blocks;
+    /**
+     * Layers using this window (pool row = layers × 2 × heads × tokens_per_block × head size).
+     */
+    int32_t num_layers;
+    /**
+     * KV heads per layer.
+     */
+    int32_t num_kv_heads;
+    /**
+     * Elements per head.
+     */
+    int32_t size_per_head;
+} kvb_window_config_t;
+
+/**
+ * Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
+ */
+typedef struct kvb_manager_config_t {
+    /**
+     * `sizeof(kvb_manager_config_t)`, set by `kvb_manager_config_init`.
+     */
+    uint32_t struct_size;
+    /**
+     * Array of `num_windows` windows (copied; not kept after create).
+     */
+    const struct kvb_window_config_t *windows;
+    size_t num_windows;
+    /**
+     * Tokens per KV block (default 32).
+     */
+    int32_t tokens_per_block;
+    /**
+     * Maximum beam width of any request (default 1).
+     */
+    int32_t max_beam_width;
+    /**
+     * Maximum tokens (prompt + generated) of a sequence; required.
+     */
+    int32_t max_sequence_length;
+    /**
+     * Prefix reuse through the radix tree (default true).
+     */
+    bool enable_block_reuse;
+    /**
+     * Reuse of partially matching blocks (default true).
+     */
+    bool enable_partial_reuse;
+    /**
+     * Copy partially matched blocks that are in use instead of skipping them (default true).
+     */
+    bool copy_on_partial_reuse;
+    /**
+     * Offload evicted blocks to the host tier and onboard them on reuse (default true).
+     */
+    bool onboard_blocks;
+    /**
+     * Primary blocks at or above this priority are offloaded instead of dropped (default 30).
+     */
+    int32_t secondary_offload_min_priority;
+    /**
+     * Bytes per KV element, for pool sizes (default 2).
+     */
+    int32_t bytes_per_element;
+    /**
+     * A `kvb_copy_backend_t` value (default `KVB_COPY_BACKEND_NONE`).
+     */
+    int32_t copy_backend;
+    /**
+     * Time moves only through `kvb_manager_advance_time` (for tests; default false).
+     */
+    bool manual_clock;
+} kvb_manager_config_t;
+
+/**
+ * A multimodal item: a 32-byte digest of its content covering `length` prompt tokens from
+ * `position`.
+ */
+typedef struct kvb_multimodal_item_t {
+    uint8_t digest[32];
+    int32_t position;
+    int32_t length;
+} kvb_multimodal_item_t;
+
+/**
+ * Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
+ */
+typedef struct kvb_token_range_retention_t {
+    int32_t token_start;
+    /**
+     * Exclusive end; -1 = to the end of the sequence (only the last range may be open).
+     */
+    int32_t token_end;
+    int32_t priority;
+    /**
+     * Milliseconds after release before the priority decays to 35; -1 = forever.
+     */
+    int64_t duration_ms;
+} kvb_token_range_retention_t;
+
+/**
+ * Retention of a request's blocks (TensorRT-LLM `KvCacheRetentionConfig`).
+ */
+typedef struct kvb_retention_config_t {
+    const struct kvb_token_range_retention_t *ranges;
+    size_t num_ranges;
+    /**
+     * Priority of generated (decode) blocks (35 = default).
+     */
+    int32_t decode_priority;
+    /**
+     * Duration of the decode priority in ms; -1 = forever.
+     */
+    int64_t decode_duration_ms;
+} kvb_retention_config_t;
+
+/**
+ * A request to admit (what TensorRT-LLM reads from `LlmRequest`). Initialise with
+ * `kvb_request_init`. Pointed-to arrays are copied; none is kept after the call.
+ */
+typedef struct kvb_request_t {
+    /**
+     * `sizeof(kvb_request_t)`, set by `kvb_request_init`.
+     */
+    uint32_t struct_size;
+    uint64_t request_id;
+    /**
+     * Prompt tokens; at least 1 and at most `num_tokens`.
+     */
+    int32_t input_length;
+    /**
+     * Beams (1 = no beam search).
+     */
+    int32_t beam_width;
+    const int32_t *tokens;
+    size_t num_tokens;
+    /**
+     * Optional per-token extra ids (prompt tuning); null or `num_tokens` entries.
+     */
+    const uint64_t *token_extra_ids;
+    bool has_lora_task_id;
+    uint64_t lora_task_id;
+    bool has_cache_salt;
+    uint64_t cache_salt;
+    const struct kvb_multimodal_item_t *mm_items;
+    size_t num_mm_items;
+    /**
+     * Optional retention config (null = default priority 35 everywhere).
+     */
+    const struct kvb_retention_config_t *retention;
+} kvb_request_t;
+
+/**
+ * Scheduler-side state of a request, for the estimates. Initialise with
+ * `kvb_request_state_init`.
+ */
+typedef struct kvb_request_state_t {
+    uint32_t struct_size;
+    uint64_t request_id;
+    /**
+     * A `kvb_request_phase_t` value.
+     */
+    int32_t phase;
+    int32_t prompt_len;
+    int32_t beam_width;
+    int32_t context_chunk_size;
+    int32_t num_draft_tokens;
+    int32_t max_new_tokens;
+    int32_t num_generated_tokens;
+} kvb_request_state_t;
+
+/**
+ * Per-request allocation counters of an admission, summed over windows.
+ */
+typedef struct kvb_request_stats_t {
+    uint64_t alloc_total_blocks;
+    uint64_t alloc_new_blocks;
+    uint64_t reused_blocks;
+    uint64_t missed_blocks;
+    /**
+     * reused / (reused + missed); 0 when nothing was reused.
+     */
+    double cache_hit_rate;
+} kvb_request_stats_t;
+
+/**
+ * Result of an admission.
+ */
+typedef struct kvb_admission_t {
+    /**
+     * Prompt tokens already in the cache: the engine computes from this position on.
+     */
+    int32_t prepopulated_prompt_len;
+    struct kvb_request_stats_t stats;
+} kvb_admission_t;
+
+/**
+ * Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
+ * as there).
+ */
+typedef struct kvb_kv_cache_stats_t {
+    uint64_t max_num_blocks;
+    /**
+     * Free primary blocks.
+     */
+    uint64_t free_num_blocks;
+    uint64_t used_num_blocks;
+    uint64_t tokens_per_block;
+    uint64_t alloc_total_blocks;
+    uint64_t alloc_new_blocks;
+    uint64_t reused_blocks;
+    uint64_t missed_blocks;
+    double cache_hit_rate;
+    uint64_t num_primary_blocks;
+    uint64_t num_secondary_blocks;
+    uint64_t free_secondary_blocks;
+    uint64_t offloaded_blocks;
+    uint64_t onboarded_blocks;
+    /**
+     * Bytes of the primary pools.
+     */
+    uint64_t allocated_bytes;
+} kvb_kv_cache_stats_t;
+
+/**
+ * Snapshot of one block.
+ */
+typedef struct kvb_block_info_t {
+    /**
+     * A `kvb_cache_level_t` value.
+     */
+    int32_t cache_level;
+    /**
+     * Row index inside the pools of that level.
+     */
+    int32_t memory_index;
+    int32_t ref_count;
+    int32_t priority;
+    bool in_reuse_tree;
+    bool is_leaf;
+    /**
+     * In a free queue (evictable).
+     */
+    bool is_free;
+    /**
+     * Tokens of the block's key (0 if it never held a key).
+     */
+    int32_t num_tokens;
+    /**
+     * TensorRT-LLM block hash (valid when in the tree).
+     */
+    uint64_t hash;
+    /**
+     * Tree parent block id; -1 = the root; -2 = not in the tree.
+     */
+    int64_t parent;
+} kvb_block_info_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
+ * 32 tokens per block, beam 1, offload minimum priority 30, 2 bytes per element, no pool
+ * memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
+ */
+enum kvb_status_t kvb_manager_config_init(struct kvb_manager_config_t *config);
+
+/**
+ * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
+ */
+enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
+
+/**
+ * Initialises a scheduler request state (phase context-init, beam width 1).
+ */
+enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
+
+/**
+ * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
+ * failure `*out` is set to null.
+ */
+enum kvb_status_t kvb_manager_create(const struct kvb_manager_config_t *config,
+                                     struct kvb_manager_t **out);
+
+/**
+ * Destroys a manager. Null is accepted (no-op). Destroying twice returns
+ * `KVB_STATUS_DESTROYED`; any other call on a destroyed handle returns it too.
+ */
+enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
+
+/**
+ * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
+ * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
+ * receives the prepopulated prompt length and the per-request counters. Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks; a failed call changes nothing.
+ */
+enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
+                                           const struct kvb_request_t *request,
+                                           struct kvb_admission_t *out);
+
+/**
+ * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
+ * at block boundaries and detaches blocks that left a sliding window.
+ */
+enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
+                                        uint64_t request_id,
+                                        int32_t token_id);
+
+/**
+ * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
+ */
+enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
+ * blocks no longer needed to the front of the free queue.
+ */
+enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
+                                              uint64_t request_id,
+                                              int32_t num_tokens);
+
+/**
+ * Stores the full prompt blocks computed so far (`context_position` tokens) for reuse, after a
+ * context chunk (TensorRT-LLM `storeContextBlocks`).
+ */
+enum kvb_status_t kvb_manager_store_context_blocks(struct kvb_manager_t *manager,
+                                                   uint64_t request_id,
+                                                   int32_t context_position);
+
+/**
+ * Stores the decode block that the last token completed (TensorRT-LLM `storeNewBlock`); a
+ * no-op unless the last `add_token` opened a new block.
+ */
+enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
+ * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
+ * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
+ * many). Pass `out_ids = NULL, capacity = 0` when not pinning.
+ */
+enum kvb_status_t kvb_manager_store_blocks_for_reuse(struct kvb_manager_t *manager,
+                                                     uint64_t request_id,
+                                                     bool pin,
+                                                     int32_t window_size,
+                                                     int32_t *out_ids,
+                                                     size_t capacity,
+                                                     size_t *out_count);
+
+/**
+ * Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
+ * blocks (partial last block included) are first stored in the reuse tree (beam width 1).
+ */
+enum kvb_status_t kvb_manager_remove_sequence(struct kvb_manager_t *manager,
+                                              uint64_t request_id,
+                                              bool store_for_reuse);
+
+/**
+ * Pins every block of a sequence in every window (TensorRT-LLM `pinBlocks`): they stay
+ * allocated after `remove_sequence` until unpinned.
+ */
+enum kvb_status_t kvb_manager_pin_blocks(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
+ * id must hold a pin (checked before anything changes).
+ */
+enum kvb_status_t kvb_manager_unpin_blocks_by_id(struct kvb_manager_t *manager,
+                                                 int32_t window_size,
+                                                 const int32_t *block_ids,
+                                                 size_t num_ids);
+
+/**
+ * Block ids of one beam of a sequence in one window (TensorRT-LLM `getCacheBlockIds`),
+ * front-detached sliding-window blocks included.
+ */
+enum kvb_status_t kvb_manager_get_cache_block_ids(struct kvb_manager_t *manager,
+                                                  uint64_t request_id,
+                                                  int32_t window_size,
+                                                  int32_t beam,
+                                                  int32_t *out_ids,
+                                                  size_t capacity,
+                                                  size_t *out_count);
+
+/**
+ * Dimensions of an offset table `[num_pools][num_slots][2][max_blocks_per_seq]` (TensorRT-LLM
+ * `getOffsetTableDimensions`); one pool per window, ascending window size.
+ */
+enum kvb_status_t kvb_manager_get_offset_table_dimensions(struct kvb_manager_t *manager,
+                                                          int32_t *out_max_blocks_per_seq,
+                                                          int32_t *out_num_pools);
+
+/**
+ * Writes a sequence's block offsets into `table` (`table_len` int32 entries, layout
+ * `[pool][num_slots][K|V][max_blocks_per_seq]`) at slots `slot_offset..+beam_width`
+ * (TensorRT-LLM `copyBlockOffsets`). Entry for block b: `memory_index(b) * 2 * num_layers`
+ * (+1 for V); the rest of each written row is `INT32_MAX`. `*out_max_block_count` = most
+ * blocks of any beam.
+ */
+enum kvb_status_t kvb_manager_copy_block_offsets(struct kvb_manager_t *manager,
+                                                 int32_t *table,
+                                                 size_t table_len,
+                                                 int32_t num_slots,
+                                                 int32_t slot_offset,
+                                                 uint64_t request_id,
+                                                 int32_t *out_max_block_count);
+
+/**
+ * Offsets of a batch (TensorRT-LLM `getBlockOffsetsOfBatch`): request `request_ids[i]` is
+ * written at slots `i * beam_width ..`. Unlike TensorRT-LLM, the request ids are explicit.
+ */
+enum kvb_status_t kvb_manager_get_block_offsets_of_batch(struct kvb_manager_t *manager,
+                                                         int32_t *table,
+                                                         size_t table_len,
+                                                         int32_t num_slots,
+                                                         const uint64_t *request_ids,
+                                                         size_t num_requests,
+                                                         int32_t beam_width);
+
+/**
+ * Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+ */
+enum kvb_status_t kvb_manager_get_kv_cache_stats(struct kvb_manager_t *manager,
+                                                 struct kvb_kv_cache_stats_t *out);
+
+/**
+ * Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks(struct kvb_manager_t *manager, int64_t *out);
+
+/**
+ * Free primary and secondary blocks of one window (TensorRT-LLM
+ * `getNumFreeBlocksPerWindowSize`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_manager_t *manager,
+                                                                  int32_t window_size,
+                                                                  int64_t *out_primary,
+                                                                  int64_t *out_secondary);
+
+/**
+ * The admission result of a live sequence: prepopulated length and per-request counters
+ * (TensorRT-LLM's per-request stats on `LlmRequest`).
+ */
+enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                struct kvb_admission_t *out);
+
+/**
+ * Tokens (prompt + generated) of a sequence.
+ */
+enum kvb_status_t kvb_manager_get_num_tokens(struct kvb_manager_t *manager,
+                                             uint64_t request_id,
+                                             int32_t *out);
+
+/**
+ * Starts a scheduling simulation: copies free counts and reference counts
+ * (TensorRT-LLM `startScheduling`).
+ */
+enum kvb_status_t kvb_manager_start_scheduling(struct kvb_manager_t *manager);
+
+/**
+ * In the scheduling simulation, counts the blocks that removing a sequence would free
+ * (TensorRT-LLM `schedulingRemoveSequence`).
+ */
+enum kvb_status_t kvb_manager_scheduling_remove_sequence(struct kvb_manager_t *manager,
+                                                         uint64_t request_id);
+
+/**
+ * Whether the scheduling simulation has at least `num_blocks` free blocks in a window
+ * (TensorRT-LLM `schedulingHasFreeBlocks`).
+ */
+enum kvb_status_t kvb_manager_scheduling_has_free_blocks(struct kvb_manager_t *manager,
+                                                         int32_t num_blocks,
+                                                         int32_t window_size,
+                                                         bool *out);
+
+/**
+ * Blocks the next step of a request needs in one window (TensorRT-LLM
+ * `getNeededBlocksOneStep`). `request` (may be null) lets a first context chunk discount
+ * prefix blocks already held by other sequences.
+ */
+enum kvb_status_t kvb_manager_get_needed_blocks_one_step(struct kvb_manager_t *manager,
+                                                         const struct kvb_request_state_t *state,
+                                                         const struct kvb_request_t *request,
+                                                         bool two_steps_look_ahead,
+                                                         int32_t window_size,
+                                                         int32_t *out);
+
+/**
+ * Blocks a request still needs in one window until completion (TensorRT-LLM
+ * `getRemainingBlocksToCompletion`). `request` may be null.
+ */
+enum kvb_status_t kvb_manager_get_remaining_blocks_to_completion(struct kvb_manager_t *manager,
+                                                                 const struct kvb_request_state_t *state,
+                                                                 const struct kvb_request_t *request,
+                                                                 int32_t window_size,
+                                                                 int32_t *out);
+
+/**
+ * Consecutive full prompt blocks of `request` present in a window's reuse tree
+ * (TensorRT-LLM `countReusableBlocks`); with `only_allocated`, only those currently referenced.
+ */
+enum kvb_status_t kvb_manager_count_reusable_blocks(struct kvb_manager_t *manager,
+                                                    const struct kvb_request_t *request,
+                                                    int32_t window_size,
+                                                    bool only_allocated,
+                                                    int32_t *out);
+
+/**
+ * Most concurrent requests of `input_length + output_length` tokens the primary pools hold
+ * (TensorRT-LLM `getMaxCapacityBatchSize`).
+ */
+enum kvb_status_t kvb_manager_get_max_capacity_batch_size(struct kvb_manager_t *manager,
+                                                          int32_t input_length,
+                                                          int32_t output_length,
+                                                          int32_t *out);
+
+/**
+ * Expires timed retentions and syncs outstanding copies; call once per iteration
+ * (TensorRT-LLM `refreshBlocks`).
+ */
+enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
+
+/**
+ * Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
+ * counts, tree hashes and links, sliding-window bounds, ...). Returns
+ * `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
+ */
+enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
+
+/**
+ * Advances the manual clock by `ms` (managers created with `manual_clock`).
+ */
+enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
+
+/**
+ * Host address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of
+ * one row; only with `KVB_COPY_BACKEND_HOST`. Row r starts at `*out_base + r * *out_row_bytes`;
+ * a block's row is its `memory_index` (`kvb_manager_get_block_info`).
+ */
+enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
+                                               int32_t window_size,
+                                               int32_t cache_level,
+                                               uint8_t **out_base,
+                                               size_t *out_row_bytes);
+
+/**
+ * A snapshot of one block of a window.
+ */
+enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
+                                             int32_t window_size,
+                                             int32_t block_id,
+                                             struct kvb_block_info_t *out);
+
+/**
+ * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
+ * `*out_offloaded` is false when there is no free host block or offloading is off.
+ */
+enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
+                                            int32_t window_size,
+                                            int32_t block_id,
+                                            bool *out_offloaded);
+
+/**
+ * Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
+ * `getPriorityByBlockId`).
+ */
+enum kvb_status_t kvb_manager_get_priority_by_block_id(struct kvb_manager_t *manager,
+                                                       int32_t window_size,
+                                                       int64_t block_id,
+                                                       int32_t *out);
+
+/**
+ * Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
+ */
+enum kvb_status_t kvb_manager_get_last_block_id(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                int32_t *out);
+
+/**
+ * Tokens per block.
+ */
+enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
+
+/**
+ * Test hook for the panic guard: panics inside the library while holding the manager. The call
+ * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+ */
+enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+
+/**
+ * Blocks one beam needs for `sequence_length` tokens under `window_size`
+ * (TensorRT-LLM `calculateMaxBlockRequirementsPerBeam`, no sink tokens).
+ */
+enum kvb_status_t kvb_calculate_max_block_requirements_per_beam(int32_t sequence_length,
+                                                                int32_t window_size,
+                                                                int32_t tokens_per_block,
+                                                                int32_t *out);
+
+/**
+ * Blocks a request of `input_length + output_length` tokens with `beam_width` beams needs
+ * (TensorRT-LLM `calculateMaxBlockRequirements`).
+ */
+enum kvb_status_t kvb_calculate_max_block_requirements(int32_t input_length,
+                                                       int32_t output_length,
+                                                       int32_t window_size,
+                                                       int32_t beam_width,
+                                                       int32_t tokens_per_block,
+                                                       int32_t *out);
+
+/**
+ * The largest attention window that `capacity_blocks` allow for one request
+ * (TensorRT-LLM `calculateMaxAttentionWindow`).
+ */
+enum kvb_status_t kvb_calculate_max_attention_window(int32_t input_length,
+                                                     int32_t output_length,
+                                                     int32_t capacity_blocks,
+                                                     int32_t beam_width,
+                                                     int32_t tokens_per_block,
+                                                     int32_t *out);
+
+/**
+ * Memory share of each window, proportional to `window × cache bytes per token`
+ * (TensorRT-LLM `calculateWindowSizeToShare`); writes `count` doubles to `out_shares`.
+ */
+enum kvb_status_t kvb_calculate_window_size_to_share(const int32_t *window_sizes,
+                                                     const int32_t *cache_size_per_token,
+                                                     size_t count,
+                                                     double *out_shares);
 
 /**
  * The message of the last failed kvblock call on this thread ("" if none). The pointer stays
@@ -96,9 +796,10 @@ extern "C" {
 const char *kvb_last_error_message(void);
 
 /**
- * A static, human-readable name of a status code (never null).
+ * A static, human-readable name of a status code (never null; "unknown status" for values
+ * this library does not define).
  */
-const char *kvb_status_string(enum kvb_status_t status);
+const char *kvb_status_string(int32_t status);
 
 #ifdef __cplusplus
 }  // extern "C"

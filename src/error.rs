@@ -13,7 +13,10 @@ pub enum KvError {
     /// A sequence with this request id already exists.
     DuplicateRequest(u64),
     /// Fewer tokens were given than the input length says.
-    TooFewTokens { input_length: usize, num_tokens: usize },
+    TooFewTokens {
+        input_length: usize,
+        num_tokens: usize,
+    },
     /// Beam width above the configured maximum.
     BeamWidthExceeded { beam_width: usize, max: usize },
     /// Invalid retention config (priority out of range, overlapping ranges, ...).
@@ -21,7 +24,11 @@ pub enum KvError {
     /// The sequence would exceed the configured maximum sequence length.
     SequenceTooLong { length: usize, max: usize },
     /// Not enough free blocks; nothing was changed.
-    OutOfBlocks { window_size: usize, needed: usize, available: usize },
+    OutOfBlocks {
+        window_size: usize,
+        needed: usize,
+        available: usize,
+    },
     /// The operation is not supported in this configuration.
     Unsupported(String),
     /// A caller buffer is too small.
@@ -61,7 +68,10 @@ impl fmt::Display for KvError {
             ),
             KvError::Unsupported(m) => write!(f, "unsupported: {m}"),
             KvError::BufferTooSmall { needed, given } => {
-                write!(f, "buffer too small: {needed} entries needed, {given} given")
+                write!(
+                    f,
+                    "buffer too small: {needed} entries needed, {given} given"
+                )
             }
             KvError::InvariantViolation(m) => write!(f, "invariant violated: {m}"),
         }

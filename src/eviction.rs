@@ -385,7 +385,11 @@ mod tests {
         assert_eq!(q.peek(Level::Primary).unwrap().0, 1);
         q.claim(2);
         q.release(2, Level::Primary, true, 0);
-        assert_eq!(q.peek(Level::Primary).unwrap().0, 2, "to_front makes it next");
+        assert_eq!(
+            q.peek(Level::Primary).unwrap().0,
+            2,
+            "to_front makes it next"
+        );
     }
 
     #[test]
@@ -395,7 +399,11 @@ mod tests {
             q.claim_with_retention(b, retention(p, None));
             q.release(b, Level::Primary, false, 0);
         }
-        assert_eq!(q.peek(Level::Primary), Some((1, false)), "priority 10 < offload minimum");
+        assert_eq!(
+            q.peek(Level::Primary),
+            Some((1, false)),
+            "priority 10 < offload minimum"
+        );
         q.claim(1);
         assert_eq!(q.peek(Level::Primary), Some((2, true)));
         q.claim(2);

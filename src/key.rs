@@ -109,9 +109,7 @@ fn mix64(mut x: u64) -> u64 {
 /// `hash_combine` of a 32-bit value: `v + G` wraps at 2^32 before widening, as in C++.
 fn combine32(seed: u64, v: u32) -> u64 {
     let term = u64::from(v.wrapping_add(GOLDEN));
-    seed ^ term
-        .wrapping_add(seed << 6)
-        .wrapping_add(seed >> 2)
+    seed ^ term.wrapping_add(seed << 6).wrapping_add(seed >> 2)
 }
 
 fn combine64(seed: u64, v: u64) -> u64 {
@@ -151,12 +149,21 @@ pub fn block_hash(key: &BlockKeyRef<'_>, parent_hash: u64) -> u64 {
 /// The multimodal keys of the block covering prompt tokens `[start, end)`: every item that
 /// overlaps the range contributes its digest with offset 0 if it starts inside the block, else
 /// `start - position`.
-pub fn multimodal_keys_for_range(items: &[MultimodalItem], start: i32, end: i32, out: &mut Vec<MmKey>) {
+pub fn multimodal_keys_for_range(
+    items: &[MultimodalItem],
+    start: i32,
+    end: i32,
+    out: &mut Vec<MmKey>,
+) {
     out.clear();
     for item in items {
         let item_end = item.position + item.length;
         if item.position < end && item_end > start {
-            let start_offset = if item.position >= start { 0 } else { start - item.position };
+            let start_offset = if item.position >= start {
+                0
+            } else {
+                start - item.position
+            };
             out.push(MmKey {
                 digest: item.digest,
                 start_offset,
@@ -205,7 +212,10 @@ mod tests {
         assert_eq!(first, 0x0002_9afb_f4c4_4315);
         let child = block_hash(&BlockKeyRef::plain(&[4, 5, 6, 7]), first);
         assert_eq!(child, 0x5794_d533_64db_ae2a);
-        assert_eq!(block_hash(&BlockKeyRef::plain(&[-1, i32::MAX]), 0), 0x30_9a78_d533);
+        assert_eq!(
+            block_hash(&BlockKeyRef::plain(&[-1, i32::MAX]), 0),
+            0x30_9a78_d533
+        );
         assert_eq!(block_hash(&BlockKeyRef::plain(&[]), 0), 0);
     }
 
@@ -224,7 +234,10 @@ mod tests {
         key.cache_salt = Some(99);
         assert_eq!(block_hash(&key, 0), 0xc783_35a8_5663_c2d5);
         // The salt is only mixed into first blocks; descendants inherit it through the chain.
-        assert_eq!(block_hash(&key, 123), block_hash(&BlockKeyRef::plain(&tokens), 123));
+        assert_eq!(
+            block_hash(&key, 123),
+            block_hash(&BlockKeyRef::plain(&tokens), 123)
+        );
         assert_eq!(block_hash(&key, 123), 0x8674_5320_66a9_7356);
 
         let mut digest = [0u8; 32];
@@ -267,9 +280,21 @@ mod tests {
         };
         let mut out = Vec::new();
         multimodal_keys_for_range(&[item], 0, 4, &mut out);
-        assert_eq!(out, vec![MmKey { digest: [7; 32], start_offset: 0 }]);
+        assert_eq!(
+            out,
+            vec![MmKey {
+                digest: [7; 32],
+                start_offset: 0
+            }]
+        );
         multimodal_keys_for_range(&[item], 4, 8, &mut out);
-        assert_eq!(out, vec![MmKey { digest: [7; 32], start_offset: 2 }]);
+        assert_eq!(
+            out,
+            vec![MmKey {
+                digest: [7; 32],
+                start_offset: 2
+            }]
+        );
         multimodal_keys_for_range(&[item], 8, 12, &mut out);
         assert!(out.is_empty());
     }

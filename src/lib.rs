@@ -5,12 +5,12 @@
 
 pub mod error;
 pub mod eviction;
+pub mod ffi;
 pub mod key;
-pub mod pool;
 pub mod manager;
+pub mod pool;
 pub mod retention;
 pub mod sizing;
 pub mod transfer;
 pub mod tree;
 pub mod window;
-pub mod ffi;

@@ -267,7 +267,9 @@ impl KvCacheManager {
         positive(cfg.max_beam_width, "max_beam_width")?;
         positive(cfg.max_sequence_length, "max_sequence_length")?;
         if cfg.windows.is_empty() {
-            return Err(KvError::InvalidConfig("at least one window is required".into()));
+            return Err(KvError::InvalidConfig(
+                "at least one window is required".into(),
+            ));
         }
         if cfg.secondary_offload_min_priority > crate::retention::MAX_PRIORITY {
             return Err(KvError::InvalidConfig(format!(
@@ -276,7 +278,9 @@ impl KvCacheManager {
             )));
         }
         if cfg.tokens_per_block > u16::MAX as usize {
-            return Err(KvError::InvalidConfig("tokens_per_block is too large".into()));
+            return Err(KvError::InvalidConfig(
+                "tokens_per_block is too large".into(),
+            ));
         }
         cfg.windows.sort_by_key(|w| w.window_size);
         for pair in cfg.windows.windows(2) {
@@ -292,7 +296,9 @@ impl KvCacheManager {
             positive(spec.window_size, "window_size")?;
             positive(spec.primary_blocks, "primary_blocks")?;
             if spec.primary_blocks + spec.secondary_blocks >= u32::MAX as usize {
-                return Err(KvError::InvalidConfig("too many blocks in one window".into()));
+                return Err(KvError::InvalidConfig(
+                    "too many blocks in one window".into(),
+                ));
             }
             let geometry = PoolGeometry {
                 num_layers: spec.num_layers,
@@ -416,7 +422,9 @@ impl KvCacheManager {
             return Err(KvError::DuplicateRequest(req.id));
         }
         if req.input_length == 0 {
-            return Err(KvError::InvalidArgument("input_length must be positive".into()));
+            return Err(KvError::InvalidArgument(
+                "input_length must be positive".into(),
+            ));
         }
         if req.token_ids.len() < req.input_length {
             return Err(KvError::TooFewTokens {
@@ -425,7 +433,9 @@ impl KvCacheManager {
             });
         }
         if req.beam_width == 0 {
-            return Err(KvError::InvalidArgument("beam_width must be positive".into()));
+            return Err(KvError::InvalidArgument(
+                "beam_width must be positive".into(),
+            ));
         }
         if req.beam_width > self.cfg.max_beam_width {
             return Err(KvError::BeamWidthExceeded {
@@ -844,7 +854,10 @@ impl KvCacheManager {
 
     /// Free primary blocks summed over windows.
     pub fn num_free_blocks(&self) -> usize {
-        self.windows.iter().map(|w| w.num_free(Level::Primary)).sum()
+        self.windows
+            .iter()
+            .map(|w| w.num_free(Level::Primary))
+            .sum()
     }
 
     /// `(primary, secondary)` free blocks of one window.
@@ -1036,7 +1049,9 @@ impl KvCacheManager {
     pub fn block_info(&self, window_size: usize, block: u32) -> KvResult<BlockInfo> {
         let w = self.window(window_size)?;
         if block as usize >= w.num_blocks() {
-            return Err(KvError::InvalidArgument(format!("block id {block} out of range")));
+            return Err(KvError::InvalidArgument(format!(
+                "block id {block} out of range"
+            )));
         }
         let row = w.arena().row(block);
         let tree = w.tree();
@@ -1048,15 +1063,15 @@ impl KvCacheManager {
             in_reuse_tree: tree.is_in_tree(block),
             is_leaf: tree.is_leaf(block),
             is_free: w.queues().is_queued(block),
-            num_tokens: if tree.has_key(block) { tree.key(block).len() } else { 0 },
+            num_tokens: if tree.has_key(block) {
+                tree.key(block).len()
+            } else {
+                0
+            },
             hash: tree.hash(block),
-            parent: tree.parent(block).map(|p| {
-                if p == tree.root() {
-                    -1
-                } else {
-                    i64::from(p)
-                }
-            }),
+            parent: tree
+                .parent(block)
+                .map(|p| if p == tree.root() { -1 } else { i64::from(p) }),
         })
     }
 

@@ -174,12 +174,19 @@ impl BlockArena {
 
     /// Checks that rows form a permutation: `P` primary and `S` secondary distinct rows.
     pub fn verify_rows(&self) -> Result<(), String> {
-        let mut seen = [vec![false; self.num_primary], vec![false; self.num_secondary()]];
+        let mut seen = [
+            vec![false; self.num_primary],
+            vec![false; self.num_secondary()],
+        ];
         for (b, row) in self.rows.iter().enumerate() {
             let slot = seen[row.level as usize].get_mut(row.index as usize);
             match slot {
                 Some(s) if !*s => *s = true,
-                _ => return Err(format!("block {b} owns an invalid or duplicate row {row:?}")),
+                _ => {
+                    return Err(format!(
+                        "block {b} owns an invalid or duplicate row {row:?}"
+                    ))
+                }
             }
         }
         Ok(())
@@ -225,7 +232,10 @@ mod tests {
         assert!(!a.scheduling_remove_ref(0));
         assert!(a.scheduling_remove_ref(0));
         a.start_scheduling();
-        assert!(!a.scheduling_remove_ref(0), "a new simulation starts from the real refs");
+        assert!(
+            !a.scheduling_remove_ref(0),
+            "a new simulation starts from the real refs"
+        );
     }
 
     #[test]

@@ -166,12 +166,9 @@ mod tests {
 
     #[test]
     fn ranges_are_sorted_and_looked_up_by_first_token() {
-        let cfg = RetentionConfig::new(
-            vec![range(8, None, 10), range(0, Some(8), 90)],
-            20,
-            Some(5),
-        )
-        .unwrap();
+        let cfg =
+            RetentionConfig::new(vec![range(8, None, 10), range(0, Some(8), 90)], 20, Some(5))
+                .unwrap();
         let per_block = cfg.per_block(4, 10);
         assert_eq!(per_block.len(), 3);
         assert_eq!(per_block[0].priority, Some(90));
@@ -195,8 +192,14 @@ mod tests {
         assert!(err(vec![range(0, Some(4), 101)], 35), "priority above 100");
         assert!(err(vec![range(0, Some(4), -1)], 35), "negative priority");
         assert!(err(vec![], 101), "decode priority above 100");
-        assert!(err(vec![range(0, None, 10), range(4, Some(8), 10)], 35), "open range not last");
-        assert!(err(vec![range(0, Some(6), 10), range(4, Some(8), 10)], 35), "overlap");
+        assert!(
+            err(vec![range(0, None, 10), range(4, Some(8), 10)], 35),
+            "open range not last"
+        );
+        assert!(
+            err(vec![range(0, Some(6), 10), range(4, Some(8), 10)], 35),
+            "overlap"
+        );
         assert!(err(vec![range(4, Some(4), 10)], 35), "empty range");
         assert!(err(vec![range(-1, Some(4), 10)], 35), "negative start");
         assert!(!err(vec![range(0, Some(4), 0), range(4, None, 100)], 0));

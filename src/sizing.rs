@@ -7,7 +7,11 @@ pub const SWA_EXTRA_BLOCK: usize = 1;
 /// Blocks one beam needs for `sequence_length` tokens under `window`:
 /// `ceil(min(len, window) / tpb) + (len > window)`.
 pub fn max_block_requirements_per_beam(sequence_length: usize, window: usize, tpb: usize) -> usize {
-    let extra = if sequence_length > window { SWA_EXTRA_BLOCK } else { 0 };
+    let extra = if sequence_length > window {
+        SWA_EXTRA_BLOCK
+    } else {
+        0
+    };
     sequence_length.min(window).div_ceil(tpb) + extra
 }
 
@@ -30,7 +34,11 @@ pub fn max_block_requirements(
     let context_tokens = effective - output;
     let context_blocks = context_tokens / tpb;
     let left_over = context_tokens - context_blocks * tpb;
-    let extra = if input + output > window { SWA_EXTRA_BLOCK } else { 0 };
+    let extra = if input + output > window {
+        SWA_EXTRA_BLOCK
+    } else {
+        0
+    };
     let output_blocks = (output + left_over).div_ceil(tpb) + extra;
     context_blocks + output_blocks * beam_width
 }
@@ -74,7 +82,11 @@ mod tests {
     #[test]
     fn per_beam_requirements() {
         assert_eq!(max_block_requirements_per_beam(100, 1000, 16), 7);
-        assert_eq!(max_block_requirements_per_beam(100, 64, 16), 5, "window blocks + 1");
+        assert_eq!(
+            max_block_requirements_per_beam(100, 64, 16),
+            5,
+            "window blocks + 1"
+        );
         assert_eq!(max_block_requirements_per_beam(64, 64, 16), 4);
     }
 
@@ -96,8 +108,16 @@ mod tests {
     fn attention_window_from_capacity() {
         // output 128 at tpb 64, beam 1: needs 2 blocks; capacity 2 → window 128 (but capped at in+out).
         assert_eq!(max_attention_window(1000, 128, 2, 1, 64), 128);
-        assert_eq!(max_attention_window(1000, 128, 1, 1, 64), 64, "too small: capacity/beam blocks");
-        assert_eq!(max_attention_window(10, 20, 100, 1, 16), 30, "enough for the whole sequence");
+        assert_eq!(
+            max_attention_window(1000, 128, 1, 1, 64),
+            64,
+            "too small: capacity/beam blocks"
+        );
+        assert_eq!(
+            max_attention_window(10, 20, 100, 1, 16),
+            30,
+            "enough for the whole sequence"
+        );
     }
 
     #[test]

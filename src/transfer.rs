@@ -86,7 +86,9 @@ impl HostMemoryEngine {
         } else {
             let slab = self.geometry.head_slab_bytes();
             (
-                (0..self.geometry.slabs_per_row()).map(|s| s * slab).collect(),
+                (0..self.geometry.slabs_per_row())
+                    .map(|s| s * slab)
+                    .collect(),
                 c.num_tokens as usize * self.geometry.token_bytes(),
             )
         };
@@ -149,7 +151,8 @@ mod tests {
     #[test]
     fn whole_row_copies_cross_levels() {
         let mut e = HostMemoryEngine::new(geometry(), 2, 1);
-        e.row_mut(row(Level::Primary, 1)).copy_from_slice(&[1u8; 16]);
+        e.row_mut(row(Level::Primary, 1))
+            .copy_from_slice(&[1u8; 16]);
         e.submit(&[RowCopy {
             src: row(Level::Primary, 1),
             dst: row(Level::Secondary, 0),

@@ -65,7 +65,12 @@ pub struct KeySource<'a> {
 
 impl<'a> KeySource<'a> {
     /// The key of tokens `[start, end)`; multimodal keys are written into `scratch`.
-    pub fn key<'s>(&'s self, start: usize, end: usize, scratch: &'s mut Vec<MmKey>) -> BlockKeyRef<'s> {
+    pub fn key<'s>(
+        &'s self,
+        start: usize,
+        end: usize,
+        scratch: &'s mut Vec<MmKey>,
+    ) -> BlockKeyRef<'s> {
         if self.mm_items.is_empty() {
             scratch.clear();
         } else {
@@ -211,7 +216,10 @@ impl WindowBlockManager {
 
     /// Block ids of one beam of a sequence (front-detached ids included).
     pub fn block_ids(&self, id: u64, beam: usize) -> Option<&[u32]> {
-        self.seqs.get(&id).and_then(|s| s.beams.get(beam)).map(|v| &v[..])
+        self.seqs
+            .get(&id)
+            .and_then(|s| s.beams.get(beam))
+            .map(|v| &v[..])
     }
 
     pub fn front_blocks_removed(&self, id: u64) -> usize {
@@ -280,7 +288,8 @@ impl WindowBlockManager {
             self.evict_from_tree(host_block);
             self.queue_copy(candidate, host_block, 0);
             self.arena.swap_rows(candidate, host_block);
-            self.queues.release(candidate, Level::Secondary, false, now_ms);
+            self.queues
+                .release(candidate, Level::Secondary, false, now_ms);
             self.queues.restore_expiry(candidate, expiry);
             self.stats.offloaded += 1;
             host_block
@@ -308,7 +317,8 @@ impl WindowBlockManager {
         let fresh = self.get_free_block(seq, BlockRetention::default(), now_ms);
         self.queue_copy(block, fresh, 0);
         self.arena.swap_rows(block, fresh);
-        self.queues.release(fresh, self.arena.level(fresh), false, now_ms);
+        self.queues
+            .release(fresh, self.arena.level(fresh), false, now_ms);
         self.stats.onboarded += 1;
     }
 
@@ -316,7 +326,9 @@ impl WindowBlockManager {
     /// Returns false when there is no host block or offloading is off.
     pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
         if block as usize >= self.arena.len() {
-            return Err(KvError::InvalidArgument(format!("block id {block} out of range")));
+            return Err(KvError::InvalidArgument(format!(
+                "block id {block} out of range"
+            )));
         }
         if self.arena.ref_count(block) > 0 {
             return Err(KvError::InvalidArgument(format!(
@@ -338,7 +350,8 @@ impl WindowBlockManager {
         self.arena.swap_rows(block, host_block);
         self.queues.release(block, Level::Secondary, false, now_ms);
         self.queues.restore_expiry(block, expiry);
-        self.queues.release(host_block, Level::Primary, false, now_ms);
+        self.queues
+            .release(host_block, Level::Primary, false, now_ms);
         self.stats.offloaded += 1;
         self.flush_copies();
         Ok(true)
@@ -817,7 +830,9 @@ impl WindowBlockManager {
         let mut counts: HashMap<u32, u32> = HashMap::new();
         for &b in ids {
             if b as usize >= self.arena.len() {
-                return Err(KvError::InvalidArgument(format!("block id {b} out of range")));
+                return Err(KvError::InvalidArgument(format!(
+                    "block id {b} out of range"
+                )));
             }
             let c = counts.entry(b).or_default();
             *c += 1;
@@ -839,7 +854,12 @@ impl WindowBlockManager {
 
     /// Number of consecutive full prompt blocks found in the tree from the root (optionally only
     /// those currently referenced).
-    pub fn count_reusable_blocks(&mut self, src: &KeySource<'_>, input_length: usize, only_allocated: bool) -> usize {
+    pub fn count_reusable_blocks(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        only_allocated: bool,
+    ) -> usize {
         if !self.cfg.enable_reuse || input_length == 0 {
             return 0;
         }
@@ -896,10 +916,18 @@ impl WindowBlockManager {
 
     /// Checks the invariants of reference §10 for this window. `tokens_of` gives each
     /// sequence's token count.
-    pub fn verify(&self, tokens_of: impl Fn(u64) -> Option<usize>, max_sequence_length: usize) -> Result<(), String> {
+    pub fn verify(
+        &self,
+        tokens_of: impl Fn(u64) -> Option<usize>,
+        max_sequence_length: usize,
+    ) -> Result<(), String> {
         let w = self.cfg.window_size;
-        self.queues.verify().map_err(|e| format!("window {w}: {e}"))?;
-        self.arena.verify_rows().map_err(|e| format!("window {w}: {e}"))?;
+        self.queues
+            .verify()
+            .map_err(|e| format!("window {w}: {e}"))?;
+        self.arena
+            .verify_rows()
+            .map_err(|e| format!("window {w}: {e}"))?;
         self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
         let n = self.arena.len();
         let mut expected_refs = vec![0u32; n];
@@ -926,7 +954,9 @@ impl WindowBlockManager {
                 }
             }
             if swa && seq.beams.len() == 1 && num_tokens - seq.front_removed * tpb >= w + tpb {
-                return Err(format!("window {w}: sequence {id} holds blocks outside its window"));
+                return Err(format!(
+                    "window {w}: sequence {id} holds blocks outside its window"
+                ));
             }
         }
         for b in 0..n as u32 {
@@ -939,7 +969,9 @@ impl WindowBlockManager {
             }
             match self.queues.queued_level(b) {
                 Some(level) if refs > 0 => {
-                    return Err(format!("window {w}: block {b} is queued at {level:?} with {refs} references"));
+                    return Err(format!(
+                        "window {w}: block {b} is queued at {level:?} with {refs} references"
+                    ));
                 }
                 Some(level) if level != self.arena.level(b) => {
                     return Err(format!(
@@ -948,7 +980,9 @@ impl WindowBlockManager {
                     ));
                 }
                 None if refs == 0 => {
-                    return Err(format!("window {w}: block {b} is neither referenced nor free"));
+                    return Err(format!(
+                        "window {w}: block {b} is neither referenced nor free"
+                    ));
                 }
                 _ => {}
             }

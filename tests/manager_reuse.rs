@@ -74,7 +74,10 @@ fn offload_on_eviction_and_onboard_on_reuse() {
     m.add_sequence(&Request::new(2, tokens(100..116))).unwrap();
     m.check_invariants().unwrap();
     let s = m.stats();
-    assert_eq!(s.offloaded_blocks, 3, "the fourth block held only the last token: no key");
+    assert_eq!(
+        s.offloaded_blocks, 3,
+        "the fourth block held only the last token: no key"
+    );
     m.remove_sequence(2, false).unwrap();
     let a = m.add_sequence(&Request::new(3, tokens(0..13))).unwrap();
     assert_eq!(a.prepopulated_prompt_len, 12);
@@ -90,7 +93,9 @@ fn failed_admission_changes_nothing() {
     let mut m = KvCacheManager::new(config(4, 0, 4)).unwrap();
     m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
     let before = m.stats();
-    let err = m.add_sequence(&Request::new(2, tokens(50..59))).unwrap_err();
+    let err = m
+        .add_sequence(&Request::new(2, tokens(50..59)))
+        .unwrap_err();
     assert!(matches!(err, kvblock::error::KvError::OutOfBlocks { .. }));
     assert_eq!(m.stats(), before);
     assert!(!m.has_sequence(2));
@@ -119,7 +124,8 @@ fn host_data_survives_offload_and_onboard() {
     let info = m.block_info(1024, b).unwrap();
     assert_eq!(info.level, Level::Primary);
     let (base, row) = m.pool_pointer(1024, Level::Primary).unwrap();
-    let bytes = unsafe { std::slice::from_raw_parts(base.add(info.memory_index as usize * row), row) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts(base.add(info.memory_index as usize * row), row) };
     assert!(bytes.iter().all(|&x| x == 10));
     m.check_invariants().unwrap();
 }

@@ -84,10 +84,6 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
     }
 }
 
-pub(crate) fn from_error(err: KvError) -> kvb_status_t {
-    fail(status_of(&err), &err.to_string())
-}
-
 /// The message of the last failed kvblock call on this thread ("" if none). The pointer stays
 /// valid until the next kvblock call on this thread.
 #[no_mangle]
@@ -95,10 +91,34 @@ pub extern "C" fn kvb_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// A static, human-readable name of a status code (never null).
+/// A static, human-readable name of a status code (never null; "unknown status" for values
+/// this library does not define).
 #[no_mangle]
-pub extern "C" fn kvb_status_string(status: kvb_status_t) -> *const c_char {
+pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
     use kvb_status_t::*;
+    let known = [
+        KVB_OK,
+        KVB_STATUS_NULL_POINTER,
+        KVB_STATUS_INVALID_ARGUMENT,
+        KVB_STATUS_INVALID_CONFIG,
+        KVB_STATUS_STRUCT_SIZE,
+        KVB_STATUS_UNKNOWN_REQUEST,
+        KVB_STATUS_DUPLICATE_REQUEST,
+        KVB_STATUS_TOO_FEW_TOKENS,
+        KVB_STATUS_BEAM_WIDTH_EXCEEDED,
+        KVB_STATUS_INVALID_RETENTION,
+        KVB_STATUS_SEQUENCE_TOO_LONG,
+        KVB_STATUS_OUT_OF_BLOCKS,
+        KVB_STATUS_BUFFER_TOO_SMALL,
+        KVB_STATUS_UNSUPPORTED,
+        KVB_STATUS_INVARIANT_VIOLATION,
+        KVB_STATUS_DESTROYED,
+        KVB_STATUS_POISONED,
+        KVB_STATUS_INTERNAL,
+    ];
+    let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
+        return b"unknown status\0".as_ptr().cast();
+    };
     let s: &'static [u8] = match status {
         KVB_OK => b"ok\0",
         KVB_STATUS_NULL_POINTER => b"null pointer\0",

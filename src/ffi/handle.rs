@@ -1,0 +1,200 @@
+//! The opaque manager handle, the panic guard and argument helpers shared by all entry points.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use super::status::{clear_last_error, fail, kvb_status_t, status_of};
+use crate::error::KvError;
+use crate::manager::KvCacheManager;
+
+enum HandleState {
+    Live(Box<KvCacheManager>),
+    /// A call panicked; the manager is kept only so `destroy` can free it.
+    Poisoned(#[allow(dead_code)] Box<KvCacheManager>),
+    Destroyed,
+}
+
+/// Opaque handle to a KV-cache manager. Create with `kvb_manager_create`, free with
+/// `kvb_manager_destroy`. Calls on one handle are serialized by an internal lock.
+pub struct kvb_manager_t {
+    state: Mutex<HandleState>,
+}
+
+/// Destroyed handles keep their (small) shell here, still reachable, so that a call through a
+/// destroyed handle returns `KVB_STATUS_DESTROYED` instead of touching freed memory.
+static GRAVEYARD: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Error of an FFI call: a status and its message.
+pub(crate) struct FfiError(pub kvb_status_t, pub String);
+
+impl From<KvError> for FfiError {
+    fn from(e: KvError) -> Self {
+        FfiError(status_of(&e), e.to_string())
+    }
+}
+
+pub(crate) type FfiResult<T = ()> = Result<T, FfiError>;
+
+pub(crate) fn null_error(what: &str) -> FfiError {
+    FfiError(
+        kvb_status_t::KVB_STATUS_NULL_POINTER,
+        format!("{what} is null"),
+    )
+}
+
+pub(crate) fn invalid(message: String) -> FfiError {
+    FfiError(kvb_status_t::KVB_STATUS_INVALID_ARGUMENT, message)
+}
+
+/// Runs `f`, turning errors and panics into a status (and the thread's last-error message).
+pub(crate) fn guard(f: impl FnOnce() -> FfiResult) -> kvb_status_t {
+    clear_last_error();
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => kvb_status_t::KVB_OK,
+        Ok(Err(FfiError(status, message))) => fail(status, &message),
+        Err(_) => fail(
+            kvb_status_t::KVB_STATUS_INTERNAL,
+            "internal error (panic caught)",
+        ),
+    }
+}
+
+/// Runs `f` on the live manager behind `mgr` under its lock. A panic inside poisons the handle.
+pub(crate) fn with_manager(
+    mgr: *const kvb_manager_t,
+    f: impl FnOnce(&mut KvCacheManager) -> FfiResult,
+) -> kvb_status_t {
+    guard(|| {
+        // SAFETY: the caller passes a handle from kvb_manager_create (or null, checked here);
+        // destroyed handles stay allocated (GRAVEYARD).
+        let handle = unsafe { mgr.as_ref() }.ok_or_else(|| null_error("manager"))?;
+        let mut state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *state {
+            HandleState::Live(m) => match catch_unwind(AssertUnwindSafe(|| f(m))) {
+                Ok(result) => result,
+                Err(_) => {
+                    let old = std::mem::replace(&mut *state, HandleState::Destroyed);
+                    if let HandleState::Live(m) = old {
+                        *state = HandleState::Poisoned(m);
+                    }
+                    Err(FfiError(
+                        kvb_status_t::KVB_STATUS_INTERNAL,
+                        "internal error (panic caught); the manager is poisoned".into(),
+                    ))
+                }
+            },
+            HandleState::Poisoned(_) => Err(FfiError(
+                kvb_status_t::KVB_STATUS_POISONED,
+                "the manager is poisoned by an earlier internal error; destroy it".into(),
+            )),
+            HandleState::Destroyed => Err(FfiError(
+                kvb_status_t::KVB_STATUS_DESTROYED,
+                "the manager was destroyed".into(),
+            )),
+        }
+    })
+}
+
+pub(crate) fn new_handle(m: KvCacheManager) -> *mut kvb_manager_t {
+    Box::into_raw(Box::new(kvb_manager_t {
+        state: Mutex::new(HandleState::Live(Box::new(m))),
+    }))
+}
+
+/// Drops the manager and keeps the shell in the graveyard. Returns false if already destroyed.
+pub(crate) fn destroy_handle(mgr: *mut kvb_manager_t) -> bool {
+    // SAFETY: non-null handle from kvb_manager_create; shells are never freed.
+    let Some(handle) = (unsafe { mgr.as_ref() }) else {
+        return true;
+    };
+    let old = {
+        let mut state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *state, HandleState::Destroyed)
+    };
+    if matches!(old, HandleState::Destroyed) {
+        return false;
+    }
+    drop(old);
+    GRAVEYARD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(mgr as usize);
+    true
+}
+
+/// A slice from a (pointer, length) pair; null is allowed only for length 0.
+pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, what: &str) -> FfiResult<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(null_error(what));
+    }
+    // SAFETY: the caller guarantees `len` readable elements at `ptr` for the call's duration.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+pub(crate) fn slice_arg_mut<'a, T>(ptr: *mut T, len: usize, what: &str) -> FfiResult<&'a mut [T]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(null_error(what));
+    }
+    // SAFETY: the caller guarantees `len` writable elements at `ptr` for the call's duration.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// Writes `value` through an out-pointer.
+pub(crate) fn write_out<T>(ptr: *mut T, value: T, what: &str) -> FfiResult {
+    if ptr.is_null() {
+        return Err(null_error(what));
+    }
+    // SAFETY: non-null out-pointer supplied by the caller.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// Checks an out-pointer before any work is done, so a null one fails with nothing changed.
+pub(crate) fn require_out<T>(ptr: *mut T, what: &str) -> FfiResult {
+    if ptr.is_null() {
+        Err(null_error(what))
+    } else {
+        Ok(())
+    }
+}
+
+/// A non-negative `i32` size/count argument as `usize`.
+pub(crate) fn count_arg(v: i32, what: &str) -> FfiResult<usize> {
+    usize::try_from(v).map_err(|_| invalid(format!("{what} is negative ({v})")))
+}
+
+/// A strictly positive `i32` argument as `usize`.
+pub(crate) fn positive_arg(v: i32, what: &str) -> FfiResult<usize> {
+    if v <= 0 {
+        Err(invalid(format!("{what} must be positive (got {v})")))
+    } else {
+        Ok(v as usize)
+    }
+}
+
+/// Copies `items` into a caller buffer of `capacity` entries and writes the count; fails with
+/// `KVB_STATUS_BUFFER_TOO_SMALL` (count = the needed size) when it does not fit.
+pub(crate) fn copy_out<T: Copy>(
+    items: &[T],
+    out: *mut T,
+    capacity: usize,
+    out_count: *mut usize,
+) -> FfiResult {
+    write_out(out_count, items.len(), "out_count")?;
+    if items.len() > capacity {
+        return Err(KvError::BufferTooSmall {
+            needed: items.len(),
+            given: capacity,
+        }
+        .into());
+    }
+    let dst = slice_arg_mut(out, items.len(), "out")?;
+    dst.copy_from_slice(items);
+    Ok(())
+}

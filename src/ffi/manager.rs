@@ -1,0 +1,634 @@
+//! C entry points of the manager. Each validates its arguments, converts them, and calls one
+//! `KvCacheManager` method under the handle's lock.
+
+use super::handle::{
+    copy_out, count_arg, destroy_handle, guard, invalid, kvb_manager_t, new_handle, null_error,
+    positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, write_out, FfiError,
+};
+use super::status::kvb_status_t;
+use super::types::*;
+use crate::manager::KvCacheManager;
+
+fn window_arg(v: i32) -> Result<usize, FfiError> {
+    positive_arg(v, "window_size")
+}
+
+/// Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
+/// 32 tokens per block, beam 1, offload minimum priority 30, 2 bytes per element, no pool
+/// memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
+#[no_mangle]
+pub extern "C" fn kvb_manager_config_init(config: *mut kvb_manager_config_t) -> kvb_status_t {
+    guard(|| write_out(config, manager_config_default(), "config"))
+}
+
+/// Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
+#[no_mangle]
+pub extern "C" fn kvb_request_init(request: *mut kvb_request_t) -> kvb_status_t {
+    guard(|| write_out(request, request_default(), "request"))
+}
+
+/// Initialises a scheduler request state (phase context-init, beam width 1).
+#[no_mangle]
+pub extern "C" fn kvb_request_state_init(state: *mut kvb_request_state_t) -> kvb_status_t {
+    guard(|| write_out(state, request_state_default(), "state"))
+}
+
+/// Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
+/// failure `*out` is set to null.
+#[no_mangle]
+pub extern "C" fn kvb_manager_create(
+    config: *const kvb_manager_config_t,
+    out: *mut *mut kvb_manager_t,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out, "out")?;
+        write_out(out, std::ptr::null_mut(), "out")?;
+        // SAFETY: valid pointer or null (checked).
+        let c = unsafe { config.as_ref() }.ok_or_else(|| null_error("config"))?;
+        let cfg = manager_config(c)?;
+        let m = KvCacheManager::new(cfg)?;
+        write_out(out, new_handle(m), "out")
+    })
+}
+
+/// Destroys a manager. Null is accepted (no-op). Destroying twice returns
+/// `KVB_STATUS_DESTROYED`; any other call on a destroyed handle returns it too.
+#[no_mangle]
+pub extern "C" fn kvb_manager_destroy(manager: *mut kvb_manager_t) -> kvb_status_t {
+    guard(|| {
+        if destroy_handle(manager) {
+            Ok(())
+        } else {
+            Err(FfiError(
+                kvb_status_t::KVB_STATUS_DESTROYED,
+                "the manager was already destroyed".into(),
+            ))
+        }
+    })
+}
+
+/// Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
+/// blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
+/// receives the prepopulated prompt length and the per-request counters. Fails with
+/// `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks; a failed call changes nothing.
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_sequence(
+    manager: *mut kvb_manager_t,
+    request: *const kvb_request_t,
+    out: *mut kvb_admission_t,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let req = self::request(request)?;
+        let admission = m.add_sequence(&req)?;
+        if !out.is_null() {
+            write_out(out, admission.into(), "out")?;
+        }
+        Ok(())
+    })
+}
+
+/// Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
+/// at block boundaries and detaches blocks that left a sliding window.
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_token(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    token_id: i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.add_token(request_id, token_id)?))
+}
+
+/// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
+#[no_mangle]
+pub extern "C" fn kvb_manager_remove_token(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.rewind(request_id, 1)?))
+}
+
+/// Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
+/// blocks no longer needed to the front of the free queue.
+#[no_mangle]
+pub extern "C" fn kvb_manager_rewind_kv_cache(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    num_tokens: i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let n = count_arg(num_tokens, "num_tokens")?;
+        Ok(m.rewind(request_id, n)?)
+    })
+}
+
+/// Stores the full prompt blocks computed so far (`context_position` tokens) for reuse, after a
+/// context chunk (TensorRT-LLM `storeContextBlocks`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_store_context_blocks(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    context_position: i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let p = count_arg(context_position, "context_position")?;
+        Ok(m.store_context_blocks(request_id, p)?)
+    })
+}
+
+/// Stores the decode block that the last token completed (TensorRT-LLM `storeNewBlock`); a
+/// no-op unless the last `add_token` opened a new block.
+#[no_mangle]
+pub extern "C" fn kvb_manager_store_new_block(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.store_new_block(request_id)?))
+}
+
+/// Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
+/// With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
+/// (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
+/// many). Pass `out_ids = NULL, capacity = 0` when not pinning.
+#[no_mangle]
+pub extern "C" fn kvb_manager_store_blocks_for_reuse(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    pin: bool,
+    window_size: i32,
+    out_ids: *mut i32,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_count, "out_count")?;
+        let window = match window_size {
+            0 => None,
+            w => Some(window_arg(w)?),
+        };
+        if pin && capacity > 0 && out_ids.is_null() {
+            return Err(null_error("out_ids"));
+        }
+        let ids = m.store_blocks_for_reuse(request_id, pin, window)?;
+        let ids: Vec<i32> = ids.into_iter().map(|b| b as i32).collect();
+        copy_out(&ids, out_ids, capacity, out_count)
+    })
+}
+
+/// Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
+/// blocks (partial last block included) are first stored in the reuse tree (beam width 1).
+#[no_mangle]
+pub extern "C" fn kvb_manager_remove_sequence(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    store_for_reuse: bool,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        Ok(m.remove_sequence(request_id, store_for_reuse)?)
+    })
+}
+
+/// Pins every block of a sequence in every window (TensorRT-LLM `pinBlocks`): they stay
+/// allocated after `remove_sequence` until unpinned.
+#[no_mangle]
+pub extern "C" fn kvb_manager_pin_blocks(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.pin_blocks(request_id)?))
+}
+
+/// Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
+/// id must hold a pin (checked before anything changes).
+#[no_mangle]
+pub extern "C" fn kvb_manager_unpin_blocks_by_id(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_ids: *const i32,
+    num_ids: usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let w = window_arg(window_size)?;
+        let ids = slice_arg(block_ids, num_ids, "block_ids")?
+            .iter()
+            .map(|&b| u32::try_from(b).map_err(|_| invalid(format!("block id {b} is negative"))))
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok(m.unpin_blocks_by_id(w, &ids)?)
+    })
+}
+
+/// Block ids of one beam of a sequence in one window (TensorRT-LLM `getCacheBlockIds`),
+/// front-detached sliding-window blocks included.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_cache_block_ids(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    window_size: i32,
+    beam: i32,
+    out_ids: *mut i32,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let w = window_arg(window_size)?;
+        let beam = count_arg(beam, "beam")?;
+        let ids: Vec<i32> = m
+            .cache_block_ids(request_id, w, beam)?
+            .into_iter()
+            .map(|b| b as i32)
+            .collect();
+        copy_out(&ids, out_ids, capacity, out_count)
+    })
+}
+
+/// Dimensions of an offset table `[num_pools][num_slots][2][max_blocks_per_seq]` (TensorRT-LLM
+/// `getOffsetTableDimensions`); one pool per window, ascending window size.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_offset_table_dimensions(
+    manager: *mut kvb_manager_t,
+    out_max_blocks_per_seq: *mut i32,
+    out_num_pools: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_max_blocks_per_seq, "out_max_blocks_per_seq")?;
+        require_out(out_num_pools, "out_num_pools")?;
+        let (blocks, pools) = m.offset_table_dimensions();
+        write_out(
+            out_max_blocks_per_seq,
+            blocks as i32,
+            "out_max_blocks_per_seq",
+        )?;
+        write_out(out_num_pools, pools as i32, "out_num_pools")
+    })
+}
+
+/// Writes a sequence's block offsets into `table` (`table_len` int32 entries, layout
+/// `[pool][num_slots][K|V][max_blocks_per_seq]`) at slots `slot_offset..+beam_width`
+/// (TensorRT-LLM `copyBlockOffsets`). Entry for block b: `memory_index(b) * 2 * num_layers`
+/// (+1 for V); the rest of each written row is `INT32_MAX`. `*out_max_block_count` = most
+/// blocks of any beam.
+#[no_mangle]
+pub extern "C" fn kvb_manager_copy_block_offsets(
+    manager: *mut kvb_manager_t,
+    table: *mut i32,
+    table_len: usize,
+    num_slots: i32,
+    slot_offset: i32,
+    request_id: u64,
+    out_max_block_count: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_max_block_count, "out_max_block_count")?;
+        let slots = positive_arg(num_slots, "num_slots")?;
+        let offset = count_arg(slot_offset, "slot_offset")?;
+        let table = slice_arg_mut(table, table_len, "table")?;
+        let n = m.copy_block_offsets(table, slots, offset, request_id)?;
+        write_out(out_max_block_count, n as i32, "out_max_block_count")
+    })
+}
+
+/// Offsets of a batch (TensorRT-LLM `getBlockOffsetsOfBatch`): request `request_ids[i]` is
+/// written at slots `i * beam_width ..`. Unlike TensorRT-LLM, the request ids are explicit.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_block_offsets_of_batch(
+    manager: *mut kvb_manager_t,
+    table: *mut i32,
+    table_len: usize,
+    num_slots: i32,
+    request_ids: *const u64,
+    num_requests: usize,
+    beam_width: i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let slots = positive_arg(num_slots, "num_slots")?;
+        let beam = positive_arg(beam_width, "beam_width")?;
+        let ids = slice_arg(request_ids, num_requests, "request_ids")?;
+        let table = slice_arg_mut(table, table_len, "table")?;
+        Ok(m.block_offsets_of_batch(table, slots, ids, beam)?)
+    })
+}
+
+/// Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_kv_cache_stats(
+    manager: *mut kvb_manager_t,
+    out: *mut kvb_kv_cache_stats_t,
+) -> kvb_status_t {
+    with_manager(manager, |m| write_out(out, m.stats().into(), "out"))
+}
+
+/// Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_num_free_blocks(
+    manager: *mut kvb_manager_t,
+    out: *mut i64,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        write_out(out, m.num_free_blocks() as i64, "out")
+    })
+}
+
+/// Free primary and secondary blocks of one window (TensorRT-LLM
+/// `getNumFreeBlocksPerWindowSize`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_num_free_blocks_per_window_size(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    out_primary: *mut i64,
+    out_secondary: *mut i64,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_primary, "out_primary")?;
+        require_out(out_secondary, "out_secondary")?;
+        let (p, s) = m.num_free_blocks_of_window(window_arg(window_size)?)?;
+        write_out(out_primary, p as i64, "out_primary")?;
+        write_out(out_secondary, s as i64, "out_secondary")
+    })
+}
+
+/// The admission result of a live sequence: prepopulated length and per-request counters
+/// (TensorRT-LLM's per-request stats on `LlmRequest`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_request_stats(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    out: *mut kvb_admission_t,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        write_out(out, m.admission(request_id)?.into(), "out")
+    })
+}
+
+/// Tokens (prompt + generated) of a sequence.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_num_tokens(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        write_out(out, m.num_tokens(request_id)? as i32, "out")
+    })
+}
+
+/// Starts a scheduling simulation: copies free counts and reference counts
+/// (TensorRT-LLM `startScheduling`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_start_scheduling(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |m| {
+        m.start_scheduling();
+        Ok(())
+    })
+}
+
+/// In the scheduling simulation, counts the blocks that removing a sequence would free
+/// (TensorRT-LLM `schedulingRemoveSequence`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_scheduling_remove_sequence(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.scheduling_remove_sequence(request_id)?))
+}
+
+/// Whether the scheduling simulation has at least `num_blocks` free blocks in a window
+/// (TensorRT-LLM `schedulingHasFreeBlocks`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_scheduling_has_free_blocks(
+    manager: *mut kvb_manager_t,
+    num_blocks: i32,
+    window_size: i32,
+    out: *mut bool,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let n = count_arg(num_blocks, "num_blocks")?;
+        write_out(
+            out,
+            m.scheduling_has_free_blocks(n, window_arg(window_size)?)?,
+            "out",
+        )
+    })
+}
+
+/// Blocks the next step of a request needs in one window (TensorRT-LLM
+/// `getNeededBlocksOneStep`). `request` (may be null) lets a first context chunk discount
+/// prefix blocks already held by other sequences.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
+    manager: *mut kvb_manager_t,
+    state: *const kvb_request_state_t,
+    request: *const kvb_request_t,
+    two_steps_look_ahead: bool,
+    window_size: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let st = request_state(state)?;
+        let req = if request.is_null() {
+            None
+        } else {
+            Some(self::request(request)?)
+        };
+        let n = m.needed_blocks_one_step(
+            &st,
+            req.as_ref(),
+            two_steps_look_ahead,
+            window_arg(window_size)?,
+        )?;
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// Blocks a request still needs in one window until completion (TensorRT-LLM
+/// `getRemainingBlocksToCompletion`). `request` may be null.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
+    manager: *mut kvb_manager_t,
+    state: *const kvb_request_state_t,
+    request: *const kvb_request_t,
+    window_size: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let st = request_state(state)?;
+        let req = if request.is_null() {
+            None
+        } else {
+            Some(self::request(request)?)
+        };
+        let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// Consecutive full prompt blocks of `request` present in a window's reuse tree
+/// (TensorRT-LLM `countReusableBlocks`); with `only_allocated`, only those currently referenced.
+#[no_mangle]
+pub extern "C" fn kvb_manager_count_reusable_blocks(
+    manager: *mut kvb_manager_t,
+    request: *const kvb_request_t,
+    window_size: i32,
+    only_allocated: bool,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let req = self::request(request)?;
+        let n = m.count_reusable_blocks(&req, window_arg(window_size)?, only_allocated)?;
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// Most concurrent requests of `input_length + output_length` tokens the primary pools hold
+/// (TensorRT-LLM `getMaxCapacityBatchSize`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_max_capacity_batch_size(
+    manager: *mut kvb_manager_t,
+    input_length: i32,
+    output_length: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let i = count_arg(input_length, "input_length")?;
+        let o = count_arg(output_length, "output_length")?;
+        write_out(out, m.max_capacity_batch_size(i, o) as i32, "out")
+    })
+}
+
+/// Expires timed retentions and syncs outstanding copies; call once per iteration
+/// (TensorRT-LLM `refreshBlocks`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |m| {
+        m.refresh_blocks();
+        Ok(())
+    })
+}
+
+/// Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
+/// counts, tree hashes and links, sliding-window bounds, ...). Returns
+/// `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
+#[no_mangle]
+pub extern "C" fn kvb_manager_check_invariants(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.check_invariants()?))
+}
+
+/// Advances the manual clock by `ms` (managers created with `manual_clock`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_advance_time(manager: *mut kvb_manager_t, ms: i64) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let ms = u64::try_from(ms).map_err(|_| invalid(format!("ms is negative ({ms})")))?;
+        Ok(m.advance_time(ms)?)
+    })
+}
+
+/// Host address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of
+/// one row; only with `KVB_COPY_BACKEND_HOST`. Row r starts at `*out_base + r * *out_row_bytes`;
+/// a block's row is its `memory_index` (`kvb_manager_get_block_info`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_pool_pointer(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    cache_level: i32,
+    out_base: *mut *mut u8,
+    out_row_bytes: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_base, "out_base")?;
+        require_out(out_row_bytes, "out_row_bytes")?;
+        let level = level_arg(cache_level)?;
+        let (p, row) = m.pool_pointer(window_arg(window_size)?, level)?;
+        write_out(out_base, p, "out_base")?;
+        write_out(out_row_bytes, row, "out_row_bytes")
+    })
+}
+
+/// A snapshot of one block of a window.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_block_info(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i32,
+    out: *mut kvb_block_info_t,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let b = u32::try_from(block_id)
+            .map_err(|_| invalid(format!("block id {block_id} is negative")))?;
+        write_out(
+            out,
+            m.block_info(window_arg(window_size)?, b)?.into(),
+            "out",
+        )
+    })
+}
+
+/// Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
+/// `*out_offloaded` is false when there is no free host block or offloading is off.
+#[no_mangle]
+pub extern "C" fn kvb_manager_offload_block(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i32,
+    out_offloaded: *mut bool,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_offloaded, "out_offloaded")?;
+        let b = u32::try_from(block_id)
+            .map_err(|_| invalid(format!("block id {block_id} is negative")))?;
+        let done = m.offload_block(window_arg(window_size)?, b)?;
+        write_out(out_offloaded, done, "out_offloaded")
+    })
+}
+
+/// Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
+/// `getPriorityByBlockId`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_priority_by_block_id(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i64,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        let p = m.priority_by_block_id(window_arg(window_size)?, block_id)?;
+        write_out(out, i32::from(p), "out")
+    })
+}
+
+/// Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_last_block_id(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out, "out")?;
+        write_out(out, m.last_block_id(request_id)? as i32, "out")
+    })
+}
+
+/// Tokens per block.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_tokens_per_block(
+    manager: *mut kvb_manager_t,
+    out: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        write_out(out, m.tokens_per_block() as i32, "out")
+    })
+}
+
+/// Test hook for the panic guard: panics inside the library while holding the manager. The call
+/// returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+#[no_mangle]
+pub extern "C" fn kvb_manager_debug_trigger_panic(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |_| panic!("kvb_manager_debug_trigger_panic"))
+}

@@ -1,0 +1,104 @@
+//! C entry points of the static sizing helpers (reference §7).
+
+use super::handle::{
+    count_arg, guard, positive_arg, require_out, slice_arg, slice_arg_mut, write_out, FfiResult,
+};
+use super::status::kvb_status_t;
+use crate::sizing;
+
+/// Blocks one beam needs for `sequence_length` tokens under `window_size`
+/// (TensorRT-LLM `calculateMaxBlockRequirementsPerBeam`, no sink tokens).
+#[no_mangle]
+pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
+    sequence_length: i32,
+    window_size: i32,
+    tokens_per_block: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out, "out")?;
+        let n = sizing::max_block_requirements_per_beam(
+            count_arg(sequence_length, "sequence_length")?,
+            positive_arg(window_size, "window_size")?,
+            positive_arg(tokens_per_block, "tokens_per_block")?,
+        );
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// Blocks a request of `input_length + output_length` tokens with `beam_width` beams needs
+/// (TensorRT-LLM `calculateMaxBlockRequirements`).
+#[no_mangle]
+pub extern "C" fn kvb_calculate_max_block_requirements(
+    input_length: i32,
+    output_length: i32,
+    window_size: i32,
+    beam_width: i32,
+    tokens_per_block: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out, "out")?;
+        let n = sizing::max_block_requirements(
+            count_arg(input_length, "input_length")?,
+            count_arg(output_length, "output_length")?,
+            positive_arg(window_size, "window_size")?,
+            positive_arg(beam_width, "beam_width")?,
+            positive_arg(tokens_per_block, "tokens_per_block")?,
+        );
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// The largest attention window that `capacity_blocks` allow for one request
+/// (TensorRT-LLM `calculateMaxAttentionWindow`).
+#[no_mangle]
+pub extern "C" fn kvb_calculate_max_attention_window(
+    input_length: i32,
+    output_length: i32,
+    capacity_blocks: i32,
+    beam_width: i32,
+    tokens_per_block: i32,
+    out: *mut i32,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out, "out")?;
+        let n = sizing::max_attention_window(
+            count_arg(input_length, "input_length")?,
+            count_arg(output_length, "output_length")?,
+            count_arg(capacity_blocks, "capacity_blocks")?,
+            positive_arg(beam_width, "beam_width")?,
+            positive_arg(tokens_per_block, "tokens_per_block")?,
+        );
+        write_out(out, n as i32, "out")
+    })
+}
+
+/// Memory share of each window, proportional to `window × cache bytes per token`
+/// (TensorRT-LLM `calculateWindowSizeToShare`); writes `count` doubles to `out_shares`.
+#[no_mangle]
+pub extern "C" fn kvb_calculate_window_size_to_share(
+    window_sizes: *const i32,
+    cache_size_per_token: *const i32,
+    count: usize,
+    out_shares: *mut f64,
+) -> kvb_status_t {
+    guard(|| {
+        if count == 0 {
+            return Err(super::handle::invalid("count must be positive".into()));
+        }
+        let w = slice_arg(window_sizes, count, "window_sizes")?;
+        let c = slice_arg(cache_size_per_token, count, "cache_size_per_token")?;
+        let out = slice_arg_mut(out_shares, count, "out_shares")?;
+        let w = w
+            .iter()
+            .map(|&v| positive_arg(v, "window size"))
+            .collect::<FfiResult<Vec<_>>>()?;
+        let c = c
+            .iter()
+            .map(|&v| positive_arg(v, "cache size per token"))
+            .collect::<FfiResult<Vec<_>>>()?;
+        out.copy_from_slice(&sizing::window_size_to_share(&w, &c));
+        Ok(())
+    })
+}

@@ -1,0 +1,541 @@
+//! `#[repr(C)]` structs and enums of the C ABI, and their conversion to Rust types.
+//!
+//! Enum-valued fields and arguments coming from C are plain integers (an out-of-range value is an
+//! error, never undefined behaviour); the enums below name their values.
+
+use super::handle::{count_arg, invalid, null_error, positive_arg, slice_arg, FfiError, FfiResult};
+use super::status::kvb_status_t;
+use crate::key::MultimodalItem;
+use crate::manager::{
+    Admission, BlockInfo, CopyBackend, KvCacheStats, ManagerConfig, Request, RequestPhase,
+    RequestState, RequestStats, WindowSpec,
+};
+use crate::pool::Level;
+use crate::retention::{RetentionConfig, TokenRangeRetention};
+
+/// Where the bytes of the KV pools live (values of `kvb_manager_config_t::copy_backend`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum kvb_copy_backend_t {
+    /// Bookkeeping only: no pool memory, copies are counted and dropped.
+    KVB_COPY_BACKEND_NONE = 0,
+    /// Pools are host buffers owned by the library; copies are memcpy (tests, host-only use).
+    KVB_COPY_BACKEND_HOST = 1,
+}
+
+/// Cache level of a block's memory row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum kvb_cache_level_t {
+    /// GPU (primary) memory.
+    KVB_CACHE_LEVEL_PRIMARY = 0,
+    /// Host (secondary) memory.
+    KVB_CACHE_LEVEL_SECONDARY = 1,
+}
+
+/// Where a request is in its life (values of `kvb_request_state_t::phase`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum kvb_request_phase_t {
+    /// Before its first context chunk.
+    KVB_PHASE_CONTEXT_INIT = 0,
+    /// Between context chunks.
+    KVB_PHASE_CONTEXT_CONTINUE = 1,
+    /// Generating tokens.
+    KVB_PHASE_GENERATION = 2,
+    /// Finished or idle.
+    KVB_PHASE_OTHER = 3,
+}
+
+/// One attention-window size and its pool layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_window_config_t {
+    /// Attention window in tokens (distinct per window; windows below the maximum sequence
+    /// length are sliding windows).
+    pub window_size: i32,
+    /// Blocks in GPU (primary) memory; must be positive.
+    pub primary_blocks: i32,
+    /// Blocks in host (secondary) memory for offloading; may be 0.
+    pub secondary_blocks: i32,
+    /// Layers using this window (pool row = layers × 2 × heads × tokens_per_block × head size).
+    pub num_layers: i32,
+    /// KV heads per layer.
+    pub num_kv_heads: i32,
+    /// Elements per head.
+    pub size_per_head: i32,
+}
+
+/// Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_manager_config_t {
+    /// `sizeof(kvb_manager_config_t)`, set by `kvb_manager_config_init`.
+    pub struct_size: u32,
+    /// Array of `num_windows` windows (copied; not kept after create).
+    pub windows: *const kvb_window_config_t,
+    pub num_windows: usize,
+    /// Tokens per KV block (default 32).
+    pub tokens_per_block: i32,
+    /// Maximum beam width of any request (default 1).
+    pub max_beam_width: i32,
+    /// Maximum tokens (prompt + generated) of a sequence; required.
+    pub max_sequence_length: i32,
+    /// Prefix reuse through the radix tree (default true).
+    pub enable_block_reuse: bool,
+    /// Reuse of partially matching blocks (default true).
+    pub enable_partial_reuse: bool,
+    /// Copy partially matched blocks that are in use instead of skipping them (default true).
+    pub copy_on_partial_reuse: bool,
+    /// Offload evicted blocks to the host tier and onboard them on reuse (default true).
+    pub onboard_blocks: bool,
+    /// Primary blocks at or above this priority are offloaded instead of dropped (default 30).
+    pub secondary_offload_min_priority: i32,
+    /// Bytes per KV element, for pool sizes (default 2).
+    pub bytes_per_element: i32,
+    /// A `kvb_copy_backend_t` value (default `KVB_COPY_BACKEND_NONE`).
+    pub copy_backend: i32,
+    /// Time moves only through `kvb_manager_advance_time` (for tests; default false).
+    pub manual_clock: bool,
+}
+
+/// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_token_range_retention_t {
+    pub token_start: i32,
+    /// Exclusive end; -1 = to the end of the sequence (only the last range may be open).
+    pub token_end: i32,
+    pub priority: i32,
+    /// Milliseconds after release before the priority decays to 35; -1 = forever.
+    pub duration_ms: i64,
+}
+
+/// Retention of a request's blocks (TensorRT-LLM `KvCacheRetentionConfig`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_retention_config_t {
+    pub ranges: *const kvb_token_range_retention_t,
+    pub num_ranges: usize,
+    /// Priority of generated (decode) blocks (35 = default).
+    pub decode_priority: i32,
+    /// Duration of the decode priority in ms; -1 = forever.
+    pub decode_duration_ms: i64,
+}
+
+/// A multimodal item: a 32-byte digest of its content covering `length` prompt tokens from
+/// `position`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_multimodal_item_t {
+    pub digest: [u8; 32],
+    pub position: i32,
+    pub length: i32,
+}
+
+/// A request to admit (what TensorRT-LLM reads from `LlmRequest`). Initialise with
+/// `kvb_request_init`. Pointed-to arrays are copied; none is kept after the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_request_t {
+    /// `sizeof(kvb_request_t)`, set by `kvb_request_init`.
+    pub struct_size: u32,
+    pub request_id: u64,
+    /// Prompt tokens; at least 1 and at most `num_tokens`.
+    pub input_length: i32,
+    /// Beams (1 = no beam search).
+    pub beam_width: i32,
+    pub tokens: *const i32,
+    pub num_tokens: usize,
+    /// Optional per-token extra ids (prompt tuning); null or `num_tokens` entries.
+    pub token_extra_ids: *const u64,
+    pub has_lora_task_id: bool,
+    pub lora_task_id: u64,
+    pub has_cache_salt: bool,
+    pub cache_salt: u64,
+    pub mm_items: *const kvb_multimodal_item_t,
+    pub num_mm_items: usize,
+    /// Optional retention config (null = default priority 35 everywhere).
+    pub retention: *const kvb_retention_config_t,
+}
+
+/// Per-request allocation counters of an admission, summed over windows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_request_stats_t {
+    pub alloc_total_blocks: u64,
+    pub alloc_new_blocks: u64,
+    pub reused_blocks: u64,
+    pub missed_blocks: u64,
+    /// reused / (reused + missed); 0 when nothing was reused.
+    pub cache_hit_rate: f64,
+}
+
+/// Result of an admission.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_admission_t {
+    /// Prompt tokens already in the cache: the engine computes from this position on.
+    pub prepopulated_prompt_len: i32,
+    pub stats: kvb_request_stats_t,
+}
+
+/// Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
+/// as there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_kv_cache_stats_t {
+    pub max_num_blocks: u64,
+    /// Free primary blocks.
+    pub free_num_blocks: u64,
+    pub used_num_blocks: u64,
+    pub tokens_per_block: u64,
+    pub alloc_total_blocks: u64,
+    pub alloc_new_blocks: u64,
+    pub reused_blocks: u64,
+    pub missed_blocks: u64,
+    pub cache_hit_rate: f64,
+    pub num_primary_blocks: u64,
+    pub num_secondary_blocks: u64,
+    pub free_secondary_blocks: u64,
+    pub offloaded_blocks: u64,
+    pub onboarded_blocks: u64,
+    /// Bytes of the primary pools.
+    pub allocated_bytes: u64,
+}
+
+/// Scheduler-side state of a request, for the estimates. Initialise with
+/// `kvb_request_state_init`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kvb_request_state_t {
+    pub struct_size: u32,
+    pub request_id: u64,
+    /// A `kvb_request_phase_t` value.
+    pub phase: i32,
+    pub prompt_len: i32,
+    pub beam_width: i32,
+    pub context_chunk_size: i32,
+    pub num_draft_tokens: i32,
+    pub max_new_tokens: i32,
+    pub num_generated_tokens: i32,
+}
+
+/// Snapshot of one block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_block_info_t {
+    /// A `kvb_cache_level_t` value.
+    pub cache_level: i32,
+    /// Row index inside the pools of that level.
+    pub memory_index: i32,
+    pub ref_count: i32,
+    pub priority: i32,
+    pub in_reuse_tree: bool,
+    pub is_leaf: bool,
+    /// In a free queue (evictable).
+    pub is_free: bool,
+    /// Tokens of the block's key (0 if it never held a key).
+    pub num_tokens: i32,
+    /// TensorRT-LLM block hash (valid when in the tree).
+    pub hash: u64,
+    /// Tree parent block id; -1 = the root; -2 = not in the tree.
+    pub parent: i64,
+}
+
+pub(crate) fn check_struct_size(got: u32, expected: usize, what: &str) -> FfiResult {
+    if got as usize != expected {
+        return Err(FfiError(
+            kvb_status_t::KVB_STATUS_STRUCT_SIZE,
+            format!("{what}.struct_size is {got}, this library expects {expected} (call the *_init function)"),
+        ));
+    }
+    Ok(())
+}
+
+fn usize_field(v: i32, what: &str) -> FfiResult<usize> {
+    usize::try_from(v).map_err(|_| {
+        FfiError(
+            kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+            format!("{what} is negative ({v})"),
+        )
+    })
+}
+
+pub(crate) fn manager_config_default() -> kvb_manager_config_t {
+    let d = ManagerConfig::default();
+    kvb_manager_config_t {
+        struct_size: std::mem::size_of::<kvb_manager_config_t>() as u32,
+        windows: std::ptr::null(),
+        num_windows: 0,
+        tokens_per_block: d.tokens_per_block as i32,
+        max_beam_width: d.max_beam_width as i32,
+        max_sequence_length: 0,
+        enable_block_reuse: d.enable_block_reuse,
+        enable_partial_reuse: d.enable_partial_reuse,
+        copy_on_partial_reuse: d.copy_on_partial_reuse,
+        onboard_blocks: d.onboard_blocks,
+        secondary_offload_min_priority: i32::from(d.secondary_offload_min_priority),
+        bytes_per_element: d.bytes_per_element as i32,
+        copy_backend: kvb_copy_backend_t::KVB_COPY_BACKEND_NONE as i32,
+        manual_clock: false,
+    }
+}
+
+pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfig> {
+    check_struct_size(
+        c.struct_size,
+        std::mem::size_of::<kvb_manager_config_t>(),
+        "kvb_manager_config_t",
+    )?;
+    let windows = slice_arg(c.windows, c.num_windows, "config.windows")?;
+    let windows = windows
+        .iter()
+        .map(|w| {
+            Ok(WindowSpec {
+                window_size: usize_field(w.window_size, "window_size")?,
+                primary_blocks: usize_field(w.primary_blocks, "primary_blocks")?,
+                secondary_blocks: usize_field(w.secondary_blocks, "secondary_blocks")?,
+                num_layers: usize_field(w.num_layers, "num_layers")?,
+                num_kv_heads: usize_field(w.num_kv_heads, "num_kv_heads")?,
+                size_per_head: usize_field(w.size_per_head, "size_per_head")?,
+            })
+        })
+        .collect::<FfiResult<Vec<_>>>()?;
+    let copy_backend = match c.copy_backend {
+        0 => CopyBackend::None,
+        1 => CopyBackend::HostMemory,
+        v => {
+            return Err(FfiError(
+                kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+                format!("unknown copy_backend {v}"),
+            ))
+        }
+    };
+    let min_priority = c.secondary_offload_min_priority;
+    if !(0..=100).contains(&min_priority) {
+        return Err(FfiError(
+            kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+            format!("secondary_offload_min_priority {min_priority} is outside 0..=100"),
+        ));
+    }
+    Ok(ManagerConfig {
+        windows,
+        tokens_per_block: usize_field(c.tokens_per_block, "tokens_per_block")?,
+        max_beam_width: usize_field(c.max_beam_width, "max_beam_width")?,
+        max_sequence_length: usize_field(c.max_sequence_length, "max_sequence_length")?,
+        enable_block_reuse: c.enable_block_reuse,
+        enable_partial_reuse: c.enable_partial_reuse,
+        copy_on_partial_reuse: c.copy_on_partial_reuse,
+        onboard_blocks: c.onboard_blocks,
+        secondary_offload_min_priority: min_priority as u8,
+        bytes_per_element: usize_field(c.bytes_per_element, "bytes_per_element")?,
+        copy_backend,
+        manual_clock: c.manual_clock,
+    })
+}
+
+pub(crate) fn request_default() -> kvb_request_t {
+    kvb_request_t {
+        struct_size: std::mem::size_of::<kvb_request_t>() as u32,
+        request_id: 0,
+        input_length: 0,
+        beam_width: 1,
+        tokens: std::ptr::null(),
+        num_tokens: 0,
+        token_extra_ids: std::ptr::null(),
+        has_lora_task_id: false,
+        lora_task_id: 0,
+        has_cache_salt: false,
+        cache_salt: 0,
+        mm_items: std::ptr::null(),
+        num_mm_items: 0,
+        retention: std::ptr::null(),
+    }
+}
+
+fn optional_duration(v: i64, what: &str) -> FfiResult<Option<u64>> {
+    match v {
+        -1 => Ok(None),
+        v if v >= 0 => Ok(Some(v as u64)),
+        v => Err(FfiError(
+            kvb_status_t::KVB_STATUS_INVALID_RETENTION,
+            format!("{what} {v} is negative (use -1 for none)"),
+        )),
+    }
+}
+
+pub(crate) fn retention_config(r: &kvb_retention_config_t) -> FfiResult<RetentionConfig> {
+    let ranges = slice_arg(r.ranges, r.num_ranges, "retention.ranges")?
+        .iter()
+        .map(|t| {
+            Ok(TokenRangeRetention {
+                token_start: t.token_start,
+                token_end: match t.token_end {
+                    -1 => None,
+                    e => Some(e),
+                },
+                priority: t.priority,
+                duration_ms: optional_duration(t.duration_ms, "token range duration_ms")?,
+            })
+        })
+        .collect::<FfiResult<Vec<_>>>()?;
+    let decode_duration = optional_duration(r.decode_duration_ms, "decode_duration_ms")?;
+    Ok(RetentionConfig::new(
+        ranges,
+        r.decode_priority,
+        decode_duration,
+    )?)
+}
+
+/// Converts a C request (copying its arrays). Size checks that need the manager happen there.
+pub(crate) fn request(r: *const kvb_request_t) -> FfiResult<Request> {
+    // SAFETY: caller passes a valid pointer or null (checked).
+    let r = unsafe { r.as_ref() }.ok_or_else(|| null_error("request"))?;
+    check_struct_size(
+        r.struct_size,
+        std::mem::size_of::<kvb_request_t>(),
+        "kvb_request_t",
+    )?;
+    let input_length = positive_arg(r.input_length, "input_length")?;
+    let beam_width = positive_arg(r.beam_width, "beam_width")?;
+    let tokens = slice_arg(r.tokens, r.num_tokens, "tokens")?;
+    let extra_ids = if r.token_extra_ids.is_null() {
+        None
+    } else {
+        Some(slice_arg(r.token_extra_ids, r.num_tokens, "token_extra_ids")?.to_vec())
+    };
+    let mm_items = slice_arg(r.mm_items, r.num_mm_items, "mm_items")?
+        .iter()
+        .map(|m| MultimodalItem {
+            digest: m.digest,
+            position: m.position,
+            length: m.length,
+        })
+        .collect();
+    // SAFETY: optional pointer, valid when non-null.
+    let retention = match unsafe { r.retention.as_ref() } {
+        Some(ret) => retention_config(ret)?,
+        None => RetentionConfig::default(),
+    };
+    Ok(Request {
+        id: r.request_id,
+        input_length,
+        beam_width,
+        token_ids: tokens.to_vec(),
+        extra_ids,
+        lora_task_id: r.has_lora_task_id.then_some(r.lora_task_id),
+        cache_salt: r.has_cache_salt.then_some(r.cache_salt),
+        mm_items,
+        retention,
+    })
+}
+
+pub(crate) fn request_state_default() -> kvb_request_state_t {
+    kvb_request_state_t {
+        struct_size: std::mem::size_of::<kvb_request_state_t>() as u32,
+        request_id: 0,
+        phase: kvb_request_phase_t::KVB_PHASE_CONTEXT_INIT as i32,
+        prompt_len: 0,
+        beam_width: 1,
+        context_chunk_size: 0,
+        num_draft_tokens: 0,
+        max_new_tokens: 0,
+        num_generated_tokens: 0,
+    }
+}
+
+pub(crate) fn request_state(s: *const kvb_request_state_t) -> FfiResult<RequestState> {
+    // SAFETY: valid pointer or null (checked).
+    let s = unsafe { s.as_ref() }.ok_or_else(|| null_error("state"))?;
+    check_struct_size(
+        s.struct_size,
+        std::mem::size_of::<kvb_request_state_t>(),
+        "kvb_request_state_t",
+    )?;
+    let phase = match s.phase {
+        0 => RequestPhase::ContextInit,
+        1 => RequestPhase::ContextContinue,
+        2 => RequestPhase::Generation,
+        3 => RequestPhase::Other,
+        v => return Err(invalid(format!("unknown request phase {v}"))),
+    };
+    Ok(RequestState {
+        request_id: s.request_id,
+        phase,
+        prompt_len: count_arg(s.prompt_len, "prompt_len")?,
+        beam_width: positive_arg(s.beam_width, "beam_width")?,
+        context_chunk_size: count_arg(s.context_chunk_size, "context_chunk_size")?,
+        num_draft_tokens: count_arg(s.num_draft_tokens, "num_draft_tokens")?,
+        max_new_tokens: count_arg(s.max_new_tokens, "max_new_tokens")?,
+        num_generated_tokens: count_arg(s.num_generated_tokens, "num_generated_tokens")?,
+    })
+}
+
+impl From<RequestStats> for kvb_request_stats_t {
+    fn from(s: RequestStats) -> Self {
+        kvb_request_stats_t {
+            alloc_total_blocks: s.alloc_total_blocks,
+            alloc_new_blocks: s.alloc_new_blocks,
+            reused_blocks: s.reused_blocks,
+            missed_blocks: s.missed_blocks,
+            cache_hit_rate: s.hit_rate(),
+        }
+    }
+}
+
+impl From<Admission> for kvb_admission_t {
+    fn from(a: Admission) -> Self {
+        kvb_admission_t {
+            prepopulated_prompt_len: a.prepopulated_prompt_len as i32,
+            stats: a.stats.into(),
+        }
+    }
+}
+
+impl From<KvCacheStats> for kvb_kv_cache_stats_t {
+    fn from(s: KvCacheStats) -> Self {
+        kvb_kv_cache_stats_t {
+            max_num_blocks: s.max_num_blocks,
+            free_num_blocks: s.free_num_blocks,
+            used_num_blocks: s.used_num_blocks,
+            tokens_per_block: s.tokens_per_block,
+            alloc_total_blocks: s.alloc_total_blocks,
+            alloc_new_blocks: s.alloc_new_blocks,
+            reused_blocks: s.reused_blocks,
+            missed_blocks: s.missed_blocks,
+            cache_hit_rate: s.cache_hit_rate,
+            num_primary_blocks: s.num_primary_blocks,
+            num_secondary_blocks: s.num_secondary_blocks,
+            free_secondary_blocks: s.free_secondary_blocks,
+            offloaded_blocks: s.offloaded_blocks,
+            onboarded_blocks: s.onboarded_blocks,
+            allocated_bytes: s.allocated_bytes,
+        }
+    }
+}
+
+impl From<BlockInfo> for kvb_block_info_t {
+    fn from(b: BlockInfo) -> Self {
+        kvb_block_info_t {
+            cache_level: b.level as i32,
+            memory_index: b.memory_index as i32,
+            ref_count: b.ref_count as i32,
+            priority: i32::from(b.priority),
+            in_reuse_tree: b.in_reuse_tree,
+            is_leaf: b.is_leaf,
+            is_free: b.is_free,
+            num_tokens: b.num_tokens as i32,
+            hash: b.hash,
+            parent: b.parent.unwrap_or(-2),
+        }
+    }
+}
+
+pub(crate) fn level_arg(v: i32) -> FfiResult<Level> {
+    match v {
+        0 => Ok(Level::Primary),
+        1 => Ok(Level::Secondary),
+        v => Err(invalid(format!("unknown cache level {v}"))),
+    }
+}
