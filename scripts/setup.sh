@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian 12 machine (run as root): system packages,
+# Rust, the pinned cbindgen. Idempotent: does nothing that is already done.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+CBINDGEN_VERSION=0.29.0
+export HOME="${HOME:-/root}"
+export PATH="$HOME/.cargo/bin:$PATH"
+export DEBIAN_FRONTEND=noninteractive
+
+SUDO=""
+if [[ "$(id -u)" != 0 ]] && command -v sudo >/dev/null; then SUDO=sudo; fi
+
+apt_updated=0
+apt_install() {
+    if [[ $apt_updated == 0 ]]; then
+        echo "+ apt-get update"
+        $SUDO apt-get update -q
+        apt_updated=1
+    fi
+    echo "+ apt-get install -y -q --no-install-recommends $*"
+    $SUDO apt-get install -y -q --no-install-recommends "$@"
+}
+
+missing=()
+for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+[[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
+[[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
+
+# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.75) and
+# cbindgen's, so Rust comes from rustup (also when only that old distro Rust is present).
+rust_minor="$(rustc --version 2>/dev/null | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p' || true)"
+if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 75)); then
+    echo "+ installing Rust (stable) via rustup"
+    # The path check would stop rustup-init when an old distro rustc is on PATH.
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        RUSTUP_INIT_SKIP_PATH_CHECK=yes sh -s -- -y --profile minimal --component clippy,rustfmt
+fi
+if command -v rustup >/dev/null; then
+    echo "+ rustup component add clippy rustfmt"
+    rustup component add clippy rustfmt
+fi
+cargo --version
+rustc --version
+
+if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
+    echo "+ cargo install cbindgen --version $CBINDGEN_VERSION --locked --force"
+    cargo install cbindgen --version "$CBINDGEN_VERSION" --locked --force
+fi
+cbindgen --version
+
