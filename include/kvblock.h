@@ -36,6 +36,30 @@ typedef enum kvb_copy_backend_t {
 } kvb_copy_backend_t;
 
 /**
+ * Type of an event (values of `kvb_event_t::event_type`).
+ */
+typedef enum kvb_event_type_t {
+    /**
+     * A window was created (`num_primary_blocks`, `num_secondary_blocks`).
+     */
+    KVB_EVENT_CREATED = 0,
+    /**
+     * A chain of blocks entered the reuse tree (`parent_hash`, `num_stored_blocks`; read the
+     * blocks with `kvb_event_batch_get_stored_block`).
+     */
+    KVB_EVENT_STORED = 1,
+    /**
+     * Blocks left the reuse tree (`removed_hashes`). Every block that leaves is reported:
+     * evicted, detached with an evicted ancestor, or taken over after a partial match.
+     */
+    KVB_EVENT_REMOVED = 2,
+    /**
+     * A block in the tree changed cache level and/or priority (`block_hash`, old/new values).
+     */
+    KVB_EVENT_UPDATED = 3,
+} kvb_event_type_t;
+
+/**
  * Where a request is in its life (values of `kvb_request_state_t::phase`).
  */
 typedef enum kvb_request_phase_t {
@@ -136,10 +160,96 @@ typedef enum kvb_status_t {
 } kvb_status_t;
 
 /**
+ * A drained batch of events. Free with `kvb_event_batch_free`.
+ */
+typedef struct kvb_event_batch_t kvb_event_batch_t;
+
+/**
  * Opaque handle to a KV-cache manager. Create with `kvb_manager_create`, free with
  * `kvb_manager_destroy`. Calls on one handle are serialized by an internal lock.
  */
 typedef struct kvb_manager_t kvb_manager_t;
+
+/**
+ * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
+ */
+typedef struct kvb_event_t {
+    /**
+     * Strictly increasing in delivery order.
+     */
+    uint64_t event_id;
+    /**
+     * A `kvb_event_type_t` value.
+     */
+    int32_t event_type;
+    int32_t window_size;
+    bool has_attention_dp_rank;
+    int32_t attention_dp_rank;
+    /**
+     * Created.
+     */
+    int32_t num_primary_blocks;
+    int32_t num_secondary_blocks;
+    /**
+     * Stored: the first block's tree parent (none = the root).
+     */
+    bool has_parent_hash;
+    uint64_t parent_hash;
+    size_t num_stored_blocks;
+    /**
+     * Removed.
+     */
+    const uint64_t *removed_hashes;
+    size_t num_removed_hashes;
+    /**
+     * Updated.
+     */
+    uint64_t block_hash;
+    bool has_cache_level_change;
+    int32_t old_cache_level;
+    int32_t new_cache_level;
+    bool has_priority_change;
+    int32_t old_priority;
+    int32_t new_priority;
+} kvb_event_t;
+
+/**
+ * A multimodal key of a stored block.
+ */
+typedef struct kvb_mm_key_t {
+    uint8_t digest[32];
+    /**
+     * Where the item starts relative to the block (0 when it starts inside the block).
+     */
+    int32_t start_offset;
+} kvb_mm_key_t;
+
+/**
+ * One block of a Stored event. Pointers stay valid until the batch is freed.
+ */
+typedef struct kvb_stored_block_t {
+    /**
+     * TensorRT-LLM block hash.
+     */
+    uint64_t block_hash;
+    const int32_t *tokens;
+    /**
+     * Per-token extra ids, or null when the request had none.
+     */
+    const uint64_t *token_extra_ids;
+    size_t num_tokens;
+    bool has_lora_task_id;
+    uint64_t lora_task_id;
+    /**
+     * A `kvb_cache_level_t` value.
+     */
+    int32_t cache_level;
+    int32_t priority;
+    const struct kvb_mm_key_t *mm_keys;
+    size_t num_mm_keys;
+    bool has_cache_salt;
+    uint64_t cache_salt;
+} kvb_stored_block_t;
 
 /**
  * One attention-window size and its pool layout.
@@ -229,6 +339,15 @@ typedef struct kvb_manager_config_t {
      * Time moves only through `kvb_manager_advance_time` (for tests; default false).
      */
     bool manual_clock;
+    /**
+     * Capacity of the KV-cache event buffer (oldest events are dropped beyond it); 0 = events
+     * off, at no cost (default 0).
+     */
+    int32_t max_kv_event_entries;
+    /**
+     * Attention data-parallel rank carried by every event; -1 = none (default).
+     */
+    int32_t attention_dp_rank;
 } kvb_manager_config_t;
 
 /**
@@ -420,6 +539,53 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
+ * pending removals and makes the iteration's events visible to `kvb_manager_get_latest_events`.
+ * Call once per iteration. A no-op when events are off.
+ */
+enum kvb_status_t kvb_manager_flush_iteration_events(struct kvb_manager_t *manager);
+
+/**
+ * Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
+ * Safe to call from another thread while the executor keeps using the manager: it does not
+ * take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
+ * with `kvb_event_batch_free`. Returns early with an empty batch when the manager is destroyed.
+ */
+enum kvb_status_t kvb_manager_get_latest_events(struct kvb_manager_t *manager,
+                                                int64_t timeout_ms,
+                                                struct kvb_event_batch_t **out_batch);
+
+/**
+ * Number of events in a batch.
+ */
+enum kvb_status_t kvb_event_batch_size(const struct kvb_event_batch_t *batch, size_t *out);
+
+/**
+ * Events dropped because the buffer was full since the previous drain.
+ */
+enum kvb_status_t kvb_event_batch_num_dropped(const struct kvb_event_batch_t *batch, uint64_t *out);
+
+/**
+ * Event `index` of a batch (views valid until the batch is freed).
+ */
+enum kvb_status_t kvb_event_batch_get(const struct kvb_event_batch_t *batch,
+                                      size_t index,
+                                      struct kvb_event_t *out);
+
+/**
+ * Block `block_index` of Stored event `event_index`.
+ */
+enum kvb_status_t kvb_event_batch_get_stored_block(const struct kvb_event_batch_t *batch,
+                                                   size_t event_index,
+                                                   size_t block_index,
+                                                   struct kvb_stored_block_t *out);
+
+/**
+ * Frees a batch; null is accepted.
+ */
+enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
+
+/**
  * Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
  * 32 tokens per block, beam 1, offload minimum priority 30, 2 bytes per element, no pool
  * memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
@@ -498,7 +664,10 @@ enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uin
  * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
  * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
  * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
- * many). Pass `out_ids = NULL, capacity = 0` when not pinning.
+ * many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
+ * one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
+ * the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
+ * neither stores nor pins anything.
  */
 enum kvb_status_t kvb_manager_store_blocks_for_reuse(struct kvb_manager_t *manager,
                                                      uint64_t request_id,

@@ -201,14 +201,16 @@ impl FreeQueues {
     }
 
     /// Expires timed retentions: every queued block whose expiry is due moves to the back of the
-    /// default-priority queue of its level and takes the default priority.
-    pub fn refresh(&mut self, now_ms: u64) -> usize {
+    /// default-priority queue of its level and takes the default priority. `on_expired` gets
+    /// each such block with its old priority.
+    pub fn refresh(&mut self, now_ms: u64, mut on_expired: impl FnMut(u32, u8)) -> usize {
         let mut expired = 0;
         while let Some(&(at, block)) = self.expiring.first() {
             if at > now_ms {
                 break;
             }
             self.expiring.pop_first();
+            on_expired(block, self.state[block as usize].priority);
             let st = &mut self.state[block as usize];
             st.expires_at_ms = None;
             st.priority = DEFAULT_PRIORITY;
@@ -419,8 +421,8 @@ mod tests {
         q.claim_with_retention(1, retention(50, None));
         q.release(1, Level::Primary, false, 100);
         assert_eq!(q.peek(Level::Primary).unwrap().0, 1);
-        assert_eq!(q.refresh(109), 0);
-        assert_eq!(q.refresh(110), 1);
+        assert_eq!(q.refresh(109, |_, _| {}), 0);
+        assert_eq!(q.refresh(110, |_, _| {}), 1);
         assert_eq!(q.priority(0), DEFAULT_PRIORITY);
         assert_eq!(q.peek(Level::Primary).unwrap().0, 0, "decayed to 35 < 50");
         q.verify().unwrap();
@@ -459,7 +461,7 @@ mod tests {
         assert_eq!(q.priority(0), 60);
         assert_eq!(q.expiry(0), Some(50));
         q.verify().unwrap();
-        assert_eq!(q.refresh(50), 1);
+        assert_eq!(q.refresh(50, |_, _| {}), 1);
         q.verify().unwrap();
     }
 }

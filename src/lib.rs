@@ -4,6 +4,7 @@
 //! `pool`, `transfer` → `key`, `retention`, `error`.
 
 pub mod error;
+pub mod events;
 pub mod eviction;
 pub mod ffi;
 pub mod key;

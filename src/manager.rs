@@ -6,9 +6,11 @@
 //! changes anything: a failed call leaves the manager exactly as it was.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{KvError, KvResult};
+use crate::events::{EventDelivery, EventQueue, KvCacheEvent};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
 use crate::key::MultimodalItem;
 use crate::pool::{Level, PoolGeometry};
@@ -55,6 +57,10 @@ pub struct ManagerConfig {
     pub copy_backend: CopyBackend,
     /// Time only moves through `advance_time` (tests).
     pub manual_clock: bool,
+    /// Capacity of the event delivery buffer; 0 turns events off (and they cost nothing).
+    pub max_kv_event_entries: usize,
+    /// Attention data-parallel rank carried by every event.
+    pub attention_dp_rank: Option<i32>,
 }
 
 impl Default for ManagerConfig {
@@ -72,6 +78,8 @@ impl Default for ManagerConfig {
             bytes_per_element: 2,
             copy_backend: CopyBackend::None,
             manual_clock: false,
+            max_kv_event_entries: 0,
+            attention_dp_rank: None,
         }
     }
 }
@@ -187,6 +195,9 @@ pub struct RequestState {
     pub num_generated_tokens: usize,
 }
 
+/// One block of a reuse-tree snapshot: hash, parent hash (`None` = the root), level, priority.
+pub type TreeEntry = (u64, Option<u64>, Level, u8);
+
 /// Snapshot of one block, for tests and debugging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockInfo {
@@ -250,6 +261,16 @@ pub struct KvCacheManager {
     windows: Vec<WindowBlockManager>,
     sequences: HashMap<u64, Sequence>,
     clock: Clock,
+    /// The iteration's events (`None` when events are off).
+    events: Option<EventQueue>,
+    delivery: Arc<EventDelivery>,
+}
+
+/// Moves a window's raw events into the iteration queue, in order.
+fn absorb(events: &mut Option<EventQueue>, w: &mut WindowBlockManager) {
+    if let Some(q) = events {
+        q.absorb(w.window_size(), w.take_events());
+    }
 }
 
 fn positive(v: usize, what: &str) -> KvResult<()> {
@@ -346,11 +367,24 @@ impl KvCacheManager {
             start: Instant::now(),
             manual_ms: cfg.manual_clock.then_some(0),
         };
+        let delivery = Arc::new(EventDelivery::new(cfg.max_kv_event_entries));
+        let events = (cfg.max_kv_event_entries > 0).then(|| {
+            let sizes: Vec<usize> = windows.iter().map(|w| w.window_size()).collect();
+            let mut q = EventQueue::new(&sizes, cfg.attention_dp_rank);
+            for w in &mut windows {
+                w.enable_events();
+                let c = w.config();
+                q.created(c.window_size, c.num_primary, c.num_secondary);
+            }
+            q
+        });
         Ok(KvCacheManager {
             cfg,
             windows,
             sequences: HashMap::new(),
             clock,
+            events,
+            delivery,
         })
     }
 
@@ -511,6 +545,7 @@ impl KvCacheManager {
                 plan,
                 now,
             );
+            absorb(&mut self.events, w);
         }
         let mut stats = RequestStats::default();
         for (w, b) in self.windows.iter().zip(&before) {
@@ -569,6 +604,7 @@ impl KvCacheManager {
         for w in &mut self.windows {
             let swa = w.config().is_swa(max_len);
             w.add_token(id, num_tokens, swa, decode, now);
+            absorb(&mut self.events, w);
         }
         Ok(())
     }
@@ -627,6 +663,7 @@ impl KvCacheManager {
         for w in self.windows.iter_mut().rev() {
             if w.is_valid_for_store(id) {
                 w.store_blocks(id, &src, n, false, false);
+                absorb(&mut self.events, w);
             }
         }
         Ok(())
@@ -647,6 +684,7 @@ impl KvCacheManager {
         for w in self.windows.iter_mut().rev() {
             if !w.config().is_swa(max_len) && w.is_valid_for_store(id) {
                 w.store_blocks(id, &src, n, false, false);
+                absorb(&mut self.events, w);
             }
         }
         Ok(())
@@ -676,6 +714,7 @@ impl KvCacheManager {
         for (i, w) in self.windows.iter_mut().enumerate().rev() {
             if w.is_valid_for_store(id) {
                 let (_, pinned) = w.store_blocks(id, &src, n, true, pin);
+                absorb(&mut self.events, w);
                 if i == pin_window {
                     out = pinned;
                 }
@@ -1018,13 +1057,60 @@ impl KvCacheManager {
         let now = self.now_ms();
         for w in &mut self.windows {
             w.refresh(now);
+            absorb(&mut self.events, w);
         }
     }
 
     /// Offloads a free primary block of one window to the host tier.
     pub fn offload_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
         let now = self.now_ms();
-        self.window_mut(window_size)?.offload_block(block, now)
+        let i = self.window_index(window_size)?;
+        let done = self.windows[i].offload_block(block, now)?;
+        absorb(&mut self.events, &mut self.windows[i]);
+        Ok(done)
+    }
+
+    /// Whether KV cache events are recorded.
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
+    /// pending removals and hands the events to the delivery buffer. Returns how many.
+    pub fn flush_iteration_events(&mut self) -> usize {
+        let Some(q) = &mut self.events else {
+            return 0;
+        };
+        let batch = q.flush();
+        let n = batch.len();
+        self.delivery.push(batch);
+        n
+    }
+
+    /// The delivery buffer, drained by `EventDelivery::drain` from any thread.
+    pub fn event_delivery(&self) -> Arc<EventDelivery> {
+        self.delivery.clone()
+    }
+
+    /// Flushes and drains without waiting (single-threaded use and tests).
+    pub fn take_flushed_events(&mut self) -> Vec<KvCacheEvent> {
+        self.flush_iteration_events();
+        self.delivery.drain(std::time::Duration::ZERO).events
+    }
+
+    /// Every block in one window's reuse tree as `(hash, parent hash (None = root), level,
+    /// priority)`, for checking an event consumer's view.
+    pub fn reuse_tree_snapshot(&self, window_size: usize) -> KvResult<Vec<TreeEntry>> {
+        let w = self.window(window_size)?;
+        let tree = w.tree();
+        let mut out = Vec::with_capacity(tree.num_in_tree());
+        for b in 0..w.num_blocks() as u32 {
+            if let Some(parent) = tree.parent(b) {
+                let parent_hash = (parent != tree.root()).then(|| tree.hash(parent));
+                out.push((tree.hash(b), parent_hash, w.arena().level(b), w.priority(b)));
+            }
+        }
+        Ok(out)
     }
 
     /// Priority of a block, or the default (35) for an invalid id.
@@ -1092,8 +1178,15 @@ impl KvCacheManager {
     pub fn check_invariants(&self) -> KvResult<()> {
         let max_len = self.cfg.max_sequence_length;
         for w in &self.windows {
-            w.verify(|id| self.sequences.get(&id).map(|s| s.num_tokens), max_len)
-                .map_err(KvError::InvariantViolation)?;
+            w.verify(
+                |id| {
+                    self.sequences
+                        .get(&id)
+                        .map(|s| (s.num_tokens, s.input_length))
+                },
+                max_len,
+            )
+            .map_err(KvError::InvariantViolation)?;
             for &id in self.sequences.keys() {
                 if !w.has_sequence(id) {
                     return Err(KvError::InvariantViolation(format!(

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use crate::error::{KvError, KvResult};
+use crate::events::{StoredBlock, WindowEvent};
 use crate::eviction::FreeQueues;
 use crate::key::{block_hash, multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
 use crate::pool::{BlockArena, Level, PoolGeometry};
@@ -135,6 +136,8 @@ pub struct WindowBlockManager {
     stats: WindowStats,
     scheduling_free: usize,
     mm_scratch: Vec<MmKey>,
+    /// Raw events of the running operation; `None` when events are off (costs nothing then).
+    events: Option<Vec<WindowEvent>>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -167,6 +170,41 @@ impl WindowBlockManager {
             pending_copies: Vec::new(),
             stats: WindowStats::default(),
             mm_scratch: Vec::new(),
+            events: None,
+        }
+    }
+
+    /// Starts recording events (see `take_events`).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<WindowEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record_level_change(&mut self, block: u32, from: Level, to: Level) {
+        if let Some(events) = &mut self.events {
+            if self.tree.is_in_tree(block) {
+                events.push(WindowEvent::Updated {
+                    block_hash: self.tree.hash(block),
+                    cache_level: Some((from, to)),
+                    priority: None,
+                });
+            }
+        }
+    }
+
+    fn record_priority_change(&mut self, block: u32, from: u8, to: u8) {
+        if let Some(events) = &mut self.events {
+            if from != to && self.tree.is_in_tree(block) {
+                events.push(WindowEvent::Updated {
+                    block_hash: self.tree.hash(block),
+                    cache_level: None,
+                    priority: Some((from, to)),
+                });
+            }
         }
     }
 
@@ -258,8 +296,13 @@ impl WindowBlockManager {
 
     fn evict_from_tree(&mut self, block: u32) {
         let stats = &mut self.stats;
-        self.tree
-            .detach_subtree(block, |_, _| stats.evicted_from_tree += 1);
+        let mut events = self.events.as_mut();
+        self.tree.detach_subtree(block, |_, hash| {
+            stats.evicted_from_tree += 1;
+            if let Some(e) = events.as_mut() {
+                e.push(WindowEvent::Removed(hash));
+            }
+        });
     }
 
     /// Takes the next block to evict from the primary queue, offloading its content to the host
@@ -293,6 +336,7 @@ impl WindowBlockManager {
                 .release(candidate, Level::Secondary, false, now_ms);
             self.queues.restore_expiry(candidate, expiry);
             self.stats.offloaded += 1;
+            self.record_level_change(candidate, Level::Primary, Level::Secondary);
             host_block
         } else {
             self.queues.claim(candidate);
@@ -321,6 +365,7 @@ impl WindowBlockManager {
         self.queues
             .release(fresh, self.arena.level(fresh), false, now_ms);
         self.stats.onboarded += 1;
+        self.record_level_change(block, Level::Secondary, Level::Primary);
     }
 
     /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
@@ -354,6 +399,7 @@ impl WindowBlockManager {
         self.queues
             .release(host_block, Level::Primary, false, now_ms);
         self.stats.offloaded += 1;
+        self.record_level_change(block, Level::Primary, Level::Secondary);
         self.flush_copies();
         Ok(true)
     }
@@ -619,7 +665,11 @@ impl WindowBlockManager {
     }
 
     fn claim_for_reuse(&mut self, block: u32, r: BlockRetention) {
+        let old = self.queues.priority(block);
         self.queues.claim_with_retention(block, r);
+        if let Some(new) = r.priority {
+            self.record_priority_change(block, old, new);
+        }
     }
 
     /// Blocks `add_token` needs in this window when the sequence grows to `num_tokens`, and the
@@ -793,7 +843,36 @@ impl WindowBlockManager {
             parent = node;
         }
         self.mm_scratch = scratch;
+        self.record_stored(&stored);
         (stored, pinned)
+    }
+
+    fn record_stored(&mut self, stored: &[u32]) {
+        let (Some(events), Some(&first)) = (&mut self.events, stored.first()) else {
+            return;
+        };
+        let parent = self.tree.parent(first).expect("just stored");
+        let parent_hash = (parent != self.tree.root()).then(|| self.tree.hash(parent));
+        let blocks = stored
+            .iter()
+            .map(|&b| {
+                let key = self.tree.key(b);
+                StoredBlock {
+                    hash: self.tree.hash(b),
+                    token_ids: key.token_ids.to_vec(),
+                    extra_ids: key.extra_ids.map(|e| e.to_vec()),
+                    lora_task_id: key.lora_task_id,
+                    cache_level: self.arena.level(b),
+                    priority: self.queues.priority(b),
+                    mm_keys: key.extra_keys.to_vec(),
+                    cache_salt: key.cache_salt,
+                }
+            })
+            .collect();
+        events.push(WindowEvent::Stored {
+            parent_hash,
+            blocks,
+        });
     }
 
     /// Releases every block of sequence `id`, last to first, and forgets the sequence.
@@ -886,7 +965,12 @@ impl WindowBlockManager {
 
     /// Expires timed retentions and waits for outstanding copies.
     pub fn refresh(&mut self, now_ms: u64) {
-        self.queues.refresh(now_ms);
+        let mut decayed = Vec::new();
+        self.queues
+            .refresh(now_ms, |block, old| decayed.push((block, old)));
+        for (block, old) in decayed {
+            self.record_priority_change(block, old, DEFAULT_PRIORITY);
+        }
         self.flush_copies();
         self.engine.sync();
     }
@@ -916,10 +1000,10 @@ impl WindowBlockManager {
     }
 
     /// Checks the invariants of reference §10 for this window. `tokens_of` gives each
-    /// sequence's token count.
+    /// sequence's (token count, input length).
     pub fn verify(
         &self,
-        tokens_of: impl Fn(u64) -> Option<usize>,
+        tokens_of: impl Fn(u64) -> Option<(usize, usize)>,
         max_sequence_length: usize,
     ) -> Result<(), String> {
         let w = self.cfg.window_size;
@@ -935,7 +1019,7 @@ impl WindowBlockManager {
         let swa = self.cfg.is_swa(max_sequence_length);
         let tpb = self.cfg.tokens_per_block;
         for (&id, seq) in &self.seqs {
-            let Some(num_tokens) = tokens_of(id) else {
+            let Some((num_tokens, input_length)) = tokens_of(id) else {
                 return Err(format!("window {w}: blocks held for unknown sequence {id}"));
             };
             for beam in &seq.beams {
@@ -954,7 +1038,13 @@ impl WindowBlockManager {
                     }
                 }
             }
-            if swa && seq.beams.len() == 1 && num_tokens - seq.front_removed * tpb >= w + tpb {
+            // The prompt is allocated whole; detaching starts with the first generated token.
+            let generating = num_tokens > input_length;
+            if swa
+                && generating
+                && seq.beams.len() == 1
+                && num_tokens - seq.front_removed * tpb >= w + tpb
+            {
                 return Err(format!(
                     "window {w}: sequence {id} holds blocks outside its window"
                 ));

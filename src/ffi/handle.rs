@@ -1,10 +1,11 @@
 //! The opaque manager handle, the panic guard and argument helpers shared by all entry points.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::status::{clear_last_error, fail, kvb_status_t, status_of};
 use crate::error::KvError;
+use crate::events::EventDelivery;
 use crate::manager::KvCacheManager;
 
 enum HandleState {
@@ -18,6 +19,8 @@ enum HandleState {
 /// `kvb_manager_destroy`. Calls on one handle are serialized by an internal lock.
 pub struct kvb_manager_t {
     state: Mutex<HandleState>,
+    /// Shared with the manager; drained without taking the manager's lock.
+    delivery: Arc<EventDelivery>,
 }
 
 /// Destroyed handles keep their (small) shell here, still reachable, so that a call through a
@@ -97,8 +100,27 @@ pub(crate) fn with_manager(
 
 pub(crate) fn new_handle(m: KvCacheManager) -> *mut kvb_manager_t {
     Box::into_raw(Box::new(kvb_manager_t {
+        delivery: m.event_delivery(),
         state: Mutex::new(HandleState::Live(Box::new(m))),
     }))
+}
+
+/// The event delivery buffer of a live handle, checked without holding the lock afterwards.
+pub(crate) fn live_delivery(mgr: *const kvb_manager_t) -> FfiResult<Arc<EventDelivery>> {
+    // SAFETY: as in `with_manager`.
+    let handle = unsafe { mgr.as_ref() }.ok_or_else(|| null_error("manager"))?;
+    let state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
+    match &*state {
+        HandleState::Live(_) => Ok(handle.delivery.clone()),
+        HandleState::Poisoned(_) => Err(FfiError(
+            kvb_status_t::KVB_STATUS_POISONED,
+            "the manager is poisoned by an earlier internal error; destroy it".into(),
+        )),
+        HandleState::Destroyed => Err(FfiError(
+            kvb_status_t::KVB_STATUS_DESTROYED,
+            "the manager was destroyed".into(),
+        )),
+    }
 }
 
 /// Drops the manager and keeps the shell in the graveyard. Returns false if already destroyed.
@@ -114,6 +136,7 @@ pub(crate) fn destroy_handle(mgr: *mut kvb_manager_t) -> bool {
     if matches!(old, HandleState::Destroyed) {
         return false;
     }
+    handle.delivery.shutdown();
     drop(old);
     GRAVEYARD
         .lock()

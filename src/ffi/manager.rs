@@ -148,7 +148,10 @@ pub extern "C" fn kvb_manager_store_new_block(
 /// Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
 /// With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
 /// (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
-/// many). Pass `out_ids = NULL, capacity = 0` when not pinning.
+/// many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
+/// one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
+/// the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
+/// neither stores nor pins anything.
 #[no_mangle]
 pub extern "C" fn kvb_manager_store_blocks_for_reuse(
     manager: *mut kvb_manager_t,
@@ -167,6 +170,23 @@ pub extern "C" fn kvb_manager_store_blocks_for_reuse(
         };
         if pin && capacity > 0 && out_ids.is_null() {
             return Err(null_error("out_ids"));
+        }
+        if pin {
+            // The pinned ids are known only after storing; check the bound first so that a
+            // failed call changes nothing.
+            if let Some(w) = window {
+                m.window(w)?;
+            }
+            let bound = (m.num_tokens(request_id)? - 1).div_ceil(m.tokens_per_block());
+            if capacity < bound {
+                write_out(out_count, bound, "out_count")?;
+                return Err(FfiError(
+                    kvb_status_t::KVB_STATUS_BUFFER_TOO_SMALL,
+                    format!(
+                        "buffer too small: pinning may return {bound} ids, capacity is {capacity}"
+                    ),
+                ));
+            }
         }
         let ids = m.store_blocks_for_reuse(request_id, pin, window)?;
         let ids: Vec<i32> = ids.into_iter().map(|b| b as i32).collect();

@@ -97,6 +97,11 @@ pub struct kvb_manager_config_t {
     pub copy_backend: i32,
     /// Time moves only through `kvb_manager_advance_time` (for tests; default false).
     pub manual_clock: bool,
+    /// Capacity of the KV-cache event buffer (oldest events are dropped beyond it); 0 = events
+    /// off, at no cost (default 0).
+    pub max_kv_event_entries: i32,
+    /// Attention data-parallel rank carried by every event; -1 = none (default).
+    pub attention_dp_rank: i32,
 }
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
@@ -279,6 +284,8 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         bytes_per_element: d.bytes_per_element as i32,
         copy_backend: kvb_copy_backend_t::KVB_COPY_BACKEND_NONE as i32,
         manual_clock: false,
+        max_kv_event_entries: 0,
+        attention_dp_rank: -1,
     }
 }
 
@@ -332,6 +339,17 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         bytes_per_element: usize_field(c.bytes_per_element, "bytes_per_element")?,
         copy_backend,
         manual_clock: c.manual_clock,
+        max_kv_event_entries: usize_field(c.max_kv_event_entries, "max_kv_event_entries")?,
+        attention_dp_rank: match c.attention_dp_rank {
+            -1 => None,
+            r if r >= 0 => Some(r),
+            r => {
+                return Err(FfiError(
+                    kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+                    format!("attention_dp_rank {r} is negative (use -1 for none)"),
+                ))
+            }
+        },
     })
 }
 

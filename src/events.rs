@@ -1,0 +1,385 @@
+//! KV cache events (reference §8): Created / Stored / Removed / Updated, batched per window and
+//! delivered through a bounded buffer that a second thread drains.
+//!
+//! Three stages. (1) Windows record raw events while an operation runs; the manager moves them,
+//! in order, into the `EventQueue` of the current iteration. Removals only accumulate in a
+//! per-window pending list; a Stored event of window W first commits W's pending removals (so a
+//! consumer sees a block leave before a block with the same content is stored again), Updated
+//! events do not commit anything. (2) `flush` commits every window's pending removals and hands
+//! the iteration's events to (3) the `EventDelivery` buffer, which keeps at most `capacity`
+//! events (the oldest are dropped and counted) and wakes a waiting drainer. Event ids are assigned
+//! at commit, so they increase strictly in delivery order.
+//!
+//! Removed-event policy: every block that leaves a reuse tree is reported, whatever the reason:
+//! evicted for reallocation, detached with an evicted ancestor (its whole subtree is reported),
+//! or taken over privately after a partial match. A consumer applying the events therefore holds
+//! exactly the blocks of the manager's trees.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::key::MmKey;
+use crate::pool::Level;
+
+/// One block of a Stored event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBlock {
+    pub hash: u64,
+    pub token_ids: Vec<i32>,
+    /// Per-token extra ids, when the request used them.
+    pub extra_ids: Option<Vec<u64>>,
+    pub lora_task_id: Option<u64>,
+    pub cache_level: Level,
+    pub priority: u8,
+    pub mm_keys: Vec<MmKey>,
+    pub cache_salt: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventData {
+    /// A window was created with this many blocks per cache level.
+    Created {
+        num_blocks_per_cache_level: [usize; 2],
+    },
+    /// A chain of blocks entered the tree; `parent_hash` is the first block's parent (`None` =
+    /// the root). Block i's parent is block i-1.
+    Stored {
+        parent_hash: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    /// Blocks left the tree.
+    Removed { block_hashes: Vec<u64> },
+    /// A block in the tree changed cache level and/or priority (old, new).
+    Updated {
+        block_hash: u64,
+        cache_level: Option<(Level, Level)>,
+        priority: Option<(u8, u8)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvCacheEvent {
+    pub event_id: u64,
+    pub window_size: usize,
+    pub attention_dp_rank: Option<i32>,
+    pub data: EventData,
+}
+
+/// What a window records while an operation runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WindowEvent {
+    Stored {
+        parent_hash: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    Removed(u64),
+    Updated {
+        block_hash: u64,
+        cache_level: Option<(Level, Level)>,
+        priority: Option<(u8, u8)>,
+    },
+}
+
+/// The iteration's events, with removals pending per window.
+#[derive(Debug)]
+pub struct EventQueue {
+    attention_dp_rank: Option<i32>,
+    next_id: u64,
+    /// (window size, pending removed hashes), ascending window size.
+    pending_removed: Vec<(usize, Vec<u64>)>,
+    iteration: Vec<KvCacheEvent>,
+}
+
+impl EventQueue {
+    pub fn new(window_sizes: &[usize], attention_dp_rank: Option<i32>) -> Self {
+        EventQueue {
+            attention_dp_rank,
+            next_id: 0,
+            pending_removed: window_sizes.iter().map(|&w| (w, Vec::new())).collect(),
+            iteration: Vec::new(),
+        }
+    }
+
+    fn commit(&mut self, window_size: usize, data: EventData) {
+        self.iteration.push(KvCacheEvent {
+            event_id: self.next_id,
+            window_size,
+            attention_dp_rank: self.attention_dp_rank,
+            data,
+        });
+        self.next_id += 1;
+    }
+
+    fn commit_removed(&mut self, slot: usize) {
+        let (window, hashes) = &mut self.pending_removed[slot];
+        if hashes.is_empty() {
+            return;
+        }
+        let window = *window;
+        let block_hashes = std::mem::take(hashes);
+        self.commit(window, EventData::Removed { block_hashes });
+    }
+
+    fn slot(&self, window_size: usize) -> usize {
+        self.pending_removed
+            .iter()
+            .position(|(w, _)| *w == window_size)
+            .expect("event for a known window")
+    }
+
+    pub fn created(&mut self, window_size: usize, primary: usize, secondary: usize) {
+        self.commit(
+            window_size,
+            EventData::Created {
+                num_blocks_per_cache_level: [primary, secondary],
+            },
+        );
+    }
+
+    /// Applies the batching rules to a window's raw events, in order.
+    pub fn absorb(&mut self, window_size: usize, events: impl IntoIterator<Item = WindowEvent>) {
+        let slot = self.slot(window_size);
+        for e in events {
+            match e {
+                WindowEvent::Removed(hash) => self.pending_removed[slot].1.push(hash),
+                WindowEvent::Stored {
+                    parent_hash,
+                    blocks,
+                } => {
+                    self.commit_removed(slot);
+                    self.commit(
+                        window_size,
+                        EventData::Stored {
+                            parent_hash,
+                            blocks,
+                        },
+                    );
+                }
+                WindowEvent::Updated {
+                    block_hash,
+                    cache_level,
+                    priority,
+                } => self.commit(
+                    window_size,
+                    EventData::Updated {
+                        block_hash,
+                        cache_level,
+                        priority,
+                    },
+                ),
+            }
+        }
+    }
+
+    /// Commits every window's pending removals and returns the iteration's events.
+    pub fn flush(&mut self) -> Vec<KvCacheEvent> {
+        for slot in 0..self.pending_removed.len() {
+            self.commit_removed(slot);
+        }
+        std::mem::take(&mut self.iteration)
+    }
+
+    /// Events committed but not yet flushed (for tests).
+    pub fn num_uncommitted_removals(&self) -> usize {
+        self.pending_removed.iter().map(|(_, h)| h.len()).sum()
+    }
+}
+
+#[derive(Debug, Default)]
+struct DeliveryState {
+    events: VecDeque<KvCacheEvent>,
+    dropped: u64,
+    shutdown: bool,
+}
+
+/// Bounded buffer between the executor (which flushes) and a drainer thread.
+#[derive(Debug)]
+pub struct EventDelivery {
+    capacity: usize,
+    state: Mutex<DeliveryState>,
+    ready: Condvar,
+}
+
+/// A drained batch: the events and how many were dropped (buffer full) since the last drain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainedEvents {
+    pub events: Vec<KvCacheEvent>,
+    pub dropped: u64,
+}
+
+impl EventDelivery {
+    pub fn new(capacity: usize) -> Self {
+        EventDelivery {
+            capacity,
+            state: Mutex::new(DeliveryState::default()),
+            ready: Condvar::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeliveryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends a flushed batch, dropping the oldest events beyond the capacity.
+    pub fn push(&self, batch: Vec<KvCacheEvent>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        st.events.extend(batch);
+        while st.events.len() > self.capacity {
+            st.events.pop_front();
+            st.dropped += 1;
+        }
+        drop(st);
+        self.ready.notify_all();
+    }
+
+    /// Takes everything delivered so far, waiting up to `timeout` for at least one event.
+    pub fn drain(&self, timeout: Duration) -> DrainedEvents {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.events.is_empty() && !st.shutdown {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .ready
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        DrainedEvents {
+            events: st.events.drain(..).collect(),
+            dropped: std::mem::take(&mut st.dropped),
+        }
+    }
+
+    /// Wakes every waiting drainer for good (the manager is going away).
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn removed(h: u64) -> WindowEvent {
+        WindowEvent::Removed(h)
+    }
+
+    fn stored(h: u64) -> WindowEvent {
+        WindowEvent::Stored {
+            parent_hash: None,
+            blocks: vec![StoredBlock {
+                hash: h,
+                token_ids: vec![1],
+                extra_ids: None,
+                lora_task_id: None,
+                cache_level: Level::Primary,
+                priority: 35,
+                mm_keys: Vec::new(),
+                cache_salt: None,
+            }],
+        }
+    }
+
+    fn kinds(events: &[KvCacheEvent]) -> Vec<(usize, &'static str)> {
+        events
+            .iter()
+            .map(|e| {
+                let k = match e.data {
+                    EventData::Created { .. } => "created",
+                    EventData::Stored { .. } => "stored",
+                    EventData::Removed { .. } => "removed",
+                    EventData::Updated { .. } => "updated",
+                };
+                (e.window_size, k)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn removals_coalesce_per_window_until_flush() {
+        let mut q = EventQueue::new(&[8, 16], None);
+        q.absorb(16, [removed(1), removed(2)]);
+        q.absorb(8, [removed(3)]);
+        q.absorb(16, [removed(4)]);
+        let events = q.flush();
+        assert_eq!(kinds(&events), vec![(8, "removed"), (16, "removed")]);
+        assert_eq!(
+            events[1].data,
+            EventData::Removed {
+                block_hashes: vec![1, 2, 4]
+            }
+        );
+    }
+
+    #[test]
+    fn stored_commits_only_its_own_windows_removals() {
+        let mut q = EventQueue::new(&[8, 16], None);
+        q.absorb(8, [removed(1)]);
+        q.absorb(16, [removed(2), stored(3)]);
+        assert_eq!(q.num_uncommitted_removals(), 1);
+        let events = q.flush();
+        assert_eq!(
+            kinds(&events),
+            vec![(16, "removed"), (16, "stored"), (8, "removed")]
+        );
+        let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn updates_do_not_commit_removals() {
+        let mut q = EventQueue::new(&[8], Some(3));
+        q.absorb(
+            8,
+            [
+                removed(1),
+                WindowEvent::Updated {
+                    block_hash: 5,
+                    cache_level: Some((Level::Primary, Level::Secondary)),
+                    priority: None,
+                },
+            ],
+        );
+        let events = q.flush();
+        assert_eq!(kinds(&events), vec![(8, "updated"), (8, "removed")]);
+        assert!(events.iter().all(|e| e.attention_dp_rank == Some(3)));
+    }
+
+    #[test]
+    fn delivery_drops_oldest_and_counts() {
+        let d = EventDelivery::new(2);
+        let mut q = EventQueue::new(&[8], None);
+        q.created(8, 4, 0);
+        q.absorb(8, [stored(1), stored(2)]);
+        d.push(q.flush());
+        let out = d.drain(Duration::ZERO);
+        assert_eq!(out.dropped, 1);
+        assert_eq!(out.events.len(), 2);
+        assert_eq!(out.events[0].event_id, 1);
+        assert_eq!(d.drain(Duration::ZERO), DrainedEvents::default());
+    }
+
+    #[test]
+    fn drain_waits_for_a_flush_from_another_thread() {
+        let d = std::sync::Arc::new(EventDelivery::new(8));
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || d2.drain(Duration::from_secs(30)));
+        let mut q = EventQueue::new(&[8], None);
+        q.created(8, 4, 0);
+        d.push(q.flush());
+        let out = t.join().unwrap();
+        assert_eq!(out.events.len(), 1);
+    }
+}
