@@ -128,7 +128,7 @@ impl RetentionConfig {
             .iter()
             .find(|r| {
                 i64::from(r.token_start) <= first
-                    && r.token_end.map_or(true, |end| first < i64::from(end))
+                    && r.token_end.is_none_or(|end| first < i64::from(end))
             })
             .map(|r| BlockRetention {
                 priority: Some(r.priority as u8),

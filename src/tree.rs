@@ -224,7 +224,7 @@ impl ReuseTree {
         while child != NIL {
             if copy_on_partial || (self.is_leaf(child) && is_unused(child)) {
                 let n = self.key(child).common_prefix_len(key);
-                if n > 0 && best.map_or(true, |b| n > b.num_tokens) {
+                if n > 0 && best.is_none_or(|b| n > b.num_tokens) {
                     best = Some(Match {
                         block: child,
                         num_tokens: n,

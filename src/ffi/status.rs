@@ -117,7 +117,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_INTERNAL,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
-        return b"unknown status\0".as_ptr().cast();
+        return c"unknown status".as_ptr();
     };
     let s: &'static [u8] = match status {
         KVB_OK => b"ok\0",
