@@ -473,6 +473,30 @@ typedef struct kvb_admission_t {
 } kvb_admission_t;
 
 /**
+ * The estimate for one request of a candidate batch (`kvb_manager_estimate_batch`).
+ */
+typedef struct kvb_batch_estimate_t {
+    /**
+     * Prompt tokens admission will reuse (its prepopulated length).
+     */
+    int32_t reusable_tokens;
+    /**
+     * Blocks admission will allocate, over windows (the request's `alloc_total_blocks`).
+     */
+    int32_t allocated_blocks;
+    /**
+     * Free primary blocks admission will consume, over windows.
+     */
+    int32_t free_blocks_consumed;
+    int32_t reused_blocks;
+    int32_t missed_blocks;
+    /**
+     * Whether this request and every one before it fit in the free blocks.
+     */
+    bool fits;
+} kvb_batch_estimate_t;
+
+/**
  * Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
  * as there).
  */
@@ -624,6 +648,32 @@ enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
 enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
                                            const struct kvb_request_t *request,
                                            struct kvb_admission_t *out);
+
+/**
+ * Admits a batch of requests in order (TensorRT-LLM `addSequenceBatch`): every reusable block
+ * of every request is claimed before anything is onboarded or allocated, so what
+ * `kvb_manager_estimate_batch` estimated is what is delivered. `results` (may be null) receives
+ * `num_requests` entries; `*out_admitted` how many requests were admitted. Without
+ * `longest_prefix` the batch is all or nothing (`KVB_STATUS_OUT_OF_BLOCKS`, nothing changed);
+ * with it, the longest prefix that fits is admitted (possibly none).
+ */
+enum kvb_status_t kvb_manager_add_sequence_batch(struct kvb_manager_t *manager,
+                                                 const struct kvb_request_t *requests,
+                                                 size_t num_requests,
+                                                 bool longest_prefix,
+                                                 struct kvb_admission_t *results,
+                                                 size_t *out_admitted);
+
+/**
+ * The scheduler's estimate for a candidate batch, in order, counting the requests before each
+ * one (a block one request allocates is not free for the next; a block one claims is reusable
+ * by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
+ * batch on the same state delivers exactly these figures.
+ */
+enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
+                                             const struct kvb_request_t *requests,
+                                             size_t num_requests,
+                                             struct kvb_batch_estimate_t *out);
 
 /**
  * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block

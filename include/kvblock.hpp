@@ -5,7 +5,10 @@
 #ifndef KVBLOCK_HPP
 #define KVBLOCK_HPP
 
+#include <array>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -113,6 +116,49 @@ struct Request {
     }
 };
 
+/// One KV cache event, copied out of a drained batch (TensorRT-LLM `executor::KVCacheEvent`).
+/// Only the fields of its `type` are meaningful; the others stay empty / zero.
+struct Event {
+    /// An old and a new value (TensorRT-LLM `KVCacheEventDiff`).
+    struct Diff {
+        int32_t oldValue = 0;
+        int32_t newValue = 0;
+    };
+    /// A multimodal key of a stored block.
+    struct MmKey {
+        std::array<uint8_t, 32> digest{};
+        int32_t startOffset = 0;
+    };
+    /// One block of a Stored event (TensorRT-LLM `KVCacheStoredBlockData`).
+    struct StoredBlock {
+        uint64_t hash = 0;
+        std::vector<int32_t> tokens;
+        std::optional<std::vector<uint64_t>> extraIds;  // per token, when the request had them
+        std::optional<uint64_t> loraTaskId;
+        kvb_cache_level_t cacheLevel = KVB_CACHE_LEVEL_PRIMARY;
+        int32_t priority = 0;
+        std::vector<MmKey> mmKeys;
+        std::optional<uint64_t> cacheSalt;
+    };
+
+    uint64_t id = 0;
+    kvb_event_type_t type = KVB_EVENT_CREATED;
+    int32_t windowSize = 0;
+    std::optional<int32_t> attentionDpRank;
+    /// Created: blocks per cache level of the window.
+    int32_t numPrimaryBlocks = 0;
+    int32_t numSecondaryBlocks = 0;
+    /// Stored: the first block's tree parent (none = the root); block i's parent is block i-1.
+    std::optional<uint64_t> parentHash;
+    std::vector<StoredBlock> storedBlocks;
+    /// Removed.
+    std::vector<uint64_t> removedHashes;
+    /// Updated: the block and what changed.
+    uint64_t blockHash = 0;
+    std::optional<Diff> cacheLevel;
+    std::optional<Diff> priority;
+};
+
 /// Owns a kvb_manager_t. Move-only.
 class Manager {
 public:
@@ -139,6 +185,27 @@ public:
     kvb_admission_t addSequence(const Request& request) {
         kvb_admission_t out{};
         request.withC([&](const kvb_request_t* r) { check(kvb_manager_add_sequence(handle_, r, &out)); });
+        return out;
+    }
+    /// Admits `requests` in order with the two-phase pre-claim; returns the admissions (all of
+    /// them, or with `longestPrefix` those of the longest prefix that fits).
+    std::vector<kvb_admission_t> addSequenceBatch(const std::vector<Request>& requests,
+                                                  bool longestPrefix = false) {
+        std::vector<kvb_admission_t> out(requests.size());
+        size_t admitted = 0;
+        withCBatch(requests, [&](const std::vector<kvb_request_t>& c) {
+            check(kvb_manager_add_sequence_batch(handle_, c.data(), c.size(), longestPrefix,
+                                                 out.data(), &admitted));
+        });
+        out.resize(admitted);
+        return out;
+    }
+    /// The scheduler's estimate for `requests` in order (what addSequenceBatch will deliver).
+    std::vector<kvb_batch_estimate_t> estimateBatch(const std::vector<Request>& requests) {
+        std::vector<kvb_batch_estimate_t> out(requests.size());
+        withCBatch(requests, [&](const std::vector<kvb_request_t>& c) {
+            check(kvb_manager_estimate_batch(handle_, c.data(), c.size(), out.data()));
+        });
         return out;
     }
     void addToken(uint64_t id, int32_t token) { check(kvb_manager_add_token(handle_, id, token)); }
@@ -289,7 +356,88 @@ public:
         return {base, row};
     }
 
+    /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): pending removals are
+    /// committed and the iteration's events become visible to getLatestEvents.
+    void flushIterationEvents() { check(kvb_manager_flush_iteration_events(handle_)); }
+    /// Takes every flushed event, waiting up to `timeoutMs` (0 = no wait) for at least one
+    /// (TensorRT-LLM `getLatestEvents`). May run on another thread than the executor.
+    /// `dropped` (optional) receives how many events the full buffer dropped since the last drain.
+    std::vector<Event> getLatestEvents(int64_t timeoutMs = 0, uint64_t* dropped = nullptr) const {
+        kvb_event_batch_t* raw = nullptr;
+        check(kvb_manager_get_latest_events(handle_, timeoutMs, &raw));
+        struct BatchFree {
+            void operator()(kvb_event_batch_t* b) const noexcept { kvb_event_batch_free(b); }
+        };
+        std::unique_ptr<kvb_event_batch_t, BatchFree> batch(raw);
+        size_t n = 0;
+        check(kvb_event_batch_size(batch.get(), &n));
+        if (dropped) check(kvb_event_batch_num_dropped(batch.get(), dropped));
+        std::vector<Event> out;
+        out.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+            kvb_event_t e{};
+            check(kvb_event_batch_get(batch.get(), i, &e));
+            Event ev;
+            ev.id = e.event_id;
+            ev.type = static_cast<kvb_event_type_t>(e.event_type);
+            ev.windowSize = e.window_size;
+            if (e.has_attention_dp_rank) ev.attentionDpRank = e.attention_dp_rank;
+            ev.numPrimaryBlocks = e.num_primary_blocks;
+            ev.numSecondaryBlocks = e.num_secondary_blocks;
+            if (e.has_parent_hash) ev.parentHash = e.parent_hash;
+            for (size_t j = 0; j < e.num_stored_blocks; ++j) {
+                kvb_stored_block_t b{};
+                check(kvb_event_batch_get_stored_block(batch.get(), i, j, &b));
+                Event::StoredBlock sb;
+                sb.hash = b.block_hash;
+                sb.tokens.assign(b.tokens, b.tokens + b.num_tokens);
+                if (b.token_extra_ids) {
+                    sb.extraIds.emplace(b.token_extra_ids, b.token_extra_ids + b.num_tokens);
+                }
+                if (b.has_lora_task_id) sb.loraTaskId = b.lora_task_id;
+                sb.cacheLevel = static_cast<kvb_cache_level_t>(b.cache_level);
+                sb.priority = b.priority;
+                for (size_t k = 0; k < b.num_mm_keys; ++k) {
+                    Event::MmKey key;
+                    for (size_t d = 0; d < key.digest.size(); ++d) key.digest[d] = b.mm_keys[k].digest[d];
+                    key.startOffset = b.mm_keys[k].start_offset;
+                    sb.mmKeys.push_back(key);
+                }
+                if (b.has_cache_salt) sb.cacheSalt = b.cache_salt;
+                ev.storedBlocks.push_back(std::move(sb));
+            }
+            if (e.num_removed_hashes > 0) {
+                ev.removedHashes.assign(e.removed_hashes, e.removed_hashes + e.num_removed_hashes);
+            }
+            ev.blockHash = e.block_hash;
+            if (e.has_cache_level_change) ev.cacheLevel = Event::Diff{e.old_cache_level, e.new_cache_level};
+            if (e.has_priority_change) ev.priority = Event::Diff{e.old_priority, e.new_priority};
+            out.push_back(std::move(ev));
+        }
+        return out;
+    }
+
 private:
+    /// Builds C views of every request (each valid while `f` runs) and calls `f` with them.
+    template <typename F>
+    static void withCBatch(const std::vector<Request>& requests, F&& f) {
+        std::vector<kvb_request_t> c;
+        c.reserve(requests.size());
+        collectC(requests, 0, c, f);
+    }
+    template <typename F>
+    static void collectC(const std::vector<Request>& requests, size_t i,
+                         std::vector<kvb_request_t>& c, F& f) {
+        if (i == requests.size()) {
+            f(c);
+            return;
+        }
+        requests[i].withC([&](const kvb_request_t* r) {
+            c.push_back(*r);
+            collectC(requests, i + 1, c, f);
+        });
+    }
+
     kvb_manager_t* handle_ = nullptr;
 };
 

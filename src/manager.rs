@@ -17,7 +17,9 @@ use crate::pool::{Level, PoolGeometry};
 use crate::retention::{RetentionConfig, DEFAULT_PRIORITY};
 use crate::sizing;
 use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
-use crate::window::{AdmissionPlan, KeySource, WindowBlockManager, WindowConfig, WindowStats};
+use crate::window::{
+    AdmissionPlan, AdmitItem, BatchClaims, KeySource, WindowBlockManager, WindowConfig,
+};
 
 /// Value written into offset tables where a sequence has no block.
 pub const NO_BLOCK_OFFSET: i32 = i32::MAX;
@@ -146,6 +148,30 @@ pub struct Admission {
     /// Prompt tokens whose KV is already in the cache (the engine starts computing here).
     pub prepopulated_prompt_len: usize,
     pub stats: RequestStats,
+}
+
+/// The scheduler's estimate of one request of a candidate batch (counting the requests before
+/// it), equal to what `add_sequence_batch` then delivers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchEstimate {
+    /// Prompt tokens that will be reused (the prepopulated length).
+    pub reusable_tokens: usize,
+    /// Blocks admission will allocate (the request's `alloc_total` delta), over windows.
+    pub allocated_blocks: usize,
+    /// Free primary blocks admission will consume (allocations and claimed free cached blocks),
+    /// over windows.
+    pub free_blocks_consumed: usize,
+    pub reused_blocks: usize,
+    pub missed_blocks: usize,
+    /// Whether this request (and every one before it) fits in the free blocks.
+    pub fits: bool,
+}
+
+/// A request's plan in every window.
+#[derive(Clone, Debug)]
+struct RequestPlan {
+    matched_tokens: usize,
+    windows: Vec<AdmissionPlan>,
 }
 
 /// Whole-manager statistics (reference §2.9; `max_num_blocks` counts host blocks too, as in
@@ -503,79 +529,194 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Plans a request's admission in every window. Reuse is capped so that every window reuses
-    /// the same number of tokens (the minimum over windows): the engine recomputes from there,
-    /// and no window holds reused blocks that the engine would write again.
-    fn plan(&mut self, req: &Request) -> (Vec<AdmissionPlan>, usize) {
-        let src = req.key_source();
-        let mut cap = usize::MAX;
-        loop {
-            let plans: Vec<AdmissionPlan> = self
-                .windows
-                .iter_mut()
-                .map(|w| w.plan_admission(&src, req.input_length, req.beam_width, cap))
-                .collect();
-            let min = plans.iter().map(|p| p.matched_tokens).min().unwrap_or(0);
-            if plans.iter().all(|p| p.matched_tokens == min) {
-                return (plans, min);
+    /// Plans a batch in order (phase 1, read-only): each request is planned in every window
+    /// against the claims of the requests before it. Reuse is capped so that every window
+    /// reuses the same number of tokens (the minimum over windows): the engine recomputes from
+    /// there, and no window holds reused blocks that the engine would write again.
+    fn plan_batch(&mut self, reqs: &[Request]) -> KvResult<Vec<RequestPlan>> {
+        let mut ids = std::collections::HashSet::with_capacity(reqs.len());
+        for req in reqs {
+            self.validate_request(req)?;
+            if !ids.insert(req.id) {
+                return Err(KvError::DuplicateRequest(req.id));
             }
-            cap = min;
         }
+        let mut claims: Vec<BatchClaims> = vec![BatchClaims::default(); self.windows.len()];
+        let mut plans = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let src = req.key_source();
+            let mut cap = usize::MAX;
+            let per_window = loop {
+                let p: Vec<AdmissionPlan> = self
+                    .windows
+                    .iter_mut()
+                    .zip(&claims)
+                    .map(|(w, c)| w.plan_admission(&src, req.input_length, req.beam_width, cap, c))
+                    .collect();
+                let min = p.iter().map(|x| x.matched_tokens).min().unwrap_or(0);
+                if p.iter().all(|x| x.matched_tokens == min) {
+                    break p;
+                }
+                cap = min;
+            };
+            for ((w, c), plan) in self.windows.iter().zip(&mut claims).zip(&per_window) {
+                w.record_claims(plan, c);
+            }
+            plans.push(RequestPlan {
+                matched_tokens: per_window[0].matched_tokens,
+                windows: per_window,
+            });
+        }
+        Ok(plans)
     }
 
-    /// Admits a request (TensorRT-LLM `addSequence`): reuses what the tree holds, onboards host
-    /// blocks, copies partial matches and allocates the rest. Fails with `OutOfBlocks` (nothing
-    /// changed) when any window lacks blocks.
-    pub fn add_sequence(&mut self, req: &Request) -> KvResult<Admission> {
-        self.validate_request(req)?;
-        let (plans, matched) = self.plan(req);
-        for (w, plan) in self.windows.iter().zip(&plans) {
-            w.check_plan(plan)?;
+    /// How many requests of a planned batch fit: all of them, or none, or (with
+    /// `longest_prefix`) the longest prefix whose blocks are free in every window.
+    fn fitting_prefix(&self, plans: &[RequestPlan], longest_prefix: bool) -> KvResult<usize> {
+        let mut needed = vec![0usize; self.windows.len()];
+        for (i, plan) in plans.iter().enumerate() {
+            for (wi, w) in self.windows.iter().enumerate() {
+                needed[wi] += plan.windows[wi].primary_blocks_needed;
+                let available = w.num_free(Level::Primary);
+                if needed[wi] > available {
+                    if longest_prefix {
+                        return Ok(i);
+                    }
+                    let total: usize = plans
+                        .iter()
+                        .map(|p| p.windows[wi].primary_blocks_needed)
+                        .sum();
+                    return Err(KvError::OutOfBlocks {
+                        window_size: w.window_size(),
+                        needed: total,
+                        available,
+                    });
+                }
+            }
         }
+        Ok(plans.len())
+    }
+
+    /// What admitting `reqs` in this order would deliver, request by request, without changing
+    /// anything: the scheduler's estimate. `add_sequence_batch` on the same state delivers
+    /// exactly this (same reused tokens, allocations and free blocks consumed).
+    pub fn estimate_batch(&mut self, reqs: &[Request]) -> KvResult<Vec<BatchEstimate>> {
+        let plans = self.plan_batch(reqs)?;
+        let mut free: Vec<usize> = self
+            .windows
+            .iter()
+            .map(|w| w.num_free(Level::Primary))
+            .collect();
+        Ok(plans
+            .iter()
+            .map(|p| {
+                let mut e = BatchEstimate {
+                    reusable_tokens: p.matched_tokens,
+                    fits: true,
+                    ..BatchEstimate::default()
+                };
+                for (wi, wp) in p.windows.iter().enumerate() {
+                    e.allocated_blocks += wp.allocations;
+                    e.free_blocks_consumed += wp.primary_blocks_needed - wp.protected_primary;
+                    e.reused_blocks += wp.steps.len();
+                    e.missed_blocks += wp.num_context_blocks - wp.steps.len();
+                    if wp.primary_blocks_needed > free[wi] {
+                        e.fits = false;
+                    }
+                }
+                if e.fits {
+                    for (wi, wp) in p.windows.iter().enumerate() {
+                        free[wi] -= wp.primary_blocks_needed - wp.protected_primary;
+                    }
+                } else {
+                    // Admission is all-or-prefix: nothing after a request that does not fit.
+                    free.iter_mut().for_each(|f| *f = 0);
+                }
+                e
+            })
+            .collect())
+    }
+
+    /// Admits a batch of requests (TensorRT-LLM `addSequenceBatch`) with a two-phase pre-claim:
+    /// every reusable block of every request is claimed before anything is onboarded or
+    /// allocated, so one request's allocations cannot evict what another was counted on
+    /// reusing. All or nothing: when the batch does not fit, fails with `OutOfBlocks` and
+    /// changes nothing; with `longest_prefix`, admits the longest prefix that fits instead and
+    /// returns only its admissions.
+    pub fn add_sequence_batch(
+        &mut self,
+        reqs: &[Request],
+        longest_prefix: bool,
+    ) -> KvResult<Vec<Admission>> {
+        let plans = self.plan_batch(reqs)?;
+        let n = self.fitting_prefix(&plans, longest_prefix)?;
+        let (reqs, plans) = (&reqs[..n], &plans[..n]);
         let now = self.now_ms();
-        let before: Vec<WindowStats> = self.windows.iter().map(|w| w.stats()).collect();
-        let src = req.key_source();
-        for (w, plan) in self.windows.iter_mut().zip(&plans) {
-            w.admit(
-                req.id,
-                &src,
-                req.input_length,
-                req.beam_width,
-                &req.retention,
-                plan,
-                now,
-            );
+        let mut alloc_new = vec![0u64; n];
+        for (wi, w) in self.windows.iter_mut().enumerate() {
+            let items: Vec<AdmitItem<'_>> = reqs
+                .iter()
+                .zip(plans)
+                .map(|(r, p)| AdmitItem {
+                    id: r.id,
+                    src: r.key_source(),
+                    input_length: r.input_length,
+                    beam_width: r.beam_width,
+                    retention: &r.retention,
+                    plan: &p.windows[wi],
+                })
+                .collect();
+            for (total, new) in alloc_new.iter_mut().zip(w.admit_batch(&items, now)) {
+                *total += new;
+            }
             absorb(&mut self.events, w);
         }
-        let mut stats = RequestStats::default();
-        for (w, b) in self.windows.iter().zip(&before) {
-            let a = w.stats();
-            stats.alloc_total_blocks += a.alloc_total - b.alloc_total;
-            stats.alloc_new_blocks += a.alloc_new - b.alloc_new;
-            stats.reused_blocks += a.reused - b.reused;
-            stats.missed_blocks += a.missed - b.missed;
+        let admissions: Vec<Admission> = plans
+            .iter()
+            .zip(&alloc_new)
+            .map(|(plan, &new)| {
+                let mut stats = RequestStats {
+                    alloc_new_blocks: new,
+                    ..RequestStats::default()
+                };
+                for wp in &plan.windows {
+                    stats.reused_blocks += wp.steps.len() as u64;
+                    stats.missed_blocks += (wp.num_context_blocks - wp.steps.len()) as u64;
+                    stats.alloc_total_blocks += wp.allocations as u64;
+                }
+                Admission {
+                    prepopulated_prompt_len: plan.matched_tokens,
+                    stats,
+                }
+            })
+            .collect();
+        for (req, admission) in reqs.iter().zip(&admissions) {
+            let input = req.input_length;
+            self.sequences.insert(
+                req.id,
+                Sequence {
+                    input_length: input,
+                    beam_width: req.beam_width,
+                    token_ids: req.token_ids[..input].to_vec(),
+                    extra_ids: req.extra_ids.as_ref().map(|e| e[..input].to_vec()),
+                    lora_task_id: req.lora_task_id,
+                    cache_salt: req.cache_salt,
+                    mm_items: req.mm_items.clone(),
+                    retention: req.retention.clone(),
+                    num_tokens: input,
+                    admission: *admission,
+                },
+            );
         }
-        let admission = Admission {
-            prepopulated_prompt_len: matched,
-            stats,
-        };
-        let input = req.input_length;
-        self.sequences.insert(
-            req.id,
-            Sequence {
-                input_length: input,
-                beam_width: req.beam_width,
-                token_ids: req.token_ids[..input].to_vec(),
-                extra_ids: req.extra_ids.as_ref().map(|e| e[..input].to_vec()),
-                lora_task_id: req.lora_task_id,
-                cache_salt: req.cache_salt,
-                mm_items: req.mm_items.clone(),
-                retention: req.retention.clone(),
-                num_tokens: input,
-                admission,
-            },
-        );
-        Ok(admission)
+        Ok(admissions)
+    }
+
+    /// Admits one request (TensorRT-LLM `addSequence`): a batch of one. Reuses what the tree
+    /// holds, onboards host blocks, copies partial matches and allocates the rest. Fails with
+    /// `OutOfBlocks` (nothing changed) when any window lacks blocks.
+    pub fn add_sequence(&mut self, req: &Request) -> KvResult<Admission> {
+        let mut admitted = self.add_sequence_batch(std::slice::from_ref(req), false)?;
+        Ok(admitted.pop().expect("a batch of one admitted"))
     }
 
     /// Appends a generated token (TensorRT-LLM `addToken`): detaches out-of-window blocks and

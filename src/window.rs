@@ -96,8 +96,45 @@ pub struct AdmissionPlan {
     pub num_context_blocks: usize,
     /// Context blocks shared by all beams (the rest are per beam).
     pub num_shared_blocks: usize,
-    /// Primary blocks admission takes from the free queue (allocations + claimed free blocks).
+    /// Primary blocks admission takes from the free queue while it runs (allocations, claimed
+    /// free blocks, protected copy sources).
     pub primary_blocks_needed: usize,
+    /// Blocks allocated through `get_free_block` (misses, per-beam blocks, copy destinations,
+    /// onboarding): the request's `alloc_total` delta.
+    pub allocations: usize,
+    /// Free primary copy sources claimed only while the copy is queued; they return afterwards.
+    pub protected_primary: usize,
+}
+
+/// What the requests of one admission batch planned so far have claimed in a window (phase 1).
+/// Later requests plan against it: a claimed block is in use, a taken-over block is no longer
+/// shareable, and nothing is claimed or onboarded twice.
+#[derive(Clone, Debug, Default)]
+pub struct BatchClaims {
+    claimed: HashMap<u32, ClaimUse>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ClaimUse {
+    taken_over: bool,
+    onboarded: bool,
+}
+
+impl BatchClaims {
+    pub fn is_empty(&self) -> bool {
+        self.claimed.is_empty()
+    }
+}
+
+/// One request of an admission batch, with its checked plan.
+#[derive(Clone, Copy, Debug)]
+pub struct AdmitItem<'a> {
+    pub id: u64,
+    pub src: KeySource<'a>,
+    pub input_length: usize,
+    pub beam_width: usize,
+    pub retention: &'a RetentionConfig,
+    pub plan: &'a AdmissionPlan,
 }
 
 /// One reused context block.
@@ -435,6 +472,7 @@ impl WindowBlockManager {
         input_length: usize,
         beam_width: usize,
         cap_tokens: usize,
+        claims: &BatchClaims,
     ) -> AdmissionPlan {
         let tpb = self.cfg.tokens_per_block;
         let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
@@ -445,6 +483,7 @@ impl WindowBlockManager {
         };
         let mut claimed_free_primary = 0;
         let mut new_blocks = 0;
+        let unused = |w: &Self, b: u32| w.is_unused(b) && !claims.claimed.contains_key(&b);
         if self.cfg.enable_reuse {
             let reusable = input_length - 1;
             let mut scratch = std::mem::take(&mut self.mm_scratch);
@@ -463,7 +502,7 @@ impl WindowBlockManager {
                     hash,
                     self.cfg.enable_partial_reuse,
                     self.cfg.copy_on_partial_reuse,
-                    |b| self.is_unused(b),
+                    |b| unused(self, b),
                 ) else {
                     break;
                 };
@@ -471,7 +510,8 @@ impl WindowBlockManager {
                 if room == 0 {
                     break;
                 }
-                let step = if !m.partial && m.num_tokens <= room {
+                let taken_over = claims.claimed.get(&m.block).is_some_and(|c| c.taken_over);
+                let step = if !m.partial && m.num_tokens <= room && !taken_over {
                     PlannedReuse::Share { block: m.block }
                 } else {
                     let tokens = m.num_tokens.min(room);
@@ -479,7 +519,7 @@ impl WindowBlockManager {
                     if capped && !self.cfg.enable_partial_reuse {
                         break;
                     }
-                    if !capped && self.is_unused(m.block) && self.tree.is_leaf(m.block) {
+                    if !capped && unused(self, m.block) && self.tree.is_leaf(m.block) {
                         PlannedReuse::TakeOver {
                             block: m.block,
                             tokens,
@@ -496,13 +536,19 @@ impl WindowBlockManager {
                     PlannedReuse::TakeOver { block, tokens } => (block, tokens),
                     PlannedReuse::Copy { source, tokens } => (source, tokens),
                 };
-                if self.queues.queued_level(block) == Some(Level::Primary) {
+                let earlier = claims.claimed.get(&block).copied();
+                let is_copy = matches!(step, PlannedReuse::Copy { .. });
+                if earlier.is_none() && self.queues.queued_level(block) == Some(Level::Primary) {
                     claimed_free_primary += 1;
+                    if is_copy {
+                        plan.protected_primary += 1;
+                    }
                 }
-                let onboard_needed = !matches!(step, PlannedReuse::Copy { .. })
+                let onboard_needed = !is_copy
                     && self.cfg.onboard_blocks
-                    && !self.arena.is_primary(block);
-                if onboard_needed || matches!(step, PlannedReuse::Copy { .. }) {
+                    && !self.arena.is_primary(block)
+                    && !earlier.is_some_and(|c| c.onboarded);
+                if onboard_needed || is_copy {
                     new_blocks += 1;
                 }
                 plan.matched_tokens += tokens;
@@ -516,8 +562,23 @@ impl WindowBlockManager {
         }
         new_blocks += num_shared - plan.steps.len();
         new_blocks += (num_context - num_shared) * beam_width;
+        plan.allocations = new_blocks;
         plan.primary_blocks_needed = new_blocks + claimed_free_primary;
         plan
+    }
+
+    /// Records a planned request's claims so that later requests of the batch plan around them.
+    pub fn record_claims(&self, plan: &AdmissionPlan, claims: &mut BatchClaims) {
+        for step in &plan.steps {
+            let (block, taken_over, onboarded) = match *step {
+                PlannedReuse::Share { block } => (block, false, self.cfg.onboard_blocks),
+                PlannedReuse::TakeOver { block, .. } => (block, true, self.cfg.onboard_blocks),
+                PlannedReuse::Copy { source, .. } => (source, false, false),
+            };
+            let c = claims.claimed.entry(block).or_default();
+            c.taken_over |= taken_over;
+            c.onboarded |= onboarded;
+        }
     }
 
     /// Fails with `OutOfBlocks` when the plan needs more primary blocks than are free.
@@ -533,43 +594,70 @@ impl WindowBlockManager {
         Ok(())
     }
 
-    /// Executes a checked plan for a new sequence `id`. Returns the reused token count.
-    #[allow(clippy::too_many_arguments)]
-    pub fn admit(
-        &mut self,
-        id: u64,
-        src: &KeySource<'_>,
-        input_length: usize,
-        beam_width: usize,
-        retention: &RetentionConfig,
-        plan: &AdmissionPlan,
-        now_ms: u64,
-    ) -> usize {
-        debug_assert!(!self.seqs.contains_key(&id));
+    /// Executes the checked plans of an admission batch (every plan made against the claims of
+    /// the requests before it). Phase 1 claims every reused block and copy source of every
+    /// request, so no allocation of phase 2 can evict a block the batch reuses; phase 2 onboards,
+    /// copies and allocates request by request; the copies of the batch are submitted together.
+    /// Returns each request's `alloc_new` delta (blocks that never held tokens).
+    pub fn admit_batch(&mut self, items: &[AdmitItem<'_>], now_ms: u64) -> Vec<u64> {
         let tpb = self.cfg.tokens_per_block;
-        let reusable = input_length - 1;
-        let mut beams = vec![Vec::with_capacity(plan.num_context_blocks + 1); beam_width];
-        let bw = beam_width as u32;
-
-        // Claims first: after this no allocation can evict a block the plan reuses.
-        let mut protected_source = None;
-        for (bi, step) in plan.steps.iter().enumerate() {
-            let r = retention.block_retention(bi, tpb);
-            match *step {
-                PlannedReuse::Share { block } => self.claim_for_reuse(block, r),
-                PlannedReuse::TakeOver { block, .. } => {
-                    self.evict_from_tree(block);
-                    self.claim_for_reuse(block, r);
-                }
-                PlannedReuse::Copy { source, .. } => {
-                    if self.queues.claim(source) {
-                        protected_source = Some(source);
+        let mut protected = Vec::new();
+        for item in items {
+            debug_assert!(!self.seqs.contains_key(&item.id));
+            for (bi, step) in item.plan.steps.iter().enumerate() {
+                let r = item.retention.block_retention(bi, tpb);
+                match *step {
+                    PlannedReuse::Share { block } => self.claim_for_reuse(block, r),
+                    PlannedReuse::TakeOver { block, .. } => {
+                        self.evict_from_tree(block);
+                        self.claim_for_reuse(block, r);
+                    }
+                    PlannedReuse::Copy { source, .. } => {
+                        if self.queues.claim(source) {
+                            protected.push(source);
+                        }
                     }
                 }
             }
         }
-
         let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut alloc_new = Vec::with_capacity(items.len());
+        for item in items {
+            let before = self.stats;
+            self.allocate_planned(item, &mut scratch, now_ms);
+            debug_assert_eq!(
+                (self.stats.alloc_total - before.alloc_total) as usize,
+                item.plan.allocations,
+                "planned allocations are exact"
+            );
+            alloc_new.push(self.stats.alloc_new - before.alloc_new);
+        }
+        self.mm_scratch = scratch;
+        for source in protected {
+            if self.arena.ref_count(source) == 0 {
+                self.queues
+                    .release(source, self.arena.level(source), false, now_ms);
+            }
+        }
+        self.flush_copies();
+        alloc_new
+    }
+
+    /// Phase 2 of one request: onboards its reused host blocks, copies partial matches,
+    /// allocates misses and per-beam blocks, and records the sequence.
+    fn allocate_planned(&mut self, item: &AdmitItem<'_>, scratch: &mut Vec<MmKey>, now_ms: u64) {
+        let AdmitItem {
+            id,
+            src,
+            input_length,
+            beam_width,
+            retention,
+            plan,
+        } = *item;
+        let tpb = self.cfg.tokens_per_block;
+        let reusable = input_length - 1;
+        let mut beams = vec![Vec::with_capacity(plan.num_context_blocks + 1); beam_width];
+        let bw = beam_width as u32;
         let mut prev_hash = 0u64;
         for (bi, step) in plan.steps.iter().enumerate() {
             let r = retention.block_retention(bi, tpb);
@@ -581,7 +669,7 @@ impl WindowBlockManager {
                 PlannedReuse::TakeOver { block, .. } => {
                     self.onboard(id, block, now_ms);
                     let end = ((bi + 1) * tpb).min(reusable);
-                    let key = src.key(bi * tpb, end, &mut scratch);
+                    let key = src.key(bi * tpb, end, scratch);
                     let hash = block_hash(&key, prev_hash);
                     self.tree.set_key(block, &key, hash);
                     block
@@ -590,7 +678,7 @@ impl WindowBlockManager {
                     let fresh = self.get_free_block(id, r, now_ms);
                     self.queue_copy(source, fresh, tokens);
                     let end = ((bi + 1) * tpb).min(reusable);
-                    let key = src.key(bi * tpb, end, &mut scratch);
+                    let key = src.key(bi * tpb, end, scratch);
                     let hash = block_hash(&key, prev_hash);
                     self.tree.set_key(fresh, &key, hash);
                     fresh
@@ -603,16 +691,10 @@ impl WindowBlockManager {
             }
             self.stats.reused += 1;
         }
-        if let Some(source) = protected_source {
-            if self.arena.ref_count(source) == 0 {
-                self.queues
-                    .release(source, self.arena.level(source), false, now_ms);
-            }
-        }
         for bi in plan.steps.len()..plan.num_shared_blocks {
             let r = retention.block_retention(bi, tpb);
             let block = self.get_free_block(id, r, now_ms);
-            prev_hash = self.set_context_key(block, src, bi, reusable, prev_hash, &mut scratch);
+            prev_hash = self.set_context_key(block, &src, bi, reusable, prev_hash, scratch);
             self.arena.add_refs(block, bw);
             for beam in &mut beams {
                 beam.push(block);
@@ -623,14 +705,12 @@ impl WindowBlockManager {
             let r = retention.block_retention(bi, tpb);
             for beam in &mut beams {
                 let block = self.get_free_block(id, r, now_ms);
-                self.set_context_key(block, src, bi, reusable, prev_hash, &mut scratch);
+                self.set_context_key(block, &src, bi, reusable, prev_hash, scratch);
                 self.arena.add_refs(block, 1);
                 beam.push(block);
             }
             self.stats.missed += 1;
         }
-        self.mm_scratch = scratch;
-        self.flush_copies();
         self.seqs.insert(
             id,
             SeqBlocks {
@@ -639,7 +719,6 @@ impl WindowBlockManager {
                 detached_epochs: Vec::new(),
             },
         );
-        plan.matched_tokens
     }
 
     /// Gives a freshly allocated context block its key (when reuse is on) and returns its hash.
@@ -1131,17 +1210,18 @@ mod tests {
 
     fn admit(w: &mut WindowBlockManager, id: u64, tokens: &[i32]) -> AdmissionPlan {
         let s = src(tokens);
-        let plan = w.plan_admission(&s, tokens.len(), 1, usize::MAX);
+        let plan = w.plan_admission(&s, tokens.len(), 1, usize::MAX, &BatchClaims::default());
         w.check_plan(&plan).unwrap();
-        w.admit(
+        let retention = RetentionConfig::default();
+        let item = AdmitItem {
             id,
-            &s,
-            tokens.len(),
-            1,
-            &RetentionConfig::default(),
-            &plan,
-            0,
-        );
+            src: s,
+            input_length: tokens.len(),
+            beam_width: 1,
+            retention: &retention,
+            plan: &plan,
+        };
+        w.admit_batch(&[item], 0);
         plan
     }
 
@@ -1157,18 +1237,18 @@ mod tests {
         let plan = admit(&mut w, 1, &prompt);
         assert_eq!(plan.primary_blocks_needed, 3, "3 misses");
         // Reusing blocks held by a running sequence takes nothing from the free queue.
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
         assert_eq!(plan.matched_tokens, 0, "nothing stored yet");
         store_and_release(&mut w, 1, &prompt);
         admit(&mut w, 2, &prompt);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
         assert_eq!(plan.matched_tokens, 8);
         assert_eq!(
             plan.primary_blocks_needed, 1,
             "two shared in-use blocks + one miss"
         );
         w.release_sequence(2, 0);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
         assert_eq!(
             plan.primary_blocks_needed, 3,
             "free cached blocks are claimed from the queue"
@@ -1184,7 +1264,13 @@ mod tests {
         // Diverges inside the second block, which is an inner node: copy, not take over.
         let mut other: Vec<i32> = (0..6).collect();
         other.extend([90, 91, 92]);
-        let plan = w.plan_admission(&src(&other), other.len(), 1, usize::MAX);
+        let plan = w.plan_admission(
+            &src(&other),
+            other.len(),
+            1,
+            usize::MAX,
+            &BatchClaims::default(),
+        );
         assert_eq!(
             plan.steps,
             vec![
@@ -1205,7 +1291,7 @@ mod tests {
         let prompt: Vec<i32> = (0..9).collect();
         admit(&mut w, 1, &prompt);
         store_and_release(&mut w, 1, &prompt);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, 6);
+        let plan = w.plan_admission(&src(&prompt), 9, 1, 6, &BatchClaims::default());
         assert_eq!(plan.matched_tokens, 6);
         assert!(matches!(
             plan.steps[1],
@@ -1262,7 +1348,7 @@ mod tests {
             "only the one cached block went to the host"
         );
         assert_eq!(w.num_free(Level::Secondary), 4);
-        let plan = w.plan_admission(&src(&cached), 5, 1, usize::MAX);
+        let plan = w.plan_admission(&src(&cached), 5, 1, usize::MAX, &BatchClaims::default());
         assert_eq!(
             plan.matched_tokens, 4,
             "the cached block is still reusable from the host"

@@ -217,7 +217,10 @@ fn run(workload: &Workload, seed: u64, steps: usize) {
         "the workload must produce events"
     );
     if workload.windows.iter().any(|w| w.secondary_blocks > 0) {
-        assert!(stats.offloaded_blocks > 0 && stats.onboarded_blocks > 0, "host tier exercised");
+        assert!(
+            stats.offloaded_blocks > 0 && stats.onboarded_blocks > 0,
+            "host tier exercised"
+        );
     }
 }
 

@@ -87,6 +87,77 @@ pub extern "C" fn kvb_manager_add_sequence(
     })
 }
 
+/// Admits a batch of requests in order (TensorRT-LLM `addSequenceBatch`): every reusable block
+/// of every request is claimed before anything is onboarded or allocated, so what
+/// `kvb_manager_estimate_batch` estimated is what is delivered. `results` (may be null) receives
+/// `num_requests` entries; `*out_admitted` how many requests were admitted. Without
+/// `longest_prefix` the batch is all or nothing (`KVB_STATUS_OUT_OF_BLOCKS`, nothing changed);
+/// with it, the longest prefix that fits is admitted (possibly none).
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_sequence_batch(
+    manager: *mut kvb_manager_t,
+    requests: *const kvb_request_t,
+    num_requests: usize,
+    longest_prefix: bool,
+    results: *mut kvb_admission_t,
+    out_admitted: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_admitted, "out_admitted")?;
+        let reqs = requests_arg(requests, num_requests)?;
+        let out = if results.is_null() {
+            None
+        } else {
+            Some(slice_arg_mut(results, num_requests, "results")?)
+        };
+        let admitted = m.add_sequence_batch(&reqs, longest_prefix)?;
+        if let Some(out) = out {
+            for (slot, a) in out.iter_mut().zip(&admitted) {
+                *slot = (*a).into();
+            }
+        }
+        write_out(out_admitted, admitted.len(), "out_admitted")
+    })
+}
+
+/// The scheduler's estimate for a candidate batch, in order, counting the requests before each
+/// one (a block one request allocates is not free for the next; a block one claims is reusable
+/// by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
+/// batch on the same state delivers exactly these figures.
+#[no_mangle]
+pub extern "C" fn kvb_manager_estimate_batch(
+    manager: *mut kvb_manager_t,
+    requests: *const kvb_request_t,
+    num_requests: usize,
+    out: *mut kvb_batch_estimate_t,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let reqs = requests_arg(requests, num_requests)?;
+        let out = slice_arg_mut(out, num_requests, "out")?;
+        let estimates = m.estimate_batch(&reqs)?;
+        for (slot, e) in out.iter_mut().zip(estimates) {
+            *slot = e.into();
+        }
+        Ok(())
+    })
+}
+
+fn requests_arg(
+    requests: *const kvb_request_t,
+    n: usize,
+) -> Result<Vec<crate::manager::Request>, FfiError> {
+    if n == 0 {
+        return Err(invalid("a batch needs at least one request".into()));
+    }
+    if requests.is_null() {
+        return Err(null_error("requests"));
+    }
+    (0..n)
+        // SAFETY: `n` readable requests at `requests` (caller contract; null checked).
+        .map(|i| self::request(unsafe { requests.add(i) }))
+        .collect()
+}
+
 /// Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
 /// at block boundaries and detaches blocks that left a sliding window.
 #[no_mangle]

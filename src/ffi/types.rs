@@ -185,6 +185,35 @@ pub struct kvb_admission_t {
     pub stats: kvb_request_stats_t,
 }
 
+/// The estimate for one request of a candidate batch (`kvb_manager_estimate_batch`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_batch_estimate_t {
+    /// Prompt tokens admission will reuse (its prepopulated length).
+    pub reusable_tokens: i32,
+    /// Blocks admission will allocate, over windows (the request's `alloc_total_blocks`).
+    pub allocated_blocks: i32,
+    /// Free primary blocks admission will consume, over windows.
+    pub free_blocks_consumed: i32,
+    pub reused_blocks: i32,
+    pub missed_blocks: i32,
+    /// Whether this request and every one before it fit in the free blocks.
+    pub fits: bool,
+}
+
+impl From<crate::manager::BatchEstimate> for kvb_batch_estimate_t {
+    fn from(e: crate::manager::BatchEstimate) -> Self {
+        kvb_batch_estimate_t {
+            reusable_tokens: e.reusable_tokens as i32,
+            allocated_blocks: e.allocated_blocks as i32,
+            free_blocks_consumed: e.free_blocks_consumed as i32,
+            reused_blocks: e.reused_blocks as i32,
+            missed_blocks: e.missed_blocks as i32,
+            fits: e.fits,
+        }
+    }
+}
+
 /// Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
 /// as there).
 #[repr(C)]
