@@ -1130,9 +1130,14 @@ impl KvCacheManager {
         let wi = self.window_index(window_size)?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
-        let context_tokens = state.prompt_len.min(window_size);
+        // Admission allocates the whole prompt, also in a sliding window (blocks that leave
+        // the window are detached only while generating), so the prompt is never capped by
+        // the window here (TensorRT-LLM caps it, which undercounts long prompts).
+        let context_tokens = state.prompt_len;
         let context_blocks = context_tokens / tpb;
-        let total_tokens = (state.prompt_len + state.max_new_tokens).min(window_size);
+        let total_tokens = (state.prompt_len + state.max_new_tokens)
+            .min(window_size)
+            .max(state.prompt_len);
         let total_blocks = total_tokens.div_ceil(tpb);
         let generation_blocks = total_blocks - context_blocks;
         let extra = usize::from(state.prompt_len + state.max_new_tokens > window_size);
