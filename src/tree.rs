@@ -308,6 +308,21 @@ impl ReuseTree {
         }
     }
 
+    /// Whether `ancestor` is a strict ancestor of `block` in the tree.
+    pub fn is_ancestor(&self, ancestor: u32, block: u32) -> bool {
+        if !self.is_in_tree(ancestor) || !self.is_in_tree(block) {
+            return false;
+        }
+        let mut node = self.nodes[block as usize].parent;
+        while node != self.root {
+            if node == ancestor {
+                return true;
+            }
+            node = self.nodes[node as usize].parent;
+        }
+        false
+    }
+
     /// Visits the children of a node.
     pub fn for_each_child(&self, node: u32, mut f: impl FnMut(u32)) {
         let mut child = self.nodes[node as usize].first_child;
@@ -436,6 +451,7 @@ mod tests {
         assert!(t.is_in_tree(0) && t.is_in_tree(3));
         assert!(!t.is_in_tree(2));
         assert_eq!(t.parent(2), None);
+        assert!(t.is_ancestor(0, 3) && !t.is_ancestor(3, 0) && !t.is_ancestor(1, 3));
         assert_eq!(t.num_in_tree(), 2);
         t.verify().unwrap();
         // Detached blocks keep their tokens.

@@ -355,13 +355,18 @@ impl WindowBlockManager {
             self.stats.alloc_new += 1;
         }
         self.stats.alloc_total += 1;
-        // Only cached content is worth a host block: a private block's tokens are unreachable.
-        let victim = if self.tree.is_in_tree(candidate)
-            && can_offload
-            && self.cfg.onboard_blocks
-            && self.queues.num_free(Level::Secondary) > 0
-        {
-            let (host_block, _) = self.queues.peek(Level::Secondary).expect("checked above");
+        // Only cached content is worth a host block: a private block's tokens are unreachable,
+        // and so are a block's once the host block it would replace (an ancestor) is evicted.
+        let host_target =
+            if self.tree.is_in_tree(candidate) && can_offload && self.cfg.onboard_blocks {
+                self.queues
+                    .peek(Level::Secondary)
+                    .map(|(h, _)| h)
+                    .filter(|&h| !self.tree.is_ancestor(h, candidate))
+            } else {
+                None
+            };
+        let victim = if let Some(host_block) = host_target {
             // Claim both blocks before their rows are swapped (seed 004).
             let expiry = self.queues.expiry(candidate);
             self.queues.claim(candidate);
@@ -429,6 +434,9 @@ impl WindowBlockManager {
         self.queues.claim(block);
         self.queues.claim(host_block);
         self.evict_from_tree(host_block);
+        // The host block's content is replaced: a sequence that detached it may no longer store.
+        self.alloc_epoch[host_block as usize] =
+            self.alloc_epoch[host_block as usize].wrapping_add(1);
         self.queue_copy(block, host_block, 0);
         self.arena.swap_rows(block, host_block);
         self.queues.release(block, Level::Secondary, false, now_ms);
@@ -611,6 +619,10 @@ impl WindowBlockManager {
                     PlannedReuse::TakeOver { block, .. } => {
                         self.evict_from_tree(block);
                         self.claim_for_reuse(block, r);
+                        // This sequence will write the block: one that detached it may no
+                        // longer store it.
+                        self.alloc_epoch[block as usize] =
+                            self.alloc_epoch[block as usize].wrapping_add(1);
                     }
                     PlannedReuse::Copy { source, .. } => {
                         if self.queues.claim(source) {
