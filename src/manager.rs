@@ -602,35 +602,21 @@ impl KvCacheManager {
     /// exactly this (same reused tokens, allocations and free blocks consumed).
     pub fn estimate_batch(&mut self, reqs: &[Request]) -> KvResult<Vec<BatchEstimate>> {
         let plans = self.plan_batch(reqs)?;
-        let mut free: Vec<usize> = self
-            .windows
-            .iter()
-            .map(|w| w.num_free(Level::Primary))
-            .collect();
+        let fitting = self.fitting_prefix(&plans, true)?;
         Ok(plans
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(i, p)| {
                 let mut e = BatchEstimate {
                     reusable_tokens: p.matched_tokens,
-                    fits: true,
+                    fits: i < fitting,
                     ..BatchEstimate::default()
                 };
-                for (wi, wp) in p.windows.iter().enumerate() {
+                for wp in &p.windows {
                     e.allocated_blocks += wp.allocations;
-                    e.free_blocks_consumed += wp.primary_blocks_needed - wp.protected_primary;
+                    e.free_blocks_consumed += wp.free_blocks_consumed();
                     e.reused_blocks += wp.steps.len();
                     e.missed_blocks += wp.num_context_blocks - wp.steps.len();
-                    if wp.primary_blocks_needed > free[wi] {
-                        e.fits = false;
-                    }
-                }
-                if e.fits {
-                    for (wi, wp) in p.windows.iter().enumerate() {
-                        free[wi] -= wp.primary_blocks_needed - wp.protected_primary;
-                    }
-                } else {
-                    // Admission is all-or-prefix: nothing after a request that does not fit.
-                    free.iter_mut().for_each(|f| *f = 0);
                 }
                 e
             })

@@ -104,6 +104,16 @@ pub struct AdmissionPlan {
     pub allocations: usize,
     /// Free primary copy sources claimed only while the copy is queued; they return afterwards.
     pub protected_primary: usize,
+    /// Free primary blocks an earlier request of the batch only protected (as a copy source)
+    /// that this request keeps: they do not return to the free queue.
+    pub adopted_protected: usize,
+}
+
+impl AdmissionPlan {
+    /// Net free primary blocks this request consumes once the batch is admitted.
+    pub fn free_blocks_consumed(&self) -> usize {
+        self.primary_blocks_needed - self.protected_primary + self.adopted_protected
+    }
 }
 
 /// What the requests of one admission batch planned so far have claimed in a window (phase 1).
@@ -118,6 +128,8 @@ pub struct BatchClaims {
 struct ClaimUse {
     taken_over: bool,
     onboarded: bool,
+    /// Claimed from the primary free queue only to protect a copy source (so far).
+    protected_only: bool,
 }
 
 impl BatchClaims {
@@ -552,6 +564,9 @@ impl WindowBlockManager {
                         plan.protected_primary += 1;
                     }
                 }
+                if !is_copy && earlier.is_some_and(|c| c.protected_only) {
+                    plan.adopted_protected += 1;
+                }
                 let onboard_needed = !is_copy
                     && self.cfg.onboard_blocks
                     && !self.arena.is_primary(block)
@@ -578,14 +593,23 @@ impl WindowBlockManager {
     /// Records a planned request's claims so that later requests of the batch plan around them.
     pub fn record_claims(&self, plan: &AdmissionPlan, claims: &mut BatchClaims) {
         for step in &plan.steps {
-            let (block, taken_over, onboarded) = match *step {
-                PlannedReuse::Share { block } => (block, false, self.cfg.onboard_blocks),
-                PlannedReuse::TakeOver { block, .. } => (block, true, self.cfg.onboard_blocks),
-                PlannedReuse::Copy { source, .. } => (source, false, false),
+            let (block, taken_over, onboarded, is_copy) = match *step {
+                PlannedReuse::Share { block } => (block, false, self.cfg.onboard_blocks, false),
+                PlannedReuse::TakeOver { block, .. } => {
+                    (block, true, self.cfg.onboard_blocks, false)
+                }
+                PlannedReuse::Copy { source, .. } => (source, false, false, true),
             };
+            let first_claim = !claims.claimed.contains_key(&block);
+            let free_primary = self.queues.queued_level(block) == Some(Level::Primary);
             let c = claims.claimed.entry(block).or_default();
             c.taken_over |= taken_over;
             c.onboarded |= onboarded;
+            if first_claim {
+                c.protected_only = is_copy && free_primary;
+            } else if !is_copy {
+                c.protected_only = false;
+            }
         }
     }
 
