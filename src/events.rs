@@ -241,17 +241,20 @@ impl EventDelivery {
     }
 
     /// Takes everything delivered so far, waiting up to `timeout` for at least one event.
+    /// With events off (capacity 0) nothing can arrive, so it returns at once.
     pub fn drain(&self, timeout: Duration) -> DrainedEvents {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let mut st = self.lock();
-        while st.events.is_empty() && !st.shutdown {
+        while self.capacity > 0 && st.events.is_empty() && !st.shutdown {
             let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
+            let wait = match deadline {
+                Some(d) if now >= d => break,
+                Some(d) => d - now,
+                None => Duration::from_secs(3600),
+            };
             st = self
                 .ready
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(st, wait)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -369,6 +372,20 @@ mod tests {
         assert_eq!(out.events.len(), 2);
         assert_eq!(out.events[0].event_id, 1);
         assert_eq!(d.drain(Duration::ZERO), DrainedEvents::default());
+    }
+
+    #[test]
+    fn drain_returns_at_once_when_events_are_off() {
+        // A liveness check: with capacity 0 the drain must not wait out its (huge) timeout.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let d = EventDelivery::new(0);
+            tx.send(d.drain(Duration::MAX)).unwrap();
+        });
+        let out = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("drain with events off returned");
+        assert_eq!(out, DrainedEvents::default());
     }
 
     #[test]

@@ -237,7 +237,9 @@ pub extern "C" fn kvb_manager_flush_iteration_events(manager: *mut kvb_manager_t
 /// Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
 /// Safe to call from another thread while the executor keeps using the manager: it does not
 /// take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
-/// with `kvb_event_batch_free`. Returns early with an empty batch when the manager is destroyed.
+/// with `kvb_event_batch_free`. Returns at once with an empty batch when events are off. A drain
+/// waiting when the manager is destroyed returns `KVB_OK` with an empty batch; one started after
+/// returns `KVB_STATUS_DESTROYED`.
 #[no_mangle]
 pub extern "C" fn kvb_manager_get_latest_events(
     manager: *mut kvb_manager_t,
