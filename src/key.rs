@@ -146,6 +146,48 @@ pub fn block_hash(key: &BlockKeyRef<'_>, parent_hash: u64) -> u64 {
     seed
 }
 
+/// A fast 64-bit hash of one block's key alone (not chained), used only to index the reuse
+/// tree's children: lookups walk from a known parent, so the parent's id already disambiguates
+/// the prefix. Four independent multiply-xor lanes keep it short; it is never exposed.
+pub fn lookup_hash(key: &BlockKeyRef<'_>) -> u64 {
+    const M: [u64; 4] = [
+        0x9e37_79b9_7f4a_7c15,
+        0xc2b2_ae3d_27d4_eb4f,
+        0x1656_67b1_9e37_79f9,
+        0xd6e8_feb8_6659_fd93,
+    ];
+    let mut lanes = [key.token_ids.len() as u64, M[1], M[2], M[3]];
+    let mut pairs = key.token_ids.chunks_exact(2);
+    let mut i = 0;
+    for pair in &mut pairs {
+        let w = u64::from(pair[0] as u32) | (u64::from(pair[1] as u32) << 32);
+        let l = &mut lanes[i & 3];
+        *l = (*l ^ w).wrapping_mul(M[i & 3]).rotate_left(31);
+        i += 1;
+    }
+    if let [last] = pairs.remainder() {
+        lanes[0] = (lanes[0] ^ u64::from(*last as u32)).wrapping_mul(M[0]);
+    }
+    let mut h =
+        lanes[0] ^ lanes[1].rotate_left(17) ^ lanes[2].rotate_left(34) ^ lanes[3].rotate_left(51);
+    if let Some(extra) = key.extra_ids {
+        for &e in extra {
+            h = (h ^ e).wrapping_mul(M[1]).rotate_left(29);
+        }
+    }
+    for v in [key.lora_task_id, key.cache_salt] {
+        h = (h ^ v.map_or(0x5bd1_e995, |x| x ^ 0x2545_f491_4f6c_dd1d)).wrapping_mul(M[2]);
+    }
+    for mm in key.extra_keys {
+        for chunk in mm.digest.chunks_exact(8) {
+            let w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            h = (h ^ w).wrapping_mul(M[3]).rotate_left(23);
+        }
+        h = (h ^ mm.start_offset as u64).wrapping_mul(M[0]);
+    }
+    mix64(h)
+}
+
 /// The multimodal keys of the block covering prompt tokens `[start, end)`: every item that
 /// overlaps the range contributes its digest with offset 0 if it starts inside the block, else
 /// `start - position`.
@@ -297,6 +339,25 @@ mod tests {
         );
         multimodal_keys_for_range(&[item], 8, 12, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn lookup_hash_separates_what_keys_separate() {
+        let a = BlockKeyRef::plain(&[1, 2, 3, 4]);
+        let b = BlockKeyRef::plain(&[1, 2, 4, 3]);
+        let short = BlockKeyRef::plain(&[1, 2, 3]);
+        assert_ne!(lookup_hash(&a), lookup_hash(&b));
+        assert_ne!(lookup_hash(&a), lookup_hash(&short));
+        let mut lora = a;
+        lora.lora_task_id = Some(0);
+        assert_ne!(lookup_hash(&a), lookup_hash(&lora));
+        let mut salted = a;
+        salted.cache_salt = Some(0);
+        assert_ne!(lookup_hash(&lora), lookup_hash(&salted));
+        assert_eq!(
+            lookup_hash(&a),
+            lookup_hash(&BlockKeyRef::plain(&[1, 2, 3, 4]))
+        );
     }
 
     #[test]

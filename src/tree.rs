@@ -1,16 +1,20 @@
 //! The reuse (radix) tree of one window. Nodes are blocks; the path from the root spells a token
 //! prefix. Each block's key lives in a fixed slot of a token arena (no allocation per block).
 //!
-//! Exact lookups go through a map `(parent, hash) -> child` and then compare the full key; the
-//! children of a node also form an intrusive sibling list, walked for partial matching and for
-//! detaching subtrees. A key whose `(parent, hash)` is already taken by a different key (a 64-bit
-//! hash collision) is simply not inserted: the block stays private, reuse is lost, nothing is
+//! Exact lookups go through a map `(parent, lookup hash) -> child` and then compare the full key;
+//! the lookup hash is a fast hash of the block's own key (the parent id already pins the prefix).
+//! The children of a node also form an intrusive sibling list, walked for partial matching and
+//! for detaching subtrees. A key whose `(parent, lookup hash)` is already taken by a different key
+//! (a 64-bit collision) is simply not inserted: the block stays private, reuse is lost, nothing is
 //! corrupted.
+//!
+//! TensorRT-LLM's chained block hash (what events and inspection report) is computed at insertion
+//! when `track_hashes` is on (events need it), and otherwise on demand by walking the path.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::key::{block_hash, BlockKeyRef, MmKey};
+use crate::key::{block_hash, lookup_hash, BlockKeyRef, MmKey};
 
 pub const NIL: u32 = u32::MAX;
 
@@ -39,7 +43,10 @@ pub type PremixedMap<K, V> = HashMap<K, V, BuildHasherDefault<PremixedHasher>>;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
+    /// TensorRT-LLM chained hash; valid for nodes in the tree when hashes are tracked.
     hash: u64,
+    /// `lookup_hash` of the key, the child-map key.
+    lookup: u64,
     parent: u32,
     first_child: u32,
     next_sibling: u32,
@@ -55,6 +62,7 @@ struct Node {
 
 const EMPTY_NODE: Node = Node {
     hash: 0,
+    lookup: 0,
     parent: NIL,
     first_child: NIL,
     next_sibling: NIL,
@@ -89,6 +97,9 @@ pub struct ReuseTree {
     children: PremixedMap<(u32, u64), u32>,
     root: u32,
     num_in_tree: usize,
+    track_hashes: bool,
+    /// Scratch stack for subtree walks (no allocation per eviction).
+    stack: Vec<u32>,
 }
 
 impl ReuseTree {
@@ -104,7 +115,15 @@ impl ReuseTree {
             children: PremixedMap::default(),
             root: num_blocks as u32,
             num_in_tree: 0,
+            track_hashes: false,
+            stack: Vec::new(),
         }
+    }
+
+    /// Computes TensorRT-LLM hashes at insertion from now on (call before anything is inserted).
+    pub fn track_hashes(&mut self) {
+        debug_assert_eq!(self.num_in_tree, 0);
+        self.track_hashes = true;
     }
 
     /// The root node id (not a block).
@@ -132,13 +151,28 @@ impl ReuseTree {
         self.nodes[block as usize].first_child == NIL
     }
 
-    /// The hash of a block (0 for the root).
+    /// TensorRT-LLM hash of a block in the tree (0 for the root): stored when hashes are
+    /// tracked, otherwise computed along the path from the root.
     pub fn hash(&self, node: u32) -> u64 {
-        if node == self.root {
-            0
-        } else {
-            self.nodes[node as usize].hash
+        if node == self.root || !self.nodes[node as usize].in_tree {
+            return if node == self.root {
+                0
+            } else {
+                self.nodes[node as usize].hash
+            };
         }
+        if self.track_hashes {
+            return self.nodes[node as usize].hash;
+        }
+        let mut path = Vec::new();
+        let mut n = node;
+        while n != self.root {
+            path.push(n);
+            n = self.nodes[n as usize].parent;
+        }
+        path.iter()
+            .rev()
+            .fold(0, |parent_hash, &b| block_hash(&self.key(b), parent_hash))
     }
 
     /// Tree parent (the root for first-level blocks), or `None` when not in the tree.
@@ -161,8 +195,8 @@ impl ReuseTree {
         }
     }
 
-    /// Writes `key` into the block's slot (the block must not be in the tree) with its hash.
-    pub fn set_key(&mut self, block: u32, key: &BlockKeyRef<'_>, hash: u64) {
+    /// Writes `key` into the block's slot (the block must not be in the tree).
+    pub fn set_key(&mut self, block: u32, key: &BlockKeyRef<'_>) {
         debug_assert!(!self.is_in_tree(block));
         debug_assert!(key.len() <= self.tokens_per_block);
         let start = block as usize * self.tokens_per_block;
@@ -173,10 +207,10 @@ impl ReuseTree {
             }
             self.extra_ids[start..start + key.len()].copy_from_slice(extra);
         }
-        if key.extra_keys.is_empty() {
-            self.mm_keys.remove(&block);
-        } else {
+        if !key.extra_keys.is_empty() {
             self.mm_keys.insert(block, key.extra_keys.into());
+        } else if !self.mm_keys.is_empty() {
+            self.mm_keys.remove(&block);
         }
         let n = &mut self.nodes[block as usize];
         n.key_len = key.len() as u32;
@@ -185,12 +219,11 @@ impl ReuseTree {
         n.is_full = key.len() == self.tokens_per_block;
         n.lora_task_id = key.lora_task_id;
         n.cache_salt = key.cache_salt;
-        n.hash = hash;
     }
 
-    /// The child of `parent` whose key equals `key` (`hash` = the key's hash under `parent`).
-    pub fn find_exact(&self, parent: u32, key: &BlockKeyRef<'_>, hash: u64) -> Option<u32> {
-        let child = *self.children.get(&(parent, hash))?;
+    /// The child of `parent` whose key equals `key` (`lookup` = `lookup_hash(key)`).
+    pub fn find_exact(&self, parent: u32, key: &BlockKeyRef<'_>, lookup: u64) -> Option<u32> {
+        let child = *self.children.get(&(parent, lookup))?;
         self.key(child).equals(key).then_some(child)
     }
 
@@ -201,7 +234,7 @@ impl ReuseTree {
         &self,
         parent: u32,
         key: &BlockKeyRef<'_>,
-        hash: u64,
+        lookup: u64,
         partial_reuse: bool,
         copy_on_partial: bool,
         is_unused: impl Fn(u32) -> bool,
@@ -209,7 +242,7 @@ impl ReuseTree {
         if key.is_empty() {
             return None;
         }
-        if let Some(block) = self.find_exact(parent, key, hash) {
+        if let Some(block) = self.find_exact(parent, key, lookup) {
             return Some(Match {
                 block,
                 num_tokens: key.len(),
@@ -237,15 +270,22 @@ impl ReuseTree {
         best
     }
 
-    /// Inserts `block` (key already set) as a child of `parent`, recomputing its hash from the
-    /// parent's. Returns false, inserting nothing, when another child already holds that hash.
+    /// Inserts `block` (key already set) as a child of `parent`. Returns false, inserting
+    /// nothing, when another child already holds that lookup hash.
     pub fn insert(&mut self, parent: u32, block: u32) -> bool {
         debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
-        let hash = block_hash(&self.key(block), self.hash(parent));
-        if self.children.contains_key(&(parent, hash)) {
-            return false;
+        let lookup = lookup_hash(&self.key(block));
+        match self.children.entry((parent, lookup)) {
+            std::collections::hash_map::Entry::Occupied(_) => return false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(block);
+            }
         }
-        self.children.insert((parent, hash), block);
+        let hash = if self.track_hashes {
+            block_hash(&self.key(block), self.hash(parent))
+        } else {
+            0
+        };
         let old_first = self.nodes[parent as usize].first_child;
         if old_first != NIL {
             self.nodes[old_first as usize].prev_sibling = block;
@@ -253,6 +293,7 @@ impl ReuseTree {
         self.nodes[parent as usize].first_child = block;
         let n = &mut self.nodes[block as usize];
         n.hash = hash;
+        n.lookup = lookup;
         n.parent = parent;
         n.next_sibling = old_first;
         n.prev_sibling = NIL;
@@ -263,19 +304,22 @@ impl ReuseTree {
     }
 
     /// Removes `block` and its whole subtree from the tree, calling `on_removed` for each block
-    /// that left it (the block itself first, then descendants). No-op when not in the tree.
+    /// that left it (the block itself first, then descendants) with its TensorRT-LLM hash when
+    /// hashes are tracked (0 otherwise). No-op when not in the tree.
     pub fn detach_subtree(&mut self, block: u32, mut on_removed: impl FnMut(u32, u64)) {
         if !self.is_in_tree(block) {
             return;
         }
         self.unlink_from_parent(block);
-        let mut stack = vec![block];
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.push(block);
         while let Some(b) = stack.pop() {
             let mut child = self.nodes[b as usize].first_child;
             while child != NIL {
                 stack.push(child);
                 let next = self.nodes[child as usize].next_sibling;
-                self.children.remove(&(b, self.nodes[child as usize].hash));
+                self.children
+                    .remove(&(b, self.nodes[child as usize].lookup));
                 child = next;
             }
             let n = &mut self.nodes[b as usize];
@@ -287,6 +331,7 @@ impl ReuseTree {
             self.num_in_tree -= 1;
             on_removed(b, self.nodes[b as usize].hash);
         }
+        self.stack = stack;
     }
 
     fn unlink_from_parent(&mut self, block: u32) {
@@ -294,10 +339,10 @@ impl ReuseTree {
             parent,
             prev_sibling,
             next_sibling,
-            hash,
+            lookup,
             ..
         } = self.nodes[block as usize];
-        self.children.remove(&(parent, hash));
+        self.children.remove(&(parent, lookup));
         if prev_sibling == NIL {
             self.nodes[parent as usize].first_child = next_sibling;
         } else {
@@ -346,11 +391,13 @@ impl ReuseTree {
             if !self.nodes[n.parent as usize].in_tree {
                 return Err(format!("block {b} is in the tree under a detached parent"));
             }
-            let expected = block_hash(&self.key(b), self.hash(n.parent));
-            if expected != n.hash {
+            if self.track_hashes && block_hash(&self.key(b), self.hash(n.parent)) != n.hash {
                 return Err(format!("block {b} hash does not match its key and parent"));
             }
-            if self.children.get(&(n.parent, n.hash)) != Some(&b) {
+            if lookup_hash(&self.key(b)) != n.lookup {
+                return Err(format!("block {b} lookup hash does not match its key"));
+            }
+            if self.children.get(&(n.parent, n.lookup)) != Some(&b) {
                 return Err(format!("block {b} missing from its parent's child map"));
             }
         }
@@ -386,8 +433,7 @@ mod tests {
     use super::*;
 
     fn set(tree: &mut ReuseTree, block: u32, tokens: &[i32]) {
-        let key = BlockKeyRef::plain(tokens);
-        tree.set_key(block, &key, 0);
+        tree.set_key(block, &BlockKeyRef::plain(tokens));
     }
 
     #[test]
@@ -401,7 +447,7 @@ mod tests {
         let h0 = block_hash(&BlockKeyRef::plain(&[1, 2, 3, 4]), 0);
         assert_eq!(t.hash(0), h0);
         let q = BlockKeyRef::plain(&[5, 6]);
-        let m = t.find_match(0, &q, block_hash(&q, h0), true, true, |_| true);
+        let m = t.find_match(0, &q, lookup_hash(&q), true, true, |_| true);
         assert_eq!(
             m,
             Some(Match {
@@ -423,7 +469,7 @@ mod tests {
         set(&mut t, 1, &[1, 2, 3, 9]);
         t.insert(root, 1);
         let q = BlockKeyRef::plain(&[1, 2, 3, 4]);
-        let h = block_hash(&q, 0);
+        let h = lookup_hash(&q);
         let m = t.find_match(root, &q, h, true, true, |_| false).unwrap();
         assert_eq!((m.block, m.num_tokens), (1, 3));
         assert!(t.find_match(root, &q, h, true, false, |_| false).is_none());

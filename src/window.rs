@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use crate::error::{KvError, KvResult};
 use crate::events::{StoredBlock, WindowEvent};
 use crate::eviction::FreeQueues;
-use crate::key::{block_hash, multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
+use crate::key::{lookup_hash, multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
 use crate::pool::{BlockArena, Level, PoolGeometry};
 use crate::retention::{BlockRetention, RetentionConfig, DEFAULT_PRIORITY};
 use crate::transfer::{CopyEngine, RowCopy};
@@ -225,6 +225,7 @@ impl WindowBlockManager {
 
     /// Starts recording events (see `take_events`).
     pub fn enable_events(&mut self) {
+        self.tree.track_hashes();
         self.events.get_or_insert_with(Vec::new);
     }
 
@@ -515,11 +516,11 @@ impl WindowBlockManager {
                     break;
                 }
                 let key = src.key(start, end, &mut scratch);
-                let hash = block_hash(&key, self.tree.hash(parent));
+                let lookup = lookup_hash(&key);
                 let Some(m) = self.tree.find_match(
                     parent,
                     &key,
-                    hash,
+                    lookup,
                     self.cfg.enable_partial_reuse,
                     self.cfg.copy_on_partial_reuse,
                     |b| unused(self, b),
@@ -694,7 +695,6 @@ impl WindowBlockManager {
         let reusable = input_length - 1;
         let mut beams = vec![Vec::with_capacity(plan.num_context_blocks + 1); beam_width];
         let bw = beam_width as u32;
-        let mut prev_hash = 0u64;
         for (bi, step) in plan.steps.iter().enumerate() {
             let r = retention.block_retention(bi, tpb);
             let block = match *step {
@@ -706,8 +706,7 @@ impl WindowBlockManager {
                     self.onboard(id, block, now_ms);
                     let end = ((bi + 1) * tpb).min(reusable);
                     let key = src.key(bi * tpb, end, scratch);
-                    let hash = block_hash(&key, prev_hash);
-                    self.tree.set_key(block, &key, hash);
+                    self.tree.set_key(block, &key);
                     block
                 }
                 PlannedReuse::Copy { source, tokens } => {
@@ -715,12 +714,10 @@ impl WindowBlockManager {
                     self.queue_copy(source, fresh, tokens);
                     let end = ((bi + 1) * tpb).min(reusable);
                     let key = src.key(bi * tpb, end, scratch);
-                    let hash = block_hash(&key, prev_hash);
-                    self.tree.set_key(fresh, &key, hash);
+                    self.tree.set_key(fresh, &key);
                     fresh
                 }
             };
-            prev_hash = self.tree.hash(block);
             self.arena.add_refs(block, bw);
             for beam in &mut beams {
                 beam.push(block);
@@ -730,7 +727,7 @@ impl WindowBlockManager {
         for bi in plan.steps.len()..plan.num_shared_blocks {
             let r = retention.block_retention(bi, tpb);
             let block = self.get_free_block(id, r, now_ms);
-            prev_hash = self.set_context_key(block, &src, bi, reusable, prev_hash, scratch);
+            self.set_context_key(block, &src, bi, reusable, scratch);
             self.arena.add_refs(block, bw);
             for beam in &mut beams {
                 beam.push(block);
@@ -741,7 +738,7 @@ impl WindowBlockManager {
             let r = retention.block_retention(bi, tpb);
             for beam in &mut beams {
                 let block = self.get_free_block(id, r, now_ms);
-                self.set_context_key(block, &src, bi, reusable, prev_hash, scratch);
+                self.set_context_key(block, &src, bi, reusable, scratch);
                 self.arena.add_refs(block, 1);
                 beam.push(block);
             }
@@ -757,26 +754,23 @@ impl WindowBlockManager {
         );
     }
 
-    /// Gives a freshly allocated context block its key (when reuse is on) and returns its hash.
+    /// Gives a freshly allocated context block its key (when reuse is on).
     fn set_context_key(
         &mut self,
         block: u32,
         src: &KeySource<'_>,
         bi: usize,
         reusable: usize,
-        prev_hash: u64,
         scratch: &mut Vec<MmKey>,
-    ) -> u64 {
+    ) {
         let tpb = self.cfg.tokens_per_block;
         let start = bi * tpb;
         let end = ((bi + 1) * tpb).min(reusable);
         if !self.cfg.enable_reuse || start >= end {
-            return 0;
+            return;
         }
         let key = src.key(start, end, scratch);
-        let hash = block_hash(&key, prev_hash);
-        self.tree.set_key(block, &key, hash);
-        hash
+        self.tree.set_key(block, &key);
     }
 
     fn claim_for_reuse(&mut self, block: u32, r: BlockRetention) {
@@ -925,8 +919,7 @@ impl WindowBlockManager {
             }
             let key = src.key(start, end, &mut scratch);
             let node = if matching {
-                let hash = block_hash(&key, self.tree.hash(parent));
-                match self.tree.find_exact(parent, &key, hash) {
+                match self.tree.find_exact(parent, &key, lookup_hash(&key)) {
                     Some(existing) => Some(existing),
                     None => {
                         matching = false;
@@ -942,7 +935,7 @@ impl WindowBlockManager {
                     if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
                         break;
                     }
-                    self.tree.set_key(block, &key, 0);
+                    self.tree.set_key(block, &key);
                     if !self.tree.insert(parent, block) {
                         break;
                     }
@@ -1065,8 +1058,7 @@ impl WindowBlockManager {
         let mut count = 0;
         for bi in 0..full {
             let key = src.key(bi * tpb, (bi + 1) * tpb, &mut scratch);
-            let hash = block_hash(&key, self.tree.hash(parent));
-            let Some(b) = self.tree.find_exact(parent, &key, hash) else {
+            let Some(b) = self.tree.find_exact(parent, &key, lookup_hash(&key)) else {
                 break;
             };
             if !only_allocated || self.arena.ref_count(b) > 0 {

@@ -1,0 +1,220 @@
+//! Hot operations of the manager at 32 tokens per block, and the floor: the least work any prefix
+//! index must do for the same admission (hash each block's tokens, one hash-table probe per
+//! block, one free-list pop per miss), measured in the same run so reports can state ratios.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
+
+const TPB: usize = 32;
+const PROMPT: usize = 8192;
+const BLOCKS: usize = PROMPT / TPB;
+const WINDOW: usize = 16384;
+
+fn manager(primary: usize, secondary: usize, events: bool) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
+        windows: vec![WindowSpec {
+            window_size: WINDOW,
+            primary_blocks: primary,
+            secondary_blocks: secondary,
+            num_layers: 1,
+            num_kv_heads: 1,
+            size_per_head: 1,
+        }],
+        tokens_per_block: TPB,
+        max_sequence_length: WINDOW,
+        max_kv_event_entries: if events { 1 << 20 } else { 0 },
+        ..ManagerConfig::default()
+    })
+    .unwrap()
+}
+
+fn prompt(seed: i32) -> Vec<i32> {
+    (0..PROMPT as i32 + 1)
+        .map(|i| seed.wrapping_mul(1_000_003) ^ i)
+        .collect()
+}
+
+/// A manager whose tree holds the first `cached_blocks` blocks of `prompt(1)`.
+fn cached_state(cached_blocks: usize) -> KvCacheManager {
+    let mut m = manager(4 * BLOCKS, 0, false);
+    if cached_blocks > 0 {
+        let mut t = prompt(1);
+        t.truncate(cached_blocks * TPB + 1);
+        m.add_sequence(&Request::new(1, t)).unwrap();
+        m.remove_sequence(1, true).unwrap();
+    }
+    m
+}
+
+fn admission(c: &mut Criterion) {
+    let mut g = c.benchmark_group("admit_8192_tokens");
+    g.throughput(Throughput::Elements(BLOCKS as u64));
+    let req = Request::new(2, prompt(1));
+    for (name, cached) in [
+        ("uncached", 0),
+        ("half_cached", BLOCKS / 2),
+        ("fully_cached", BLOCKS),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || cached_state(cached),
+                |mut m| {
+                    black_box(m.add_sequence(&req).unwrap());
+                    m
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn store_and_remove(c: &mut Criterion) {
+    let mut g = c.benchmark_group("after_8192_tokens");
+    g.throughput(Throughput::Elements(BLOCKS as u64));
+    let req = Request::new(2, prompt(1));
+    let admitted = || {
+        let mut m = cached_state(0);
+        m.add_sequence(&req).unwrap();
+        m
+    };
+    g.bench_function("store_context_blocks", |b| {
+        b.iter_batched(
+            admitted,
+            |mut m| {
+                m.store_context_blocks(2, PROMPT).unwrap();
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("remove_sequence_with_store", |b| {
+        b.iter_batched(
+            admitted,
+            |mut m| {
+                m.remove_sequence(2, true).unwrap();
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    let mut g = c.benchmark_group("add_token_256_sequences");
+    g.throughput(Throughput::Elements(256));
+    let setup = || {
+        let mut m = manager(256 * 40, 0, false);
+        for id in 0..256u64 {
+            m.add_sequence(&Request::new(
+                id,
+                (0..1000).map(|i| i + id as i32 * 7919).collect(),
+            ))
+            .unwrap();
+        }
+        m
+    };
+    g.bench_function("one_token_each", |b| {
+        b.iter_batched(
+            setup,
+            |mut m| {
+                for step in 0..32 {
+                    for id in 0..256u64 {
+                        m.add_token(id, step).unwrap();
+                    }
+                }
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+fn offload(c: &mut Criterion) {
+    // Every primary block is cached (priority 35 ≥ 30): each allocation offloads one to host.
+    let mut g = c.benchmark_group("allocate_with_offload");
+    g.throughput(Throughput::Elements(BLOCKS as u64));
+    let setup = || {
+        let mut m = manager(BLOCKS + 1, 2 * BLOCKS, false);
+        m.add_sequence(&Request::new(1, prompt(1))).unwrap();
+        m.remove_sequence(1, true).unwrap();
+        m
+    };
+    let req = Request::new(2, prompt(2));
+    g.bench_function("8192_token_prompt", |b| {
+        b.iter_batched(
+            setup,
+            |mut m| {
+                m.add_sequence(&req).unwrap();
+                m
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+/// The floor: hash each block (FNV-style over the 32 token ids, chained), probe a hash map per
+/// block, pop a free list per miss, insert the missed blocks.
+fn floor(c: &mut Criterion) {
+    let mut g = c.benchmark_group("floor_admit_8192_tokens");
+    g.throughput(Throughput::Elements(BLOCKS as u64));
+    let tokens = prompt(1);
+    for (name, cached) in [
+        ("uncached", 0),
+        ("half_cached", BLOCKS / 2),
+        ("fully_cached", BLOCKS),
+    ] {
+        let setup = || {
+            let mut index: HashMap<u64, u32> = HashMap::with_capacity(4 * BLOCKS);
+            let free: Vec<u32> = (0..4 * BLOCKS as u32).collect();
+            let mut h = 0u64;
+            for (i, block) in tokens.chunks_exact(TPB).take(cached).enumerate() {
+                h = chain_hash(h, block);
+                index.insert(h, i as u32);
+            }
+            (index, free)
+        };
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                setup,
+                |(mut index, mut free)| {
+                    let mut h = 0u64;
+                    let mut table = Vec::with_capacity(BLOCKS);
+                    for block in tokens.chunks_exact(TPB).take(BLOCKS) {
+                        h = chain_hash(h, block);
+                        let id = match index.get(&h) {
+                            Some(&id) => id,
+                            None => {
+                                let id = free.pop().unwrap();
+                                index.insert(h, id);
+                                id
+                            }
+                        };
+                        table.push(id);
+                    }
+                    black_box(table);
+                    (index, free)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn chain_hash(parent: u64, block: &[i32]) -> u64 {
+    let mut h = parent ^ 0xcbf2_9ce4_8422_2325;
+    for &t in block {
+        h = (h ^ t as u32 as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+criterion_group!(benches, admission, store_and_remove, decode, offload, floor);
+criterion_main!(benches);
