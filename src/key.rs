@@ -158,12 +158,10 @@ pub fn lookup_hash(key: &BlockKeyRef<'_>) -> u64 {
     ];
     let mut lanes = [key.token_ids.len() as u64, M[1], M[2], M[3]];
     let mut pairs = key.token_ids.chunks_exact(2);
-    let mut i = 0;
-    for pair in &mut pairs {
+    for (i, pair) in (&mut pairs).enumerate() {
         let w = u64::from(pair[0] as u32) | (u64::from(pair[1] as u32) << 32);
         let l = &mut lanes[i & 3];
         *l = (*l ^ w).wrapping_mul(M[i & 3]).rotate_left(31);
-        i += 1;
     }
     if let [last] = pairs.remainder() {
         lanes[0] = (lanes[0] ^ u64::from(*last as u32)).wrapping_mul(M[0]);
