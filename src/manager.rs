@@ -737,8 +737,10 @@ impl KvCacheManager {
     }
 
     /// Removes the last `n` tokens (TensorRT-LLM `rewindKVCache`; `removeToken` is `n = 1`).
-    /// Blocks no longer needed go to the front of their free queue. Beam width 1 only; the
-    /// prompt cannot be rewound.
+    /// Blocks no longer needed go to the front of their free queue. The new last block, which
+    /// the sequence will write again, is copied first when other sequences share it and leaves
+    /// the reuse tree when it was cached (TensorRT-LLM would overwrite cached KV in place).
+    /// Beam width 1 only; the prompt cannot be rewound.
     pub fn rewind(&mut self, id: u64, n: usize) -> KvResult<()> {
         let seq = self.sequence(id)?;
         if seq.beam_width != 1 {
@@ -757,9 +759,14 @@ impl KvCacheManager {
                 w.window_size()
             )));
         }
+        for w in &self.windows {
+            w.check_remove_tokens(id, target)?;
+        }
         let now = self.now_ms();
+        let decode = seq.retention.decode_retention();
         for w in &mut self.windows {
-            w.remove_tokens(id, target, now);
+            w.remove_tokens(id, target, decode, now);
+            absorb(&mut self.events, w);
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = target;

@@ -871,9 +871,58 @@ impl WindowBlockManager {
         self.blocks_for_tokens(num_tokens) > seq.front_removed
     }
 
-    /// Shrinks sequence `id` to `num_tokens` tokens, releasing surplus last blocks to the front of
-    /// their queue (they are the next to evict).
-    pub fn remove_tokens(&mut self, id: u64, num_tokens: usize, now_ms: u64) {
+    /// The block a sequence shrunk to `num_tokens` tokens will write again from position
+    /// `num_tokens` on, with the tokens it keeps — when that block is cached or shared, so its
+    /// content must not change under the tree or another sequence.
+    fn rewritten_shared_block(&self, id: u64, num_tokens: usize) -> Option<(usize, u32, usize)> {
+        let tpb = self.cfg.tokens_per_block;
+        let kept = num_tokens % tpb;
+        if kept == 0 {
+            return None;
+        }
+        let index = num_tokens / tpb;
+        let block = *self.seqs[&id].beams[0].get(index)?;
+        (self.tree.is_in_tree(block) || self.arena.ref_count(block) > 1)
+            .then_some((index, block, kept))
+    }
+
+    /// Checks that shrinking sequence `id` to `num_tokens` tokens can be served: a shared block
+    /// that will be written again needs a fresh block for its copy.
+    pub fn check_remove_tokens(&self, id: u64, num_tokens: usize) -> KvResult<()> {
+        let Some((_, block, _)) = self.rewritten_shared_block(id, num_tokens) else {
+            return Ok(());
+        };
+        if self.arena.ref_count(block) == 1 {
+            return Ok(());
+        }
+        let seq = &self.seqs[&id];
+        let keep = self.blocks_for_tokens(num_tokens);
+        let freed = seq.beams[0][keep..]
+            .iter()
+            .filter(|&&b| self.arena.ref_count(b) == 1)
+            .count();
+        let available = self.queues.num_free(Level::Primary) + freed;
+        if available == 0 {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed: 1,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Shrinks sequence `id` to `num_tokens` tokens (beam width 1), releasing surplus last blocks
+    /// to the front of their queue (they are the next to evict). The new last block will be
+    /// written again past the kept tokens: if other sequences share it, it is copied into a fresh
+    /// block first (copy on write); if only the reuse tree holds it, it leaves the tree.
+    pub fn remove_tokens(
+        &mut self,
+        id: u64,
+        num_tokens: usize,
+        decode: BlockRetention,
+        now_ms: u64,
+    ) {
         let keep = self.blocks_for_tokens(num_tokens);
         let seq = self.seqs.get_mut(&id).expect("sequence exists");
         let mut released = Vec::new();
@@ -885,6 +934,18 @@ impl WindowBlockManager {
         for b in released {
             if self.arena.remove_ref(b) == 0 {
                 self.queues.release(b, self.arena.level(b), true, now_ms);
+            }
+        }
+        if let Some((index, block, kept)) = self.rewritten_shared_block(id, num_tokens) {
+            if self.arena.ref_count(block) > 1 {
+                let fresh = self.get_free_block(id, decode, now_ms);
+                self.queue_copy(block, fresh, kept);
+                self.arena.remove_ref(block);
+                self.arena.add_refs(fresh, 1);
+                self.seqs.get_mut(&id).expect("exists").beams[0][index] = fresh;
+                self.flush_copies();
+            } else {
+                self.evict_from_tree(block);
             }
         }
     }
