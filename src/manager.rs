@@ -5,7 +5,6 @@
 //! Every public operation validates its arguments and checks capacity in every window before it
 //! changes anything: a failed call leaves the manager exactly as it was.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +15,7 @@ use crate::key::MultimodalItem;
 use crate::pool::{Level, PoolGeometry};
 use crate::retention::{RetentionConfig, DEFAULT_PRIORITY};
 use crate::sizing;
+use crate::tree::PremixedMap;
 use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
 use crate::window::{
     AdmissionPlan, AdmitItem, BatchClaims, KeySource, WindowBlockManager, WindowConfig,
@@ -285,7 +285,7 @@ pub struct KvCacheManager {
     cfg: ManagerConfig,
     /// Ascending window size.
     windows: Vec<WindowBlockManager>,
-    sequences: HashMap<u64, Sequence>,
+    sequences: PremixedMap<u64, Sequence>,
     clock: Clock,
     /// The iteration's events (`None` when events are off).
     events: Option<EventQueue>,
@@ -407,7 +407,7 @@ impl KvCacheManager {
         Ok(KvCacheManager {
             cfg,
             windows,
-            sequences: HashMap::new(),
+            sequences: PremixedMap::default(),
             clock,
             events,
             delivery,
@@ -559,8 +559,11 @@ impl KvCacheManager {
                 }
                 cap = min;
             };
-            for ((w, c), plan) in self.windows.iter().zip(&mut claims).zip(&per_window) {
-                w.record_claims(plan, c);
+            // The last request's claims constrain nobody.
+            if plans.len() + 1 < reqs.len() {
+                for ((w, c), plan) in self.windows.iter().zip(&mut claims).zip(&per_window) {
+                    w.record_claims(plan, c);
+                }
             }
             plans.push(RequestPlan {
                 matched_tokens: per_window[0].matched_tokens,

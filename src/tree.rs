@@ -273,8 +273,14 @@ impl ReuseTree {
     /// Inserts `block` (key already set) as a child of `parent`. Returns false, inserting
     /// nothing, when another child already holds that lookup hash.
     pub fn insert(&mut self, parent: u32, block: u32) -> bool {
-        debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
         let lookup = lookup_hash(&self.key(block));
+        self.insert_with_lookup(parent, block, lookup)
+    }
+
+    /// `insert` when the caller already has the key's `lookup_hash`.
+    pub fn insert_with_lookup(&mut self, parent: u32, block: u32, lookup: u64) -> bool {
+        debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
+        debug_assert_eq!(lookup, lookup_hash(&self.key(block)));
         match self.children.entry((parent, lookup)) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => {

@@ -15,7 +15,7 @@ use crate::key::{lookup_hash, multimodal_keys_for_range, BlockKeyRef, MmKey, Mul
 use crate::pool::{BlockArena, Level, PoolGeometry};
 use crate::retention::{BlockRetention, RetentionConfig, DEFAULT_PRIORITY};
 use crate::transfer::{CopyEngine, RowCopy};
-use crate::tree::ReuseTree;
+use crate::tree::{PremixedMap, ReuseTree};
 
 /// Static configuration of one window.
 #[derive(Clone, Debug)]
@@ -121,7 +121,7 @@ impl AdmissionPlan {
 /// shareable, and nothing is claimed or onboarded twice.
 #[derive(Clone, Debug, Default)]
 pub struct BatchClaims {
-    claimed: HashMap<u32, ClaimUse>,
+    claimed: PremixedMap<u32, ClaimUse>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -178,7 +178,7 @@ pub struct WindowBlockManager {
     queues: FreeQueues,
     tree: ReuseTree,
     engine: Box<dyn CopyEngine>,
-    seqs: HashMap<u64, SeqBlocks>,
+    seqs: PremixedMap<u64, SeqBlocks>,
     /// Incremented every time a block is handed out by `get_free_block`.
     alloc_epoch: Vec<u32>,
     pending_copies: Vec<RowCopy>,
@@ -215,7 +215,7 @@ impl WindowBlockManager {
             arena,
             queues,
             engine,
-            seqs: HashMap::new(),
+            seqs: PremixedMap::default(),
             pending_copies: Vec::new(),
             stats: WindowStats::default(),
             mm_scratch: Vec::new(),
@@ -965,39 +965,54 @@ impl WindowBlockManager {
         let tpb = self.cfg.tokens_per_block;
         let mut stored = Vec::new();
         let mut pinned = Vec::new();
-        let Some(seq) = self.seqs.get(&id) else {
+        let Some(seq) = self.seqs.get_mut(&id) else {
             return (stored, pinned);
         };
-        let ids = seq.beams[0].clone();
-        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        // Taken out for the walk (no copy); put back below.
+        let ids = std::mem::take(&mut seq.beams[0]);
+        let num_blocks = if allow_partial {
+            num_tokens.div_ceil(tpb)
+        } else {
+            num_tokens / tpb
+        }
+        .min(ids.len());
+        // Resume after the deepest block of ours already in the tree with a full-length key:
+        // the path to it spells our prefix (no need to walk it again, e.g. for every decode
+        // block). Pinning needs the whole path, so it walks from the root.
+        let mut first = 0;
         let mut parent = self.tree.root();
+        if !pin {
+            if let Some(i) = (0..num_blocks).rev().find(|&i| {
+                let b = ids[i];
+                self.tree.is_in_tree(b)
+                    && self.tree.key(b).len() == ((i + 1) * tpb).min(num_tokens) - i * tpb
+            }) {
+                first = i + 1;
+                parent = ids[i];
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
         let mut matching = true;
-        for (i, &block) in ids.iter().enumerate() {
+        for (i, &block) in ids.iter().enumerate().take(num_blocks).skip(first) {
             let start = i * tpb;
             let end = ((i + 1) * tpb).min(num_tokens);
-            if start >= end || (!allow_partial && end - start < tpb) {
-                break;
-            }
             let key = src.key(start, end, &mut scratch);
-            let node = if matching {
-                match self.tree.find_exact(parent, &key, lookup_hash(&key)) {
-                    Some(existing) => Some(existing),
-                    None => {
-                        matching = false;
-                        None
-                    }
-                }
+            let lookup = lookup_hash(&key);
+            let existing = if matching {
+                let found = self.tree.find_exact(parent, &key, lookup);
+                matching = found.is_some();
+                found
             } else {
                 None
             };
-            let node = match node {
+            let node = match existing {
                 Some(n) => n,
                 None => {
                     if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
                         break;
                     }
                     self.tree.set_key(block, &key);
-                    if !self.tree.insert(parent, block) {
+                    if !self.tree.insert_with_lookup(parent, block, lookup) {
                         break;
                     }
                     stored.push(block);
@@ -1012,6 +1027,7 @@ impl WindowBlockManager {
             parent = node;
         }
         self.mm_scratch = scratch;
+        self.seqs.get_mut(&id).expect("exists").beams[0] = ids;
         self.record_stored(&stored);
         (stored, pinned)
     }
