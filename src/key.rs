@@ -156,15 +156,25 @@ pub fn lookup_hash(key: &BlockKeyRef<'_>) -> u64 {
         0x1656_67b1_9e37_79f9,
         0xd6e8_feb8_6659_fd93,
     ];
-    let mut lanes = [key.token_ids.len() as u64, M[1], M[2], M[3]];
-    let mut pairs = key.token_ids.chunks_exact(2);
-    for (i, pair) in (&mut pairs).enumerate() {
-        let w = u64::from(pair[0] as u32) | (u64::from(pair[1] as u32) << 32);
-        let l = &mut lanes[i & 3];
-        *l = (*l ^ w).wrapping_mul(M[i & 3]).rotate_left(31);
+    #[inline(always)]
+    fn pair(a: i32, b: i32) -> u64 {
+        u64::from(a as u32) | (u64::from(b as u32) << 32)
     }
-    if let [last] = pairs.remainder() {
-        lanes[0] = (lanes[0] ^ u64::from(*last as u32)).wrapping_mul(M[0]);
+    #[inline(always)]
+    fn step(lane: u64, w: u64, m: u64) -> u64 {
+        (lane ^ w).wrapping_mul(m).rotate_left(31)
+    }
+    let mut lanes = [key.token_ids.len() as u64, M[1], M[2], M[3]];
+    let mut chunks = key.token_ids.chunks_exact(8);
+    for c in &mut chunks {
+        lanes[0] = step(lanes[0], pair(c[0], c[1]), M[0]);
+        lanes[1] = step(lanes[1], pair(c[2], c[3]), M[1]);
+        lanes[2] = step(lanes[2], pair(c[4], c[5]), M[2]);
+        lanes[3] = step(lanes[3], pair(c[6], c[7]), M[3]);
+    }
+    for (i, &t) in chunks.remainder().iter().enumerate() {
+        let w = u64::from(t as u32) | ((i as u64 + 1) << 40);
+        lanes[i & 3] = step(lanes[i & 3], w, M[i & 3]);
     }
     let mut h =
         lanes[0] ^ lanes[1].rotate_left(17) ^ lanes[2].rotate_left(34) ^ lanes[3].rotate_left(51);

@@ -15,8 +15,8 @@ use crate::key::MultimodalItem;
 use crate::pool::{Level, PoolGeometry};
 use crate::retention::{RetentionConfig, DEFAULT_PRIORITY};
 use crate::sizing;
-use crate::tree::PremixedMap;
 use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
+use crate::tree::PremixedMap;
 use crate::window::{
     AdmissionPlan, AdmitItem, BatchClaims, KeySource, WindowBlockManager, WindowConfig,
 };
