@@ -3,24 +3,12 @@
 //! and the seed's failure (sequential admission delivering less reuse than estimated) is
 //! reproduced and shown fixed by the batch call.
 
+mod common;
+
+use common::Rng;
 use kvblock::error::KvError;
 use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
 use kvblock::pool::Level;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn config(windows: Vec<WindowSpec>, partial: bool) -> ManagerConfig {
     ManagerConfig {
@@ -45,19 +33,19 @@ fn window(size: usize, primary: usize, secondary: usize) -> WindowSpec {
 }
 
 fn random_prompt(rng: &mut Rng) -> Vec<i32> {
-    let prefix = rng.below(3) as i32;
-    let shared = rng.below(30) as i32;
+    let prefix = rng.below_u(3) as i32;
+    let shared = rng.below_u(30) as i32;
     let mut t: Vec<i32> = (0..shared).map(|i| prefix * 1000 + i).collect();
-    for _ in 0..1 + rng.below(10) {
-        t.push(5000 + rng.below(4) as i32);
+    for _ in 0..1 + rng.below_u(10) {
+        t.push(5000 + rng.below_u(4) as i32);
     }
     t
 }
 
 fn random_request(rng: &mut Rng, id: u64) -> Request {
     let mut r = Request::new(id, random_prompt(rng));
-    match rng.below(8) {
-        0 => r.lora_task_id = Some(rng.below(2)),
+    match rng.below_u(8) {
+        0 => r.lora_task_id = Some(rng.below_u(2)),
         1 => r.cache_salt = Some(7),
         _ => {}
     }
@@ -77,24 +65,24 @@ fn check_estimates_hold(cfg: ManagerConfig, seed: u64, rounds: usize) {
     let mut refused_batches = 0;
     for round in 0..rounds {
         // Evolve the state: finish some sequences (stored), generate on others.
-        for _ in 0..rng.below(4) {
+        for _ in 0..rng.below_u(4) {
             if live.is_empty() {
                 break;
             }
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.below_u(live.len() as u64) as usize;
             let id = live.swap_remove(i);
-            m.remove_sequence(id, rng.below(5) != 0).unwrap();
+            m.remove_sequence(id, rng.below_u(5) != 0).unwrap();
         }
         for &id in &live {
-            if rng.below(3) == 0 {
+            if rng.below_u(3) == 0 {
                 let _ = m.add_token(id, 7);
             }
         }
-        let n = 1 + rng.below(6) as usize;
+        let n = 1 + rng.below_u(6) as usize;
         let batch: Vec<Request> = (0..n)
             .map(|k| {
                 // Repeat an earlier request of the batch now and then: same prefix, new id.
-                if k > 0 && rng.below(4) == 0 {
+                if k > 0 && rng.below_u(4) == 0 {
                     let mut r = random_request(&mut rng, next_id + k as u64);
                     r.token_ids = (0..20).collect();
                     r.input_length = 20;
@@ -108,7 +96,7 @@ fn check_estimates_hold(cfg: ManagerConfig, seed: u64, rounds: usize) {
         let estimates = m.estimate_batch(&batch).unwrap();
         let before_stats = m.stats();
         let before_free = free_primary(&m);
-        let longest_prefix = rng.below(2) == 0;
+        let longest_prefix = rng.below_u(2) == 0;
         match m.add_sequence_batch(&batch, longest_prefix) {
             Ok(admitted) => {
                 admitted_batches += 1;

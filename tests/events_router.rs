@@ -3,31 +3,15 @@
 //! flush, for random workloads with partial reuse, priorities, sliding/variable windows and host
 //! offload.
 
+mod common;
+
+use common::Rng;
 use std::collections::HashMap;
 
 use kvblock::events::{EventData, KvCacheEvent};
 use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
 use kvblock::pool::Level;
 use kvblock::retention::{RetentionConfig, TokenRangeRetention};
-
-/// splitmix64: a small deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 type View = HashMap<usize, HashMap<u64, (Option<u64>, Level, u8)>>;
 
@@ -147,21 +131,21 @@ fn run(workload: &Workload, seed: u64, steps: usize) {
     let mut view = View::new();
     let mut last_id = None;
     for step in 0..steps {
-        match rng.below(10) {
+        match rng.below_u(10) {
             0..=3 => {
-                let prefix = &prefixes[rng.below(4) as usize];
-                let shared = rng.below(prefix.len() as u64 + 1) as usize;
+                let prefix = &prefixes[rng.below_u(4) as usize];
+                let shared = rng.below_u(prefix.len() as u64 + 1) as usize;
                 let mut tokens: Vec<i32> = prefix[..shared].to_vec();
-                for _ in 0..1 + rng.below(12) {
-                    tokens.push(1000 + rng.below(6) as i32);
+                for _ in 0..1 + rng.below_u(12) {
+                    tokens.push(1000 + rng.below_u(6) as i32);
                 }
                 let mut req = Request::new(next_id, tokens);
-                if rng.chance(20) {
-                    req.lora_task_id = Some(rng.below(2));
+                if rng.percent(20) {
+                    req.lora_task_id = Some(rng.below_u(2));
                 }
-                if rng.chance(30) {
-                    let priority = [10, 50, 80, 90][rng.below(4) as usize];
-                    let duration = rng.chance(50).then(|| 1 + rng.below(20));
+                if rng.percent(30) {
+                    let priority = [10, 50, 80, 90][rng.below_u(4) as usize];
+                    let duration = rng.percent(50).then(|| 1 + rng.below_u(20));
                     req.retention = RetentionConfig::new(
                         vec![TokenRangeRetention {
                             token_start: 0,
@@ -169,14 +153,14 @@ fn run(workload: &Workload, seed: u64, steps: usize) {
                             priority,
                             duration_ms: duration,
                         }],
-                        [20, 35, 60][rng.below(3) as usize],
+                        [20, 35, 60][rng.below_u(3) as usize],
                         None,
                     )
                     .unwrap();
                 }
                 if m.add_sequence(&req).is_ok() {
                     let input = req.input_length;
-                    if rng.chance(50) {
+                    if rng.percent(50) {
                         m.store_context_blocks(next_id, input).unwrap();
                     }
                     live.push(next_id);
@@ -184,18 +168,18 @@ fn run(workload: &Workload, seed: u64, steps: usize) {
                 next_id += 1;
             }
             4..=5 if !live.is_empty() => {
-                let id = live[rng.below(live.len() as u64) as usize];
-                if m.add_token(id, 2000 + rng.below(4) as i32).is_ok() {
+                let id = live[rng.below_u(live.len() as u64) as usize];
+                if m.add_token(id, 2000 + rng.below_u(4) as i32).is_ok() {
                     m.store_new_block(id).unwrap();
                 }
             }
             6..=7 if !live.is_empty() => {
-                let i = rng.below(live.len() as u64) as usize;
+                let i = rng.below_u(live.len() as u64) as usize;
                 let id = live.swap_remove(i);
-                m.remove_sequence(id, rng.chance(85)).unwrap();
+                m.remove_sequence(id, rng.percent(85)).unwrap();
             }
             8 => {
-                m.advance_time(rng.below(10)).unwrap();
+                m.advance_time(rng.below_u(10)).unwrap();
                 m.refresh_blocks();
             }
             _ => {

@@ -23,6 +23,9 @@
 //! A failure names the configuration, seed and step; `KVB_PROPERTY_TRACE=1` prints every
 //! operation, `KVB_PROPERTY_SEEDS=n` runs n other seeds (longer fuzzing).
 
+mod common;
+
+use common::Rng;
 use std::collections::{HashMap, HashSet};
 
 use kvblock::error::KvError;
@@ -47,33 +50,6 @@ const SEEDS: [u64; 5] = [
     0x6f9b_deae_c44f_e258,
     0x4e89_619d_bf41_e9c7,
 ];
-
-/// splitmix64: small, seeded, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-
-    fn percent(&mut self, p: usize) -> bool {
-        self.below(100) < p
-    }
-}
 
 fn mix(h: u64, v: u64) -> u64 {
     let mut z = h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
