@@ -17,9 +17,7 @@ use crate::retention::{RetentionConfig, DEFAULT_PRIORITY};
 use crate::sizing;
 use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
 use crate::tree::PremixedMap;
-use crate::window::{
-    AdmissionPlan, AdmitItem, BatchClaims, KeySource, WindowBlockManager, WindowConfig,
-};
+use crate::window::{AdmissionPlan, AdmitItem, KeySource, WindowBlockManager, WindowConfig};
 
 /// Value written into offset tables where a sequence has no block.
 pub const NO_BLOCK_OFFSET: i32 = i32::MAX;
@@ -541,7 +539,9 @@ impl KvCacheManager {
                 return Err(KvError::DuplicateRequest(req.id));
             }
         }
-        let mut claims: Vec<BatchClaims> = vec![BatchClaims::default(); self.windows.len()];
+        for w in &mut self.windows {
+            w.begin_batch();
+        }
         let mut plans = Vec::with_capacity(reqs.len());
         for req in reqs {
             let src = req.key_source();
@@ -550,8 +550,7 @@ impl KvCacheManager {
                 let p: Vec<AdmissionPlan> = self
                     .windows
                     .iter_mut()
-                    .zip(&claims)
-                    .map(|(w, c)| w.plan_admission(&src, req.input_length, req.beam_width, cap, c))
+                    .map(|w| w.plan_admission(&src, req.input_length, req.beam_width, cap))
                     .collect();
                 let min = p.iter().map(|x| x.matched_tokens).min().unwrap_or(0);
                 if p.iter().all(|x| x.matched_tokens == min) {
@@ -561,8 +560,8 @@ impl KvCacheManager {
             };
             // The last request's claims constrain nobody.
             if plans.len() + 1 < reqs.len() {
-                for ((w, c), plan) in self.windows.iter().zip(&mut claims).zip(&per_window) {
-                    w.record_claims(plan, c);
+                for (w, plan) in self.windows.iter_mut().zip(&per_window) {
+                    w.record_claims(plan);
                 }
             }
             plans.push(RequestPlan {

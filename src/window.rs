@@ -116,26 +116,16 @@ impl AdmissionPlan {
     }
 }
 
-/// What the requests of one admission batch planned so far have claimed in a window (phase 1).
-/// Later requests plan against it: a claimed block is in use, a taken-over block is no longer
-/// shareable, and nothing is claimed or onboarded twice.
-#[derive(Clone, Debug, Default)]
-pub struct BatchClaims {
-    claimed: PremixedMap<u32, ClaimUse>,
-}
-
+/// What the requests of the admission batch planned so far have claimed in this block (phase
+/// 1). Later requests plan against it: a claimed block is in use, a taken-over block is no longer
+/// shareable, and nothing is claimed or onboarded twice. Stored densely per block and valid
+/// while its epoch is the current batch's (starting a batch clears everything in O(1)).
 #[derive(Clone, Copy, Debug, Default)]
 struct ClaimUse {
     taken_over: bool,
     onboarded: bool,
     /// Claimed from the primary free queue only to protect a copy source (so far).
     protected_only: bool,
-}
-
-impl BatchClaims {
-    pub fn is_empty(&self) -> bool {
-        self.claimed.is_empty()
-    }
 }
 
 /// One request of an admission batch, with its checked plan.
@@ -181,6 +171,10 @@ pub struct WindowBlockManager {
     seqs: PremixedMap<u64, SeqBlocks>,
     /// Incremented every time a block is handed out by `get_free_block`.
     alloc_epoch: Vec<u32>,
+    /// Batch claims (see `ClaimUse`), valid where `claim_epoch` equals `batch_epoch`.
+    claim_use: Vec<ClaimUse>,
+    claim_epoch: Vec<u32>,
+    batch_epoch: u32,
     pending_copies: Vec<RowCopy>,
     stats: WindowStats,
     scheduling_free: usize,
@@ -210,6 +204,9 @@ impl WindowBlockManager {
         WindowBlockManager {
             tree: ReuseTree::new(n, cfg.tokens_per_block),
             alloc_epoch: vec![0; n],
+            claim_use: vec![ClaimUse::default(); n],
+            claim_epoch: vec![0; n],
+            batch_epoch: 1,
             scheduling_free: cfg.num_primary,
             cfg,
             arena,
@@ -493,7 +490,6 @@ impl WindowBlockManager {
         input_length: usize,
         beam_width: usize,
         cap_tokens: usize,
-        claims: &BatchClaims,
     ) -> AdmissionPlan {
         let tpb = self.cfg.tokens_per_block;
         let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
@@ -504,7 +500,7 @@ impl WindowBlockManager {
         };
         let mut claimed_free_primary = 0;
         let mut new_blocks = 0;
-        let unused = |w: &Self, b: u32| w.is_unused(b) && !claims.claimed.contains_key(&b);
+        let unused = |w: &Self, b: u32| w.is_unused(b) && w.claim_of(b).is_none();
         if self.cfg.enable_reuse {
             let reusable = input_length - 1;
             let mut scratch = std::mem::take(&mut self.mm_scratch);
@@ -531,7 +527,7 @@ impl WindowBlockManager {
                 if room == 0 {
                     break;
                 }
-                let taken_over = claims.claimed.get(&m.block).is_some_and(|c| c.taken_over);
+                let taken_over = self.claim_of(m.block).is_some_and(|c| c.taken_over);
                 let step = if !m.partial && m.num_tokens <= room && !taken_over {
                     PlannedReuse::Share { block: m.block }
                 } else {
@@ -557,7 +553,7 @@ impl WindowBlockManager {
                     PlannedReuse::TakeOver { block, tokens } => (block, tokens),
                     PlannedReuse::Copy { source, tokens } => (source, tokens),
                 };
-                let earlier = claims.claimed.get(&block).copied();
+                let earlier = self.claim_of(block);
                 let is_copy = matches!(step, PlannedReuse::Copy { .. });
                 if earlier.is_none() && self.queues.queued_level(block) == Some(Level::Primary) {
                     claimed_free_primary += 1;
@@ -591,8 +587,22 @@ impl WindowBlockManager {
         plan
     }
 
+    /// Starts planning a new batch: forgets the previous batch's claims.
+    pub fn begin_batch(&mut self) {
+        self.batch_epoch = self.batch_epoch.wrapping_add(1);
+        if self.batch_epoch == 0 {
+            self.claim_epoch.fill(0);
+            self.batch_epoch = 1;
+        }
+    }
+
+    fn claim_of(&self, block: u32) -> Option<ClaimUse> {
+        (self.claim_epoch[block as usize] == self.batch_epoch)
+            .then(|| self.claim_use[block as usize])
+    }
+
     /// Records a planned request's claims so that later requests of the batch plan around them.
-    pub fn record_claims(&self, plan: &AdmissionPlan, claims: &mut BatchClaims) {
+    pub fn record_claims(&mut self, plan: &AdmissionPlan) {
         for step in &plan.steps {
             let (block, taken_over, onboarded, is_copy) = match *step {
                 PlannedReuse::Share { block } => (block, false, self.cfg.onboard_blocks, false),
@@ -601,20 +611,27 @@ impl WindowBlockManager {
                 }
                 PlannedReuse::Copy { source, .. } => (source, false, false, true),
             };
-            let first_claim = !claims.claimed.contains_key(&block);
+            let i = block as usize;
             let free_primary = self.queues.queued_level(block) == Some(Level::Primary);
-            let c = claims.claimed.entry(block).or_default();
-            c.taken_over |= taken_over;
-            c.onboarded |= onboarded;
-            if first_claim {
-                c.protected_only = is_copy && free_primary;
-            } else if !is_copy {
-                c.protected_only = false;
+            if self.claim_epoch[i] != self.batch_epoch {
+                self.claim_epoch[i] = self.batch_epoch;
+                self.claim_use[i] = ClaimUse {
+                    taken_over,
+                    onboarded,
+                    protected_only: is_copy && free_primary,
+                };
+            } else {
+                let c = &mut self.claim_use[i];
+                c.taken_over |= taken_over;
+                c.onboarded |= onboarded;
+                if !is_copy {
+                    c.protected_only = false;
+                }
             }
         }
     }
 
-    /// Fails with `OutOfBlocks` when the plan needs more primary blocks than are free.
+    /// Fails with `OutOfBlocks` when one plan needs more primary blocks than are free.
     pub fn check_plan(&self, plan: &AdmissionPlan) -> KvResult<()> {
         let available = self.queues.num_free(Level::Primary);
         if plan.primary_blocks_needed > available {
@@ -1315,7 +1332,7 @@ mod tests {
 
     fn admit(w: &mut WindowBlockManager, id: u64, tokens: &[i32]) -> AdmissionPlan {
         let s = src(tokens);
-        let plan = w.plan_admission(&s, tokens.len(), 1, usize::MAX, &BatchClaims::default());
+        let plan = w.plan_admission(&s, tokens.len(), 1, usize::MAX);
         w.check_plan(&plan).unwrap();
         let retention = RetentionConfig::default();
         let item = AdmitItem {
@@ -1342,18 +1359,18 @@ mod tests {
         let plan = admit(&mut w, 1, &prompt);
         assert_eq!(plan.primary_blocks_needed, 3, "3 misses");
         // Reusing blocks held by a running sequence takes nothing from the free queue.
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
         assert_eq!(plan.matched_tokens, 0, "nothing stored yet");
         store_and_release(&mut w, 1, &prompt);
         admit(&mut w, 2, &prompt);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
         assert_eq!(plan.matched_tokens, 8);
         assert_eq!(
             plan.primary_blocks_needed, 1,
             "two shared in-use blocks + one miss"
         );
         w.release_sequence(2, 0);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX, &BatchClaims::default());
+        let plan = w.plan_admission(&src(&prompt), 9, 1, usize::MAX);
         assert_eq!(
             plan.primary_blocks_needed, 3,
             "free cached blocks are claimed from the queue"
@@ -1369,13 +1386,7 @@ mod tests {
         // Diverges inside the second block, which is an inner node: copy, not take over.
         let mut other: Vec<i32> = (0..6).collect();
         other.extend([90, 91, 92]);
-        let plan = w.plan_admission(
-            &src(&other),
-            other.len(),
-            1,
-            usize::MAX,
-            &BatchClaims::default(),
-        );
+        let plan = w.plan_admission(&src(&other), other.len(), 1, usize::MAX);
         assert_eq!(
             plan.steps,
             vec![
@@ -1396,7 +1407,7 @@ mod tests {
         let prompt: Vec<i32> = (0..9).collect();
         admit(&mut w, 1, &prompt);
         store_and_release(&mut w, 1, &prompt);
-        let plan = w.plan_admission(&src(&prompt), 9, 1, 6, &BatchClaims::default());
+        let plan = w.plan_admission(&src(&prompt), 9, 1, 6);
         assert_eq!(plan.matched_tokens, 6);
         assert!(matches!(
             plan.steps[1],
@@ -1453,7 +1464,7 @@ mod tests {
             "only the one cached block went to the host"
         );
         assert_eq!(w.num_free(Level::Secondary), 4);
-        let plan = w.plan_admission(&src(&cached), 5, 1, usize::MAX, &BatchClaims::default());
+        let plan = w.plan_admission(&src(&cached), 5, 1, usize::MAX);
         assert_eq!(
             plan.matched_tokens, 4,
             "the cached block is still reusable from the host"
