@@ -519,6 +519,11 @@ typedef struct kvb_kv_cache_stats_t {
     uint64_t offloaded_blocks;
     uint64_t onboarded_blocks;
     /**
+     * Blocks that left a reuse tree: evicted, detached with an evicted ancestor, or taken over
+     * after a partial match (as many as the hashes of Removed events).
+     */
+    uint64_t evicted_blocks;
+    /**
      * Bytes of the primary pools.
      */
     uint64_t allocated_bytes;

@@ -92,10 +92,8 @@ struct Request {
         return *this;
     }
 
-    /// Calls `f(const kvb_request_t*)` with a C view valid for the call.
-    template <typename F>
-    auto withC(F&& f) const {
-        kvb_request_t r;
+    /// Fills a C view of this request; `retention` must outlive its use.
+    void fillC(kvb_request_t& r, kvb_retention_config_t& retention) const {
         check(kvb_request_init(&r));
         r.request_id = id;
         r.input_length = inputLength < 0 ? static_cast<int32_t>(tokens.size()) : inputLength;
@@ -109,9 +107,17 @@ struct Request {
         r.cache_salt = cacheSalt;
         r.mm_items = mmItems.empty() ? nullptr : mmItems.data();
         r.num_mm_items = mmItems.size();
-        kvb_retention_config_t retention{retentionRanges.data(), retentionRanges.size(),
-                                         decodePriority, decodeDurationMs};
+        retention = kvb_retention_config_t{retentionRanges.data(), retentionRanges.size(),
+                                           decodePriority, decodeDurationMs};
         r.retention = hasRetention ? &retention : nullptr;
+    }
+
+    /// Calls `f(const kvb_request_t*)` with a C view valid for the call.
+    template <typename F>
+    auto withC(F&& f) const {
+        kvb_request_t r;
+        kvb_retention_config_t retention;
+        fillC(r, retention);
         return f(&r);
     }
 };
@@ -418,24 +424,15 @@ public:
     }
 
 private:
-    /// Builds C views of every request (each valid while `f` runs) and calls `f` with them.
+    /// Builds C views of every request (valid while `f` runs) and calls `f` with them.
     template <typename F>
     static void withCBatch(const std::vector<Request>& requests, F&& f) {
-        std::vector<kvb_request_t> c;
-        c.reserve(requests.size());
-        collectC(requests, 0, c, f);
-    }
-    template <typename F>
-    static void collectC(const std::vector<Request>& requests, size_t i,
-                         std::vector<kvb_request_t>& c, F& f) {
-        if (i == requests.size()) {
-            f(c);
-            return;
+        std::vector<kvb_request_t> c(requests.size());
+        std::vector<kvb_retention_config_t> retention(requests.size());
+        for (size_t i = 0; i < requests.size(); ++i) {
+            requests[i].fillC(c[i], retention[i]);
         }
-        requests[i].withC([&](const kvb_request_t* r) {
-            c.push_back(*r);
-            collectC(requests, i + 1, c, f);
-        });
+        f(c);
     }
 
     kvb_manager_t* handle_ = nullptr;

@@ -24,7 +24,7 @@ apt_install() {
 }
 
 missing=()
-for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl; do
+for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl python3:python3; do
     command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)

@@ -190,6 +190,8 @@ pub struct KvCacheStats {
     pub free_secondary_blocks: u64,
     pub offloaded_blocks: u64,
     pub onboarded_blocks: u64,
+    /// Blocks that left a reuse tree (evicted, detached with an evicted ancestor, taken over).
+    pub evicted_blocks: u64,
     pub allocated_bytes: u64,
 }
 
@@ -1015,6 +1017,7 @@ impl KvCacheManager {
             s.missed_blocks += ws.missed;
             s.offloaded_blocks += ws.offloaded;
             s.onboarded_blocks += ws.onboarded;
+            s.evicted_blocks += ws.evicted_from_tree;
             s.allocated_bytes += (c.geometry.row_bytes() * c.num_primary) as u64;
         }
         s.used_num_blocks = s.max_num_blocks.saturating_sub(s.free_num_blocks);

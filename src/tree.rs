@@ -52,6 +52,8 @@ struct Node {
     next_sibling: u32,
     prev_sibling: u32,
     key_len: u32,
+    /// Distance from the root (first-level blocks: 1), while in the tree.
+    depth: u32,
     has_key: bool,
     uses_extra_ids: bool,
     is_full: bool,
@@ -68,6 +70,7 @@ const EMPTY_NODE: Node = Node {
     next_sibling: NIL,
     prev_sibling: NIL,
     key_len: 0,
+    depth: 0,
     has_key: false,
     uses_extra_ids: false,
     is_full: false,
@@ -297,9 +300,11 @@ impl ReuseTree {
             self.nodes[old_first as usize].prev_sibling = block;
         }
         self.nodes[parent as usize].first_child = block;
+        let depth = self.nodes[parent as usize].depth + 1;
         let n = &mut self.nodes[block as usize];
         n.hash = hash;
         n.lookup = lookup;
+        n.depth = depth;
         n.parent = parent;
         n.next_sibling = old_first;
         n.prev_sibling = NIL;
@@ -359,19 +364,33 @@ impl ReuseTree {
         }
     }
 
-    /// Whether `ancestor` is a strict ancestor of `block` in the tree.
-    pub fn is_ancestor(&self, ancestor: u32, block: u32) -> bool {
-        if !self.is_in_tree(ancestor) || !self.is_in_tree(block) {
-            return false;
+    /// Whether `ancestor` is a strict ancestor of `block` in the tree, deciding in at most
+    /// `max_steps` parent steps (depths rule most cases out at once); `None` when undecided.
+    pub fn is_ancestor_within(&self, ancestor: u32, block: u32, max_steps: u32) -> Option<bool> {
+        if !self.is_in_tree(ancestor) || !self.is_in_tree(block) || self.is_leaf(ancestor) {
+            return Some(false);
         }
-        let mut node = self.nodes[block as usize].parent;
-        while node != self.root {
-            if node == ancestor {
-                return true;
-            }
+        let (da, db) = (
+            self.nodes[ancestor as usize].depth,
+            self.nodes[block as usize].depth,
+        );
+        if da >= db {
+            return Some(false);
+        }
+        if db - da > max_steps {
+            return None;
+        }
+        let mut node = block;
+        for _ in 0..db - da {
             node = self.nodes[node as usize].parent;
         }
-        false
+        Some(node == ancestor)
+    }
+
+    /// Whether `ancestor` is a strict ancestor of `block` in the tree.
+    pub fn is_ancestor(&self, ancestor: u32, block: u32) -> bool {
+        self.is_ancestor_within(ancestor, block, u32::MAX)
+            .expect("unbounded")
     }
 
     /// Visits the children of a node.
@@ -402,6 +421,9 @@ impl ReuseTree {
             }
             if lookup_hash(&self.key(b)) != n.lookup {
                 return Err(format!("block {b} lookup hash does not match its key"));
+            }
+            if n.depth != self.nodes[n.parent as usize].depth + 1 {
+                return Err(format!("block {b} depth is not its parent's + 1"));
             }
             if self.children.get(&(n.parent, n.lookup)) != Some(&b) {
                 return Err(format!("block {b} missing from its parent's child map"));
@@ -504,6 +526,16 @@ mod tests {
         assert!(!t.is_in_tree(2));
         assert_eq!(t.parent(2), None);
         assert!(t.is_ancestor(0, 3) && !t.is_ancestor(3, 0) && !t.is_ancestor(1, 3));
+        assert_eq!(
+            t.is_ancestor_within(0, 3, 0),
+            None,
+            "one step needed, none allowed"
+        );
+        assert_eq!(
+            t.is_ancestor_within(3, 0, 0),
+            Some(false),
+            "deeper cannot be an ancestor"
+        );
         assert_eq!(t.num_in_tree(), 2);
         t.verify().unwrap();
         // Detached blocks keep their tokens.

@@ -367,12 +367,16 @@ impl WindowBlockManager {
         self.stats.alloc_total += 1;
         // Only cached content is worth a host block: a private block's tokens are unreachable,
         // and so are a block's once the host block it would replace (an ancestor) is evicted.
+        // Ancestry is decided in a few parent steps; a deeper one is caught after the fact.
+        const ANCESTOR_STEPS: u32 = 16;
         let host_target =
             if self.tree.is_in_tree(candidate) && can_offload && self.cfg.onboard_blocks {
                 self.queues
                     .peek(Level::Secondary)
                     .map(|(h, _)| h)
-                    .filter(|&h| !self.tree.is_ancestor(h, candidate))
+                    .filter(|&h| {
+                        self.tree.is_ancestor_within(h, candidate, ANCESTOR_STEPS) != Some(true)
+                    })
             } else {
                 None
             };
@@ -382,6 +386,13 @@ impl WindowBlockManager {
             self.queues.claim(candidate);
             self.queues.claim(host_block);
             self.evict_from_tree(host_block);
+            if !self.tree.is_in_tree(candidate) {
+                // The host block was a distant ancestor: the candidate left the tree with it,
+                // so there is nothing worth offloading. Evict the candidate instead.
+                self.queues
+                    .release(host_block, Level::Secondary, false, now_ms);
+                return self.finish_allocation(candidate, retention);
+            }
             self.queue_copy(candidate, host_block, 0);
             self.arena.swap_rows(candidate, host_block);
             self.queues
@@ -395,6 +406,11 @@ impl WindowBlockManager {
             self.evict_from_tree(candidate);
             candidate
         };
+        self.finish_allocation(victim, retention)
+    }
+
+    /// Gives a claimed, tree-less block its retention and a new allocation epoch.
+    fn finish_allocation(&mut self, victim: u32, retention: BlockRetention) -> u32 {
         self.queues.claim_with_retention(
             victim,
             BlockRetention {

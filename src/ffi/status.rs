@@ -57,7 +57,12 @@ pub(crate) fn set_last_error(message: &str) {
 }
 
 pub(crate) fn clear_last_error() {
-    LAST_ERROR.with(|e| *e.borrow_mut() = CString::default());
+    // Every call clears it: only allocate when there is something to clear.
+    LAST_ERROR.with(|e| {
+        if !e.borrow().as_bytes().is_empty() {
+            *e.borrow_mut() = CString::default();
+        }
+    });
 }
 
 /// Records `message` and returns `status`.

@@ -234,6 +234,9 @@ pub struct kvb_kv_cache_stats_t {
     pub free_secondary_blocks: u64,
     pub offloaded_blocks: u64,
     pub onboarded_blocks: u64,
+    /// Blocks that left a reuse tree: evicted, detached with an evicted ancestor, or taken over
+    /// after a partial match (as many as the hashes of Removed events).
+    pub evicted_blocks: u64,
     /// Bytes of the primary pools.
     pub allocated_bytes: u64,
 }
@@ -557,6 +560,7 @@ impl From<KvCacheStats> for kvb_kv_cache_stats_t {
             free_secondary_blocks: s.free_secondary_blocks,
             offloaded_blocks: s.offloaded_blocks,
             onboarded_blocks: s.onboarded_blocks,
+            evicted_blocks: s.evicted_blocks,
             allocated_bytes: s.allocated_bytes,
         }
     }
