@@ -638,9 +638,20 @@ impl KvCacheManager {
         reqs: &[Request],
         longest_prefix: bool,
     ) -> KvResult<Vec<Admission>> {
-        let plans = self.plan_batch(reqs)?;
+        self.add_sequence_batch_owned(reqs.to_vec(), longest_prefix)
+    }
+
+    /// `add_sequence_batch` taking the requests by value: their token vectors become the
+    /// sequences' (no copy of the prompts).
+    pub fn add_sequence_batch_owned(
+        &mut self,
+        mut reqs: Vec<Request>,
+        longest_prefix: bool,
+    ) -> KvResult<Vec<Admission>> {
+        let plans = self.plan_batch(&reqs)?;
         let n = self.fitting_prefix(&plans, longest_prefix)?;
-        let (reqs, plans) = (&reqs[..n], &plans[..n]);
+        reqs.truncate(n);
+        let plans = &plans[..n];
         let now = self.now_ms();
         let mut alloc_new = vec![0u64; n];
         for (wi, w) in self.windows.iter_mut().enumerate() {
@@ -680,19 +691,23 @@ impl KvCacheManager {
                 }
             })
             .collect();
-        for (req, admission) in reqs.iter().zip(&admissions) {
+        for (mut req, admission) in reqs.into_iter().zip(&admissions) {
             let input = req.input_length;
+            req.token_ids.truncate(input);
+            if let Some(extra) = &mut req.extra_ids {
+                extra.truncate(input);
+            }
             self.sequences.insert(
                 req.id,
                 Sequence {
                     input_length: input,
                     beam_width: req.beam_width,
-                    token_ids: req.token_ids[..input].to_vec(),
-                    extra_ids: req.extra_ids.as_ref().map(|e| e[..input].to_vec()),
+                    token_ids: req.token_ids,
+                    extra_ids: req.extra_ids,
                     lora_task_id: req.lora_task_id,
                     cache_salt: req.cache_salt,
-                    mm_items: req.mm_items.clone(),
-                    retention: req.retention.clone(),
+                    mm_items: req.mm_items,
+                    retention: req.retention,
                     num_tokens: input,
                     admission: *admission,
                 },
@@ -705,7 +720,12 @@ impl KvCacheManager {
     /// holds, onboards host blocks, copies partial matches and allocates the rest. Fails with
     /// `OutOfBlocks` (nothing changed) when any window lacks blocks.
     pub fn add_sequence(&mut self, req: &Request) -> KvResult<Admission> {
-        let mut admitted = self.add_sequence_batch(std::slice::from_ref(req), false)?;
+        self.add_sequence_owned(req.clone())
+    }
+
+    /// `add_sequence` taking the request by value (its tokens are not copied).
+    pub fn add_sequence_owned(&mut self, req: Request) -> KvResult<Admission> {
+        let mut admitted = self.add_sequence_batch_owned(vec![req], false)?;
         Ok(admitted.pop().expect("a batch of one admitted"))
     }
 

@@ -41,6 +41,12 @@ impl Hasher for PremixedHasher {
 
 pub type PremixedMap<K, V> = HashMap<K, V, BuildHasherDefault<PremixedHasher>>;
 
+/// The child-map key of a child with `lookup` hash under `parent`. Distinct (parent, lookup)
+/// pairs collide with probability 2^-64; a colliding insertion is refused like any other.
+fn child_key(parent: u32, lookup: u64) -> u64 {
+    lookup ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     /// TensorRT-LLM chained hash; valid for nodes in the tree when hashes are tracked.
@@ -97,7 +103,8 @@ pub struct ReuseTree {
     /// Extra ids per token slot; allocated the first time a key uses them.
     extra_ids: Vec<u64>,
     mm_keys: HashMap<u32, Box<[MmKey]>>,
-    children: PremixedMap<(u32, u64), u32>,
+    /// `child_key(parent, lookup hash)` → child.
+    children: PremixedMap<u64, u32>,
     root: u32,
     num_in_tree: usize,
     track_hashes: bool,
@@ -226,8 +233,9 @@ impl ReuseTree {
 
     /// The child of `parent` whose key equals `key` (`lookup` = `lookup_hash(key)`).
     pub fn find_exact(&self, parent: u32, key: &BlockKeyRef<'_>, lookup: u64) -> Option<u32> {
-        let child = *self.children.get(&(parent, lookup))?;
-        self.key(child).equals(key).then_some(child)
+        let child = *self.children.get(&child_key(parent, lookup))?;
+        (self.nodes[child as usize].parent == parent && self.key(child).equals(key))
+            .then_some(child)
     }
 
     /// TensorRT-LLM `findMatchingBlock`: an exact child, else (with partial reuse) the eligible
@@ -284,7 +292,7 @@ impl ReuseTree {
     pub fn insert_with_lookup(&mut self, parent: u32, block: u32, lookup: u64) -> bool {
         debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
         debug_assert_eq!(lookup, lookup_hash(&self.key(block)));
-        match self.children.entry((parent, lookup)) {
+        match self.children.entry(child_key(parent, lookup)) {
             std::collections::hash_map::Entry::Occupied(_) => return false,
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(block);
@@ -330,7 +338,7 @@ impl ReuseTree {
                 stack.push(child);
                 let next = self.nodes[child as usize].next_sibling;
                 self.children
-                    .remove(&(b, self.nodes[child as usize].lookup));
+                    .remove(&child_key(b, self.nodes[child as usize].lookup));
                 child = next;
             }
             let n = &mut self.nodes[b as usize];
@@ -353,7 +361,7 @@ impl ReuseTree {
             lookup,
             ..
         } = self.nodes[block as usize];
-        self.children.remove(&(parent, lookup));
+        self.children.remove(&child_key(parent, lookup));
         if prev_sibling == NIL {
             self.nodes[parent as usize].first_child = next_sibling;
         } else {
@@ -425,7 +433,7 @@ impl ReuseTree {
             if n.depth != self.nodes[n.parent as usize].depth + 1 {
                 return Err(format!("block {b} depth is not its parent's + 1"));
             }
-            if self.children.get(&(n.parent, n.lookup)) != Some(&b) {
+            if self.children.get(&child_key(n.parent, n.lookup)) != Some(&b) {
                 return Err(format!("block {b} missing from its parent's child map"));
             }
         }

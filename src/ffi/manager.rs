@@ -79,7 +79,7 @@ pub extern "C" fn kvb_manager_add_sequence(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         let req = self::request(request)?;
-        let admission = m.add_sequence(&req)?;
+        let admission = m.add_sequence_owned(req)?;
         if !out.is_null() {
             write_out(out, admission.into(), "out")?;
         }
@@ -110,7 +110,7 @@ pub extern "C" fn kvb_manager_add_sequence_batch(
         } else {
             Some(slice_arg_mut(results, num_requests, "results")?)
         };
-        let admitted = m.add_sequence_batch(&reqs, longest_prefix)?;
+        let admitted = m.add_sequence_batch_owned(reqs, longest_prefix)?;
         if let Some(out) = out {
             for (slot, a) in out.iter_mut().zip(&admitted) {
                 *slot = (*a).into();
