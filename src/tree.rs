@@ -1,10 +1,12 @@
 //! The reuse (radix) tree of one window. Nodes are blocks; the path from the root spells a token
 //! prefix. Each block's key lives in a fixed slot of a token arena (no allocation per block).
 //!
-//! Exact lookups go through a map `(parent, lookup hash) -> child` and then compare the full key;
-//! the lookup hash is a fast hash of the block's own key (the parent id already pins the prefix).
-//! The children of a node also form an intrusive sibling list, walked for partial matching and
-//! for detaching subtrees. A key whose `(parent, lookup hash)` is already taken by a different key
+//! Each block stores a lookup hash, a fast hash of its own key (the parent already pins the
+//! prefix). The children of a node form an intrusive sibling list, walked for partial matching
+//! and for detaching subtrees. Exact lookups under a narrow node (at most `WIDE_CHILDREN`
+//! children, the common case: chains) scan that list comparing lookup hashes; under a wide node
+//! (the root, a shared system prompt's last block) they go through a map
+//! `(parent, lookup hash) -> child`. Either way the full key is compared. A key whose `(parent, lookup hash)` is already taken by a different key
 //! (a 64-bit collision) is simply not inserted: the block stays private, reuse is lost, nothing is
 //! corrupted.
 //!
@@ -41,6 +43,9 @@ impl Hasher for PremixedHasher {
 
 pub type PremixedMap<K, V> = HashMap<K, V, BuildHasherDefault<PremixedHasher>>;
 
+/// Above this many children a node's children are indexed in the child map.
+const WIDE_CHILDREN: u32 = 8;
+
 /// The child-map key of a child with `lookup` hash under `parent`. Distinct (parent, lookup)
 /// pairs collide with probability 2^-64; a colliding insertion is refused like any other.
 fn child_key(parent: u32, lookup: u64) -> u64 {
@@ -60,6 +65,9 @@ struct Node {
     key_len: u32,
     /// Distance from the root (first-level blocks: 1), while in the tree.
     depth: u32,
+    num_children: u32,
+    /// Children are indexed in the child map (once wide, until detached).
+    wide: bool,
     has_key: bool,
     uses_extra_ids: bool,
     is_full: bool,
@@ -77,6 +85,8 @@ const EMPTY_NODE: Node = Node {
     prev_sibling: NIL,
     key_len: 0,
     depth: 0,
+    num_children: 0,
+    wide: false,
     has_key: false,
     uses_extra_ids: false,
     is_full: false,
@@ -103,7 +113,7 @@ pub struct ReuseTree {
     /// Extra ids per token slot; allocated the first time a key uses them.
     extra_ids: Vec<u64>,
     mm_keys: HashMap<u32, Box<[MmKey]>>,
-    /// `child_key(parent, lookup hash)` → child.
+    /// `child_key(parent, lookup hash)` → child, for the children of wide nodes.
     children: PremixedMap<u64, u32>,
     root: u32,
     num_in_tree: usize,
@@ -116,6 +126,7 @@ impl ReuseTree {
     pub fn new(num_blocks: usize, tokens_per_block: usize) -> Self {
         let mut nodes = vec![EMPTY_NODE; num_blocks + 1];
         nodes[num_blocks].in_tree = true;
+        nodes[num_blocks].wide = true;
         ReuseTree {
             tokens_per_block,
             nodes,
@@ -233,9 +244,25 @@ impl ReuseTree {
 
     /// The child of `parent` whose key equals `key` (`lookup` = `lookup_hash(key)`).
     pub fn find_exact(&self, parent: u32, key: &BlockKeyRef<'_>, lookup: u64) -> Option<u32> {
-        let child = *self.children.get(&child_key(parent, lookup))?;
-        (self.nodes[child as usize].parent == parent && self.key(child).equals(key))
-            .then_some(child)
+        let child = self.child_with_lookup(parent, lookup)?;
+        self.key(child).equals(key).then_some(child)
+    }
+
+    /// The child of `parent` with this lookup hash, if any.
+    fn child_with_lookup(&self, parent: u32, lookup: u64) -> Option<u32> {
+        if self.nodes[parent as usize].wide {
+            let child = *self.children.get(&child_key(parent, lookup))?;
+            return (self.nodes[child as usize].parent == parent).then_some(child);
+        }
+        let mut child = self.nodes[parent as usize].first_child;
+        while child != NIL {
+            let n = &self.nodes[child as usize];
+            if n.lookup == lookup {
+                return Some(child);
+            }
+            child = n.next_sibling;
+        }
+        None
     }
 
     /// TensorRT-LLM `findMatchingBlock`: an exact child, else (with partial reuse) the eligible
@@ -292,11 +319,15 @@ impl ReuseTree {
     pub fn insert_with_lookup(&mut self, parent: u32, block: u32, lookup: u64) -> bool {
         debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
         debug_assert_eq!(lookup, lookup_hash(&self.key(block)));
-        match self.children.entry(child_key(parent, lookup)) {
-            std::collections::hash_map::Entry::Occupied(_) => return false,
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(block);
+        if self.nodes[parent as usize].wide {
+            match self.children.entry(child_key(parent, lookup)) {
+                std::collections::hash_map::Entry::Occupied(_) => return false,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(block);
+                }
             }
+        } else if self.child_with_lookup(parent, lookup).is_some() {
+            return false;
         }
         let hash = if self.track_hashes {
             block_hash(&self.key(block), self.hash(parent))
@@ -317,8 +348,21 @@ impl ReuseTree {
         n.next_sibling = old_first;
         n.prev_sibling = NIL;
         n.first_child = NIL;
+        n.num_children = 0;
+        n.wide = false;
         n.in_tree = true;
         self.num_in_tree += 1;
+        let p = &mut self.nodes[parent as usize];
+        p.num_children += 1;
+        if !p.wide && p.num_children > WIDE_CHILDREN {
+            p.wide = true;
+            let mut child = p.first_child;
+            while child != NIL {
+                let c = &self.nodes[child as usize];
+                self.children.insert(child_key(parent, c.lookup), child);
+                child = c.next_sibling;
+            }
+        }
         true
     }
 
@@ -333,15 +377,20 @@ impl ReuseTree {
         let mut stack = std::mem::take(&mut self.stack);
         stack.push(block);
         while let Some(b) = stack.pop() {
+            let wide = self.nodes[b as usize].wide;
             let mut child = self.nodes[b as usize].first_child;
             while child != NIL {
                 stack.push(child);
                 let next = self.nodes[child as usize].next_sibling;
-                self.children
-                    .remove(&child_key(b, self.nodes[child as usize].lookup));
+                if wide {
+                    self.children
+                        .remove(&child_key(b, self.nodes[child as usize].lookup));
+                }
                 child = next;
             }
             let n = &mut self.nodes[b as usize];
+            n.num_children = 0;
+            n.wide = false;
             n.in_tree = false;
             n.parent = NIL;
             n.first_child = NIL;
@@ -361,7 +410,11 @@ impl ReuseTree {
             lookup,
             ..
         } = self.nodes[block as usize];
-        self.children.remove(&child_key(parent, lookup));
+        let p = &mut self.nodes[parent as usize];
+        p.num_children -= 1;
+        if p.wide {
+            self.children.remove(&child_key(parent, lookup));
+        }
         if prev_sibling == NIL {
             self.nodes[parent as usize].first_child = next_sibling;
         } else {
@@ -414,14 +467,16 @@ impl ReuseTree {
     /// child map and sibling lists agree, parents are in the tree.
     pub fn verify(&self) -> Result<(), String> {
         let mut count = 0;
-        let mut map_entries = 0;
+        let mut linked = 0;
+        let mut mapped = 0;
         for b in 0..self.root {
             let n = &self.nodes[b as usize];
             if !n.in_tree {
                 continue;
             }
             count += 1;
-            if !self.nodes[n.parent as usize].in_tree {
+            let parent = &self.nodes[n.parent as usize];
+            if !parent.in_tree {
                 return Err(format!("block {b} is in the tree under a detached parent"));
             }
             if self.track_hashes && block_hash(&self.key(b), self.hash(n.parent)) != n.hash {
@@ -430,32 +485,44 @@ impl ReuseTree {
             if lookup_hash(&self.key(b)) != n.lookup {
                 return Err(format!("block {b} lookup hash does not match its key"));
             }
-            if n.depth != self.nodes[n.parent as usize].depth + 1 {
+            if n.depth != parent.depth + 1 {
                 return Err(format!("block {b} depth is not its parent's + 1"));
             }
-            if self.children.get(&child_key(n.parent, n.lookup)) != Some(&b) {
-                return Err(format!("block {b} missing from its parent's child map"));
+            if self.child_with_lookup(n.parent, n.lookup) != Some(b) {
+                return Err(format!("block {b} is not found under its parent"));
+            }
+            if parent.wide {
+                mapped += 1;
             }
         }
         for node in 0..=self.root {
-            if !self.nodes[node as usize].in_tree {
+            let n = &self.nodes[node as usize];
+            if !n.in_tree {
                 continue;
             }
             let mut prev = NIL;
-            let mut c = self.nodes[node as usize].first_child;
+            let mut children = 0;
+            let mut c = n.first_child;
             while c != NIL {
                 let cn = &self.nodes[c as usize];
                 if cn.parent != node || cn.prev_sibling != prev || !cn.in_tree {
                     return Err(format!("sibling list of node {node} is corrupt at {c}"));
                 }
-                map_entries += 1;
+                children += 1;
                 prev = c;
                 c = cn.next_sibling;
             }
+            if children != n.num_children {
+                return Err(format!(
+                    "node {node} counts {} children, lists {children}",
+                    n.num_children
+                ));
+            }
+            linked += children as usize;
         }
-        if count != self.num_in_tree || map_entries != count || self.children.len() != count {
+        if count != self.num_in_tree || linked != count || self.children.len() != mapped {
             return Err(format!(
-                "tree count mismatch: {count} nodes, {map_entries} linked, {} mapped, counter {}",
+                "tree count mismatch: {count} nodes, {linked} linked, {} mapped of {mapped}, counter {}",
                 self.children.len(),
                 self.num_in_tree
             ));
@@ -548,6 +615,30 @@ mod tests {
         t.verify().unwrap();
         // Detached blocks keep their tokens.
         assert_eq!(t.key(2).token_ids, &[5, 6]);
+    }
+
+    #[test]
+    fn wide_nodes_index_children_in_the_map() {
+        let n = (WIDE_CHILDREN + 4) as usize;
+        let mut t = ReuseTree::new(n + 1, 2);
+        let root = t.root();
+        set(&mut t, 0, &[1, 1]);
+        t.insert(root, 0);
+        for i in 1..=n as u32 {
+            set(&mut t, i, &[7, i as i32]);
+            assert!(t.insert(0, i));
+            t.verify().unwrap();
+        }
+        for i in 1..=n as u32 {
+            let tokens = [7, i as i32];
+            let key = BlockKeyRef::plain(&tokens);
+            assert_eq!(t.find_exact(0, &key, lookup_hash(&key)), Some(i));
+        }
+        t.detach_subtree(3, |_, _| {});
+        t.verify().unwrap();
+        t.detach_subtree(0, |_, _| {});
+        t.verify().unwrap();
+        assert_eq!(t.num_in_tree(), 0);
     }
 
     #[test]
