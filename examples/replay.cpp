@@ -250,7 +250,8 @@ const char* const kKindNames[kNumKinds] = {"lookup", "admit_alloc", "admit_other
 struct Timings {
     uint64_t ns[kNumKinds] = {};
     uint64_t calls[kNumKinds] = {};
-    uint64_t step_ns = 0;  // timed calls of the current step
+    uint64_t step_ns = 0;        // timed calls of the current step
+    uint64_t step_admit_ns = 0;  // admission calls (admit_alloc + admit_other) of the current step
 };
 
 /// Runs one manager call between a pair of steady_clock reads and books it under `kind`.
@@ -263,6 +264,7 @@ kvb_status_t timed(Timings& t, Kind kind, Call&& call) {
     t.ns[kind] += ns;
     t.calls[kind] += 1;
     t.step_ns += ns;
+    if (kind == kAdmitAlloc || kind == kAdmitOther) t.step_admit_ns += ns;
     return status;
 }
 
@@ -420,6 +422,9 @@ struct RunResult {
     Counters c;
     Timings t;
     std::vector<uint64_t> step_ns;  // manager time of each step
+    /// Admission time per admitted prompt block, for each step that admitted something.
+    std::vector<uint64_t> block_ns;
+    uint64_t blocks_before_step = 0;
     std::vector<replay::SeriesPoint> series;
     double loop_seconds = 0;
 };
@@ -462,6 +467,10 @@ bool sample(Counters& c, Req& q) {
 void finish_step(RunResult& out, kvb_manager_t* m, replay::Progress& progress) {
     out.step_ns.push_back(out.t.step_ns);
     out.t.step_ns = 0;
+    const uint64_t blocks = out.c.admitted_blocks - out.blocks_before_step;
+    if (blocks > 0) out.block_ns.push_back(out.t.step_admit_ns / blocks);
+    out.blocks_before_step = out.c.admitted_blocks;
+    out.t.step_admit_ns = 0;
     int64_t free_blocks = 0;
     check(kvb_manager_get_num_free_blocks(m, &free_blocks), "kvb_manager_get_num_free_blocks");
     out.series.push_back({out.c.steps, out.c.hit_rate(), free_blocks});
@@ -828,10 +837,12 @@ void print_summary(const Report& r) {
     uint64_t total_calls = 0;
     for (uint64_t v : r.run.t.calls) total_calls += v;
     std::printf("  manager      %.3f s in %llu calls; per step p50 %.1f us, p99 %.1f us; "
-                "%.1f ns per admitted prompt block, %.1f ns per decode slot\n",
+                "%.1f ns per admitted prompt block (p50 %llu, p99 %llu over admitting steps), "
+                "%.1f ns per decode slot\n",
                 static_cast<double>(r.total_ns()) * 1e-9, u(total_calls),
                 static_cast<double>(replay::percentile(r.run.step_ns, 0.5)) * 1e-3,
                 static_cast<double>(replay::percentile(r.run.step_ns, 0.99)) * 1e-3, r.ns_per_prompt_block(),
+                u(replay::percentile(r.run.block_ns, 0.5)), u(replay::percentile(r.run.block_ns, 0.99)),
                 r.ns_per_decode_token());
     std::printf("  by kind     ");
     for (int k = 0; k < kNumKinds; ++k) {
@@ -928,6 +939,8 @@ void write_json(const Report& r, const std::string& path) {
         .num("step_manager_ns_p50", replay::percentile(r.run.step_ns, 0.5))
         .num("step_manager_ns_p99", replay::percentile(r.run.step_ns, 0.99))
         .num("step_manager_ns_max", replay::percentile(r.run.step_ns, 1.0))
+        .num("prompt_block_admission_ns_p50", replay::percentile(r.run.block_ns, 0.5))
+        .num("prompt_block_admission_ns_p99", replay::percentile(r.run.block_ns, 0.99))
         .num("loop_seconds", r.run.loop_seconds)
         .num("wall_seconds", r.wall_seconds);
     w.str("series_columns", "step, hit_rate_so_far, free_primary_blocks");
