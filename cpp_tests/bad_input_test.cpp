@@ -9,7 +9,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -17,6 +16,7 @@
 
 #include "kvblock.h"
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -26,11 +26,8 @@ constexpr int32_t kMaxSeqLen = 32;
 constexpr uint64_t kLive = 1;      // a live sequence of the fixture (11 tokens, 3 blocks)
 constexpr uint64_t kUnknown = 999;  // never admitted
 
-std::vector<int32_t> iota(int32_t first, int32_t count) {
-    std::vector<int32_t> v(static_cast<size_t>(count));
-    std::iota(v.begin(), v.end(), first);
-    return v;
-}
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 // Everything a rejected call must leave as it was.
 struct Snapshot {
@@ -45,14 +42,20 @@ struct Snapshot {
     int32_t reusableStoredPrompt = -1;
 };
 
-// Reusable full blocks of `tokens` in `window` (or -1 if the query fails).
-int32_t countReusable(kvb_manager_t* m, const std::vector<int32_t>& tokens, int32_t window) {
+// A C request `id` over all of `tokens` (input length = token count); it points into `tokens`.
+kvb_request_t cRequest(uint64_t id, const std::vector<int32_t>& tokens) {
     kvb_request_t r;
     kvb_request_init(&r);
-    r.request_id = 12345;
+    r.request_id = id;
     r.input_length = static_cast<int32_t>(tokens.size());
     r.tokens = tokens.data();
     r.num_tokens = tokens.size();
+    return r;
+}
+
+// Reusable full blocks of `tokens` in `window` (or -1 if the query fails).
+int32_t countReusable(kvb_manager_t* m, const std::vector<int32_t>& tokens, int32_t window) {
+    kvb_request_t r = cRequest(12345, tokens);
     int32_t n = -1;
     if (kvb_manager_count_reusable_blocks(m, &r, window, false, &n) != KVB_OK) return -1;
     return n;
@@ -73,28 +76,14 @@ Snapshot takeSnapshot(kvb_manager_t* m, int32_t window, bool withFixtureState) {
                   KVB_OK);
         ids.resize(n);
         s.liveBlocks = ids;
-        s.reusableLivePrompt = countReusable(m, iota(0, 10), window);
-        s.reusableStoredPrompt = countReusable(m, iota(50, 9), window);
+        s.reusableLivePrompt = countReusable(m, tokenRun(0, 10), window);
+        s.reusableStoredPrompt = countReusable(m, tokenRun(50, 9), window);
     }
     return s;
 }
 
 void expectSameSnapshot(const Snapshot& a, const Snapshot& b) {
-    EXPECT_EQ(a.stats.max_num_blocks, b.stats.max_num_blocks);
-    EXPECT_EQ(a.stats.free_num_blocks, b.stats.free_num_blocks);
-    EXPECT_EQ(a.stats.used_num_blocks, b.stats.used_num_blocks);
-    EXPECT_EQ(a.stats.tokens_per_block, b.stats.tokens_per_block);
-    EXPECT_EQ(a.stats.alloc_total_blocks, b.stats.alloc_total_blocks);
-    EXPECT_EQ(a.stats.alloc_new_blocks, b.stats.alloc_new_blocks);
-    EXPECT_EQ(a.stats.reused_blocks, b.stats.reused_blocks);
-    EXPECT_EQ(a.stats.missed_blocks, b.stats.missed_blocks);
-    EXPECT_EQ(a.stats.cache_hit_rate, b.stats.cache_hit_rate);
-    EXPECT_EQ(a.stats.num_primary_blocks, b.stats.num_primary_blocks);
-    EXPECT_EQ(a.stats.num_secondary_blocks, b.stats.num_secondary_blocks);
-    EXPECT_EQ(a.stats.free_secondary_blocks, b.stats.free_secondary_blocks);
-    EXPECT_EQ(a.stats.offloaded_blocks, b.stats.offloaded_blocks);
-    EXPECT_EQ(a.stats.onboarded_blocks, b.stats.onboarded_blocks);
-    EXPECT_EQ(a.stats.allocated_bytes, b.stats.allocated_bytes);
+    kvb_test::expectSameStats(a.stats, b.stats);
     EXPECT_EQ(a.freeBlocks, b.freeBlocks);
     EXPECT_EQ(a.freePrimary, b.freePrimary);
     EXPECT_EQ(a.freeSecondary, b.freeSecondary);
@@ -124,20 +113,15 @@ void expectSameSnapshot(const Snapshot& a, const Snapshot& b) {
 
 // A single-window manager config (tokens per block 4, window = max sequence length 32).
 kvb::Config smallConfig(int32_t primary, int32_t secondary) {
-    kvb::Config c;
-    c.raw.tokens_per_block = kTpb;
-    c.raw.max_sequence_length = kMaxSeqLen;
+    kvb::Config c = kvb_test::windowConfig(kWindow, primary, secondary, kTpb, kMaxSeqLen);
     c.raw.max_beam_width = 2;
     c.raw.manual_clock = true;
-    c.addWindow(kWindow, primary, secondary);
     return c;
 }
 
 // A raw C handle from a config (for tests that destroy or poison the handle themselves).
 kvb_manager_t* createRaw(const kvb::Config& config) {
-    kvb_manager_config_t raw = config.raw;
-    raw.windows = config.windows.data();
-    raw.num_windows = config.windows.size();
+    kvb_manager_config_t raw = kvb_test::rawConfig(config);
     kvb_manager_t* m = nullptr;
     EXPECT_EQ(kvb_manager_create(&raw, &m), KVB_OK) << kvb_last_error_message();
     return m;
@@ -156,13 +140,8 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     auto rec = [&](const char* name, kvb_status_t s) {
         out.push_back(CallResult{name, s, kvb_last_error_message()});
     };
-    std::vector<int32_t> tokens = iota(0, 10);
-    kvb_request_t req;
-    kvb_request_init(&req);
-    req.request_id = 77;
-    req.input_length = 10;
-    req.tokens = tokens.data();
-    req.num_tokens = tokens.size();
+    std::vector<int32_t> tokens = tokenRun(0, 10);
+    kvb_request_t req = cRequest(77, tokens);
     kvb_request_state_t state;
     kvb_request_state_init(&state);
     state.request_id = 77;
@@ -243,9 +222,9 @@ class BadInputTest : public ::testing::Test {
 protected:
     void SetUp() override {
         manager = std::make_unique<kvb::Manager>(smallConfig(16, 4));
-        manager->addSequence(kvb::Request(kLive, iota(0, 10)));
+        manager->addSequence(kvb::Request(kLive, tokenRun(0, 10)));
         manager->addToken(kLive, 100);
-        manager->addSequence(kvb::Request(2, iota(50, 9)));
+        manager->addSequence(kvb::Request(2, tokenRun(50, 9)));
         manager->removeSequence(2, true);
         manager->checkInvariants();
     }
@@ -323,9 +302,7 @@ TEST(BadInputConfigTest, NullConfigIsRejected) {
     EXPECT_EQ(out, nullptr);
 
     kvb::Config c = smallConfig(4, 0);
-    kvb_manager_config_t raw = c.raw;
-    raw.windows = c.windows.data();
-    raw.num_windows = c.windows.size();
+    kvb_manager_config_t raw = kvb_test::rawConfig(c);
     EXPECT_EQ(kvb_manager_create(&raw, nullptr), KVB_STATUS_NULL_POINTER);
     EXPECT_STRNE(kvb_last_error_message(), "");
 
@@ -349,7 +326,7 @@ TEST(BadInputConfigTest, InitFunctionsRejectNull) {
 
 // add_sequence documents its admission out-pointer as optional: null admits the sequence.
 TEST_F(BadInputTest, AddSequenceAcceptsNullAdmissionOut) {
-    kvb::Request r(3, iota(50, 9));
+    kvb::Request r(3, tokenRun(50, 9));
     ASSERT_EQ(addRaw(r, nullptr), KVB_OK) << kvb_last_error_message();
     EXPECT_EQ(manager->getNumTokens(3), 9);
     // The admission is still available afterwards: the stored prompt's two full blocks reused.
@@ -369,13 +346,8 @@ TEST_F(BadInputTest, NullRequiredOutPointerIsRejectedAndChangesNothing) {
     uint8_t* base = nullptr;
     size_t rowBytes = 0;
     uint64_t rid = kLive;
-    kvb_request_t req;
-    kvb_request_init(&req);
-    std::vector<int32_t> tokens = iota(0, 10);
-    req.request_id = 3;
-    req.input_length = 10;
-    req.tokens = tokens.data();
-    req.num_tokens = tokens.size();
+    std::vector<int32_t> tokens = tokenRun(0, 10);
+    kvb_request_t req = cRequest(3, tokens);
     kvb_request_state_t state;
     kvb_request_state_init(&state);
     state.prompt_len = 8;
@@ -466,10 +438,8 @@ TEST(BadInputConfigTest, ConfigStructSizeMismatchIsRejected) {
     for (uint32_t size : {0u, static_cast<uint32_t>(sizeof(kvb_manager_config_t)) - 4u,
                           static_cast<uint32_t>(sizeof(kvb_manager_config_t)) + 8u}) {
         SCOPED_TRACE(size);
-        kvb_manager_config_t raw = c.raw;
+        kvb_manager_config_t raw = kvb_test::rawConfig(c);
         raw.struct_size = size;
-        raw.windows = c.windows.data();
-        raw.num_windows = c.windows.size();
         int dummy = 0;
         kvb_manager_t* out = reinterpret_cast<kvb_manager_t*>(&dummy);
         EXPECT_EQ(kvb_manager_create(&raw, &out), KVB_STATUS_STRUCT_SIZE);
@@ -481,13 +451,8 @@ TEST(BadInputConfigTest, ConfigStructSizeMismatchIsRejected) {
 // A request or scheduler state whose struct_size is wrong is rejected with
 // KVB_STATUS_STRUCT_SIZE and changes nothing.
 TEST_F(BadInputTest, RequestStructSizeMismatchIsRejected) {
-    std::vector<int32_t> tokens = iota(50, 9);
-    kvb_request_t r;
-    kvb_request_init(&r);
-    r.request_id = 3;
-    r.input_length = 9;
-    r.tokens = tokens.data();
-    r.num_tokens = tokens.size();
+    std::vector<int32_t> tokens = tokenRun(50, 9);
+    kvb_request_t r = cRequest(3, tokens);
     r.struct_size = static_cast<uint32_t>(sizeof(kvb_request_t)) + 8u;
     kvb_admission_t out{};
     int32_t n = 0;
@@ -655,9 +620,9 @@ TEST_F(BadInputTest, NegativeBeamIsInvalidArgument) {
     EXPECT_REJECTED(
         kvb_manager_get_cache_block_ids(h(), kLive, kWindow, 1, ids.data(), ids.size(), &count),
         KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(50, 9)).withBeamWidth(-1)),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(50, 9)).withBeamWidth(-1)),
                     KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(50, 9)).withBeamWidth(0)),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(50, 9)).withBeamWidth(0)),
                     KVB_STATUS_INVALID_ARGUMENT);
     std::vector<int32_t> table(4096);
     const uint64_t rid = kLive;
@@ -680,7 +645,7 @@ TEST_F(BadInputTest, NegativeRewindCountIsInvalidArgument) {
 // Other out-of-range arguments: input length, context position, clock steps, block ids, cache
 // level, slots, counts, scheduler state fields, multimodal items.
 TEST_F(BadInputTest, OtherOutOfRangeArgumentsAreInvalidArgument) {
-    kvb::Request zeroInput(3, iota(50, 9));
+    kvb::Request zeroInput(3, tokenRun(50, 9));
     zeroInput.inputLength = 0;
     EXPECT_REJECTED(addRaw(zeroInput), KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_REJECTED(kvb_manager_store_context_blocks(h(), kLive, -1), KVB_STATUS_INVALID_ARGUMENT);
@@ -742,11 +707,11 @@ TEST_F(BadInputTest, OtherOutOfRangeArgumentsAreInvalidArgument) {
     kvb_multimodal_item_t item{};
     item.position = -1;
     item.length = 4;
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(50, 9)).withMultimodal(item)),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(50, 9)).withMultimodal(item)),
                     KVB_STATUS_INVALID_ARGUMENT);
     item.position = 0;
     item.length = 0;
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(50, 9)).withMultimodal(item)),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(50, 9)).withMultimodal(item)),
                     KVB_STATUS_INVALID_ARGUMENT);
 }
 
@@ -801,7 +766,7 @@ TEST_F(BadInputTest, UnknownRequestIdIsRejectedByEveryPerRequestCall) {
 
 // A removed sequence is gone: removing it again is an unknown request.
 TEST_F(BadInputTest, RemovedRequestIdIsUnknown) {
-    manager->addSequence(kvb::Request(3, iota(200, 6)));
+    manager->addSequence(kvb::Request(3, tokenRun(200, 6)));
     manager->removeSequence(3, false);
     EXPECT_REJECTED(kvb_manager_remove_sequence(h(), 3, false), KVB_STATUS_UNKNOWN_REQUEST);
     EXPECT_REJECTED(kvb_manager_add_token(h(), 3, 1), KVB_STATUS_UNKNOWN_REQUEST);
@@ -810,22 +775,18 @@ TEST_F(BadInputTest, RemovedRequestIdIsUnknown) {
 // Admitting an id that already has a sequence fails with KVB_STATUS_DUPLICATE_REQUEST and leaves
 // the existing sequence (tokens, blocks) as it was.
 TEST_F(BadInputTest, DuplicateRequestIdIsRejected) {
-    EXPECT_REJECTED(addRaw(kvb::Request(kLive, iota(0, 10))), KVB_STATUS_DUPLICATE_REQUEST);
-    EXPECT_REJECTED(addRaw(kvb::Request(kLive, iota(300, 5))), KVB_STATUS_DUPLICATE_REQUEST);
+    EXPECT_REJECTED(addRaw(kvb::Request(kLive, tokenRun(0, 10))), KVB_STATUS_DUPLICATE_REQUEST);
+    EXPECT_REJECTED(addRaw(kvb::Request(kLive, tokenRun(300, 5))), KVB_STATUS_DUPLICATE_REQUEST);
 }
 
 // A batch is validated as a whole before anything is admitted: one bad request (duplicate id in
 // the batch, an id already live, a wrong struct_size, a null array) rejects the batch and admits
 // none of the valid requests before it.
 TEST_F(BadInputTest, BadRequestInBatchAdmitsNothing) {
-    std::vector<int32_t> a = iota(300, 6);
-    std::vector<int32_t> b = iota(400, 6);
+    std::vector<int32_t> a = tokenRun(300, 6);
+    std::vector<int32_t> b = tokenRun(400, 6);
     kvb_request_t reqs[2];
-    for (kvb_request_t& r : reqs) kvb_request_init(&r);
-    reqs[0].request_id = 3;
-    reqs[0].input_length = 6;
-    reqs[0].tokens = a.data();
-    reqs[0].num_tokens = a.size();
+    reqs[0] = cRequest(3, a);
     reqs[1] = reqs[0];
     reqs[1].tokens = b.data();
     kvb_admission_t results[2] = {};
@@ -869,7 +830,7 @@ TEST_F(BadInputTest, BadRequestInBatchAdmitsNothing) {
 
 // An input length above the number of tokens given is KVB_STATUS_TOO_FEW_TOKENS.
 TEST_F(BadInputTest, FewerTokensThanInputLengthIsRejected) {
-    kvb::Request r(3, iota(50, 5));
+    kvb::Request r(3, tokenRun(50, 5));
     r.inputLength = 9;
     EXPECT_REJECTED(addRaw(r), KVB_STATUS_TOO_FEW_TOKENS);
     int32_t n = 0;
@@ -885,11 +846,11 @@ TEST_F(BadInputTest, FewerTokensThanInputLengthIsRejected) {
 
 // A beam width above the configured maximum (2) is KVB_STATUS_BEAM_WIDTH_EXCEEDED.
 TEST_F(BadInputTest, BeamWidthAboveMaximumIsRejected) {
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(50, 9)).withBeamWidth(3)),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(50, 9)).withBeamWidth(3)),
                     KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     // The maximum itself is accepted.
     kvb_admission_t a{};
-    EXPECT_EQ(addRaw(kvb::Request(3, iota(400, 5)).withBeamWidth(2), &a), KVB_OK)
+    EXPECT_EQ(addRaw(kvb::Request(3, tokenRun(400, 5)).withBeamWidth(2), &a), KVB_OK)
         << kvb_last_error_message();
     manager->checkInvariants();
 }
@@ -899,7 +860,7 @@ TEST_F(BadInputTest, BeamWidthAboveMaximumIsRejected) {
 
 // Priorities outside 0..=100 and malformed token ranges are KVB_STATUS_INVALID_RETENTION.
 TEST_F(BadInputTest, InvalidRetentionIsRejected) {
-    auto req = [] { return kvb::Request(3, iota(50, 9)); };
+    auto req = [] { return kvb::Request(3, tokenRun(50, 9)); };
     EXPECT_REJECTED(addRaw(req().withRange(0, 4, 101)), KVB_STATUS_INVALID_RETENTION);
     EXPECT_REJECTED(addRaw(req().withRange(0, 4, -1)), KVB_STATUS_INVALID_RETENTION);
     // [0, 6) and [4, 8) overlap.
@@ -928,14 +889,14 @@ TEST_F(BadInputTest, InvalidRetentionIsRejected) {
 
 // A prompt longer than max_sequence_length (32) is KVB_STATUS_SEQUENCE_TOO_LONG.
 TEST_F(BadInputTest, PromptLongerThanMaxSequenceLengthIsRejected) {
-    EXPECT_REJECTED(addRaw(kvb::Request(3, iota(500, kMaxSeqLen + 1))),
+    EXPECT_REJECTED(addRaw(kvb::Request(3, tokenRun(500, kMaxSeqLen + 1))),
                     KVB_STATUS_SEQUENCE_TOO_LONG);
 }
 
 // Generating past max_sequence_length is KVB_STATUS_SEQUENCE_TOO_LONG, and the token is not
 // appended.
 TEST_F(BadInputTest, AddTokenBeyondMaxSequenceLengthIsRejected) {
-    manager->addSequence(kvb::Request(3, iota(500, kMaxSeqLen - 1)));
+    manager->addSequence(kvb::Request(3, tokenRun(500, kMaxSeqLen - 1)));
     manager->addToken(3, 1);
     ASSERT_EQ(manager->getNumTokens(3), kMaxSeqLen);
     const auto before = manager->getCacheBlockIds(3, kWindow);
@@ -1006,26 +967,26 @@ protected:
 // nothing: no blocks leaked, no claims on the reusable prefix left behind.
 TEST_F(BadInputOutOfBlocksTest, AddSequenceOutOfBlocksChangesNothing) {
     // Store a 3-block prompt, released: 4 free blocks, two of them reusable.
-    manager->addSequence(kvb::Request(1, iota(0, 10)));
+    manager->addSequence(kvb::Request(1, tokenRun(0, 10)));
     manager->removeSequence(1, true);
     ASSERT_EQ(manager->getNumFreeBlocks(), 4);
     // Shares 8 tokens with it but needs 5 blocks.
-    kvb::Request big(2, iota(0, 18));
+    kvb::Request big(2, tokenRun(0, 18));
     EXPECT_REJECTED_ON(h(), kWindow, false, big.withC([&](const kvb_request_t* r) {
         return kvb_manager_add_sequence(h(), r, nullptr);
     }),
                        KVB_STATUS_OUT_OF_BLOCKS);
-    EXPECT_EQ(manager->countReusableBlocks(kvb::Request(9, iota(0, 10)), kWindow), 2);
+    EXPECT_EQ(manager->countReusableBlocks(kvb::Request(9, tokenRun(0, 10)), kWindow), 2);
     // The cached prefix is still reusable.
-    EXPECT_EQ(manager->addSequence(kvb::Request(3, iota(0, 10))).prepopulated_prompt_len, 9);
+    EXPECT_EQ(manager->addSequence(kvb::Request(3, tokenRun(0, 10))).prepopulated_prompt_len, 9);
     manager->checkInvariants();
 }
 
 // add_token that needs a new block when none is free fails with KVB_STATUS_OUT_OF_BLOCKS and does
 // not append the token.
 TEST_F(BadInputOutOfBlocksTest, AddTokenOutOfBlocksDoesNotAppendTheToken) {
-    manager->addSequence(kvb::Request(1, iota(0, 8)));
-    manager->addSequence(kvb::Request(2, iota(100, 8)));
+    manager->addSequence(kvb::Request(1, tokenRun(0, 8)));
+    manager->addSequence(kvb::Request(2, tokenRun(100, 8)));
     ASSERT_EQ(manager->getNumFreeBlocks(), 0);
     const auto blocks = manager->getCacheBlockIds(1, kWindow);
     EXPECT_REJECTED_ON(h(), kWindow, false, kvb_manager_add_token(h(), 1, 42),
@@ -1033,7 +994,7 @@ TEST_F(BadInputOutOfBlocksTest, AddTokenOutOfBlocksDoesNotAppendTheToken) {
     EXPECT_EQ(manager->getNumTokens(1), 8);
     EXPECT_EQ(manager->getCacheBlockIds(1, kWindow), blocks);
     // A third sequence does not fit either.
-    kvb::Request third(3, iota(200, 2));
+    kvb::Request third(3, tokenRun(200, 2));
     EXPECT_REJECTED_ON(h(), kWindow, false, third.withC([&](const kvb_request_t* r) {
         return kvb_manager_add_sequence(h(), r, nullptr);
     }),
@@ -1053,13 +1014,8 @@ TEST_F(BadInputOutOfBlocksTest, AddTokenOutOfBlocksDoesNotAppendTheToken) {
 TEST(BadInputHandleTest, DestroyedHandleIsRejectedByEveryCall) {
     kvb_manager_t* m = createRaw(smallConfig(4, 0));
     ASSERT_NE(m, nullptr);
-    std::vector<int32_t> tokens = iota(0, 6);
-    kvb_request_t r;
-    kvb_request_init(&r);
-    r.request_id = kLive;
-    r.input_length = 6;
-    r.tokens = tokens.data();
-    r.num_tokens = tokens.size();
+    std::vector<int32_t> tokens = tokenRun(0, 6);
+    kvb_request_t r = cRequest(kLive, tokens);
     ASSERT_EQ(kvb_manager_add_sequence(m, &r, nullptr), KVB_OK);
     ASSERT_EQ(kvb_manager_destroy(m), KVB_OK);
     for (const CallResult& c : callEveryManagerFunction(m)) {
@@ -1166,7 +1122,7 @@ TEST(BadInputUnsupportedTest, PoolPointerWithoutHostBackendIsUnsupported) {
 
 // Rewinding is defined for beam width 1 only.
 TEST_F(BadInputTest, RewindWithBeamSearchIsUnsupported) {
-    manager->addSequence(kvb::Request(3, iota(400, 5)).withBeamWidth(2));
+    manager->addSequence(kvb::Request(3, tokenRun(400, 5)).withBeamWidth(2));
     manager->addToken(3, 1);
     EXPECT_REJECTED(kvb_manager_rewind_kv_cache(h(), 3, 1), KVB_STATUS_UNSUPPORTED);
     EXPECT_EQ(manager->getNumTokens(3), 6);
@@ -1190,25 +1146,17 @@ TEST(BadInputWrapperTest, ErrorCarriesStatusAndMessage) {
     }
 
     kvb::Manager m(smallConfig(4, 0));
-    auto statusOf = [](auto&& f) {
-        try {
-            f();
-        } catch (const kvb::Error& e) {
-            return e.status();
-        }
-        return KVB_OK;
-    };
     EXPECT_EQ(statusOf([&] { m.addToken(kUnknown, 1); }), KVB_STATUS_UNKNOWN_REQUEST);
-    m.addSequence(kvb::Request(1, iota(0, 5)));
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(1, iota(0, 5))); }),
+    m.addSequence(kvb::Request(1, tokenRun(0, 5)));
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(1, tokenRun(0, 5))); }),
               KVB_STATUS_DUPLICATE_REQUEST);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, iota(0, 5)).withBeamWidth(3)); }),
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 5)).withBeamWidth(3)); }),
               KVB_STATUS_BEAM_WIDTH_EXCEEDED);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, iota(0, 40))); }),
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 40))); }),
               KVB_STATUS_SEQUENCE_TOO_LONG);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, iota(0, 5)).withRange(0, 4, 101)); }),
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 5)).withRange(0, 4, 101)); }),
               KVB_STATUS_INVALID_RETENTION);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, iota(100, 20))); }),
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(100, 20))); }),
               KVB_STATUS_OUT_OF_BLOCKS);
     EXPECT_EQ(statusOf([&] { m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY); }),
               KVB_STATUS_UNSUPPORTED);

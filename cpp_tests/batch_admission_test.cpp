@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -35,10 +36,7 @@ constexpr int32_t kFull = 64;  // full-attention window = maximum sequence lengt
 constexpr int32_t kSliding = 32;
 
 kvb::Config batchConfig(int32_t primary, int32_t secondary, int32_t eventEntries = 0) {
-    kvb::Config c;
-    c.addWindow(kFull, primary, secondary);
-    c.raw.tokens_per_block = kTpb;
-    c.raw.max_sequence_length = kFull;
+    kvb::Config c = kvb_test::windowConfig(kFull, primary, secondary, kTpb, kFull);
     c.raw.max_beam_width = 2;
     c.raw.max_kv_event_entries = eventEntries;
     return c;
@@ -46,11 +44,8 @@ kvb::Config batchConfig(int32_t primary, int32_t secondary, int32_t eventEntries
 
 // Two windows (32 and 64 tokens) with the same capacity; every prompt here fits both.
 kvb::Config twoWindowConfig(int32_t primary, int32_t secondary, int32_t eventEntries = 0) {
-    kvb::Config c;
-    c.addWindow(kSliding, primary, secondary);
+    kvb::Config c = kvb_test::windowConfig(kSliding, primary, secondary, kTpb, kFull);
     c.addWindow(kFull, primary, secondary);
-    c.raw.tokens_per_block = kTpb;
-    c.raw.max_sequence_length = kFull;
     c.raw.max_kv_event_entries = eventEntries;
     return c;
 }
@@ -73,26 +68,10 @@ kvb::Config hostDataConfig(int32_t primary, int32_t secondary = 0) {
     return c;
 }
 
-std::vector<int32_t> run(int32_t start, int32_t n) {
-    std::vector<int32_t> v(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + i;
-    return v;
-}
-
-std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
-
-template <typename F>
-kvb_status_t statusOf(F&& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
-}
+using kvb_test::concatTokens;
+using kvb_test::expectSameStats;
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 // Admits `request`, then removes it storing its blocks for reuse; returns its block ids (window
 // `window`) as they were while it ran.
@@ -101,25 +80,6 @@ std::vector<int32_t> storeForReuse(kvb::Manager& m, const kvb::Request& request,
     std::vector<int32_t> ids = m.getCacheBlockIds(request.id, window);
     m.removeSequence(request.id, true);
     return ids;
-}
-
-// Every field of the whole-manager statistics.
-void expectSameStats(const kvb_kv_cache_stats_t& a, const kvb_kv_cache_stats_t& b) {
-    EXPECT_EQ(a.max_num_blocks, b.max_num_blocks);
-    EXPECT_EQ(a.free_num_blocks, b.free_num_blocks);
-    EXPECT_EQ(a.used_num_blocks, b.used_num_blocks);
-    EXPECT_EQ(a.tokens_per_block, b.tokens_per_block);
-    EXPECT_EQ(a.alloc_total_blocks, b.alloc_total_blocks);
-    EXPECT_EQ(a.alloc_new_blocks, b.alloc_new_blocks);
-    EXPECT_EQ(a.reused_blocks, b.reused_blocks);
-    EXPECT_EQ(a.missed_blocks, b.missed_blocks);
-    EXPECT_EQ(a.cache_hit_rate, b.cache_hit_rate);
-    EXPECT_EQ(a.num_primary_blocks, b.num_primary_blocks);
-    EXPECT_EQ(a.num_secondary_blocks, b.num_secondary_blocks);
-    EXPECT_EQ(a.free_secondary_blocks, b.free_secondary_blocks);
-    EXPECT_EQ(a.offloaded_blocks, b.offloaded_blocks);
-    EXPECT_EQ(a.onboarded_blocks, b.onboarded_blocks);
-    EXPECT_EQ(a.allocated_bytes, b.allocated_bytes);
 }
 
 void expectSameBlock(const kvb_block_info_t& a, const kvb_block_info_t& b, const std::string& what) {
@@ -230,8 +190,8 @@ bool rowStartsWith(kvb::Manager& m, int32_t block, uint8_t seed, int32_t tokens)
 // and free, and sits at the LRU front behind one unkeyed block; the three blocks behind them are
 // free but hold nothing reusable. Returns {x0, x1}.
 std::vector<int32_t> cachedChainAtLruFront(kvb::Manager& m) {
-    std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 9)));
-    m.addSequence(kvb::Request(2, run(1000, 12)));
+    std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
+    m.addSequence(kvb::Request(2, tokenRun(1000, 12)));
     m.removeSequence(2, false);  // released behind the cached chain, nothing stored
     return {x[0], x[1]};
 }
@@ -241,12 +201,12 @@ std::vector<int32_t> cachedChainAtLruFront(kvb::Manager& m) {
 // front of the primary queue, so the next allocation offloads c into the front host block.
 // Returns {a, b, c}.
 std::vector<int32_t> hostBlocksBehindOffloadableFront(kvb::Manager& m) {
-    const int32_t a = storeForReuse(m, kvb::Request(1, run(100, 5)))[0];
-    const int32_t b = storeForReuse(m, kvb::Request(2, run(200, 5)))[0];
+    const int32_t a = storeForReuse(m, kvb::Request(1, tokenRun(100, 5)))[0];
+    const int32_t b = storeForReuse(m, kvb::Request(2, tokenRun(200, 5)))[0];
     EXPECT_TRUE(m.offloadBlock(kFull, b));
     EXPECT_TRUE(m.offloadBlock(kFull, a));
-    const int32_t c = storeForReuse(m, kvb::Request(3, run(300, 5)))[0];
-    m.addSequence(kvb::Request(4, run(400, 9)));
+    const int32_t c = storeForReuse(m, kvb::Request(3, tokenRun(300, 5)))[0];
+    m.addSequence(kvb::Request(4, tokenRun(400, 9)));
     m.removeSequence(4, false);
     return {a, b, c};
 }
@@ -262,8 +222,8 @@ std::vector<int32_t> hostBlocksBehindOffloadableFront(kvb::Manager& m) {
 // addSequenceBatch on the same state claims x0 and x1 for B before A allocates: B reuses exactly
 // its stand-alone estimate and both requests get exactly estimateBatch's figures.
 TEST(AddSequenceBatchSeedRegression, SequentialAdmissionLosesReuseTheBatchKeeps) {
-    const kvb::Request a(10, run(2000, 9));
-    const kvb::Request b(11, cat(run(0, 8), {500, 501}));
+    const kvb::Request a(10, tokenRun(2000, 9));
+    const kvb::Request b(11, concatTokens(tokenRun(0, 8), {500, 501}));
 
     kvb::Manager seq(batchConfig(6, 1));
     cachedChainAtLruFront(seq);
@@ -297,8 +257,8 @@ TEST(AddSequenceBatchSeedRegression, SequentialAdmissionLosesReuseTheBatchKeeps)
 // B reuses nothing. In a batch both host blocks are claimed first (out of the host queue), so
 // the offload cannot pick B's block and B reuses its stand-alone estimate.
 TEST(AddSequenceBatchSeedRegression, OnboardingEvictsHostBlockOfLaterRequestOnlySequentially) {
-    const kvb::Request a(10, cat(run(100, 4), {150}));
-    const kvb::Request b(11, cat(run(200, 4), {250}));
+    const kvb::Request a(10, concatTokens(tokenRun(100, 4), {150}));
+    const kvb::Request b(11, concatTokens(tokenRun(200, 4), {250}));
 
     kvb::Manager seq(batchConfig(4, 2));
     const std::vector<int32_t> s = hostBlocksBehindOffloadableFront(seq);
@@ -339,21 +299,21 @@ TEST(AddSequenceBatchSeedRegression, OnboardingEvictsHostBlockOfLaterRequestOnly
 // a beam-search request sharing blocks another request of the batch claimed, and plain misses.
 TEST(AddSequenceBatchEstimateTest, EstimatesEqualDelivery) {
     kvb::Manager m(batchConfig(24, 4));
-    storeForReuse(m, kvb::Request(1, run(0, 13)));                    // 3 full blocks
-    storeForReuse(m, kvb::Request(2, run(100, 11)));                  // 2 full + leaf [108,109]
-    const std::vector<int32_t> h = storeForReuse(m, kvb::Request(3, run(200, 9)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));                    // 3 full blocks
+    storeForReuse(m, kvb::Request(2, tokenRun(100, 11)));                  // 2 full + leaf [108,109]
+    const std::vector<int32_t> h = storeForReuse(m, kvb::Request(3, tokenRun(200, 9)));
     EXPECT_TRUE(m.offloadBlock(kFull, h[1]));
     EXPECT_TRUE(m.offloadBlock(kFull, h[0]));
-    m.addSequence(kvb::Request(4, run(300, 9)));                      // running, blocks stored
+    m.addSequence(kvb::Request(4, tokenRun(300, 9)));                      // running, blocks stored
     m.storeContextBlocks(4, 9);
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 12), {900, 901})),
-        kvb::Request(11, cat(run(100, 9), {950, 951, 952})),
-        kvb::Request(12, cat(run(200, 8), {960})),
-        kvb::Request(13, cat(run(300, 6), {970, 971, 972})),
-        kvb::Request(14, run(0, 13)).withBeamWidth(2),
-        kvb::Request(15, run(5000, 7)),
+        kvb::Request(10, concatTokens(tokenRun(0, 12), {900, 901})),
+        kvb::Request(11, concatTokens(tokenRun(100, 9), {950, 951, 952})),
+        kvb::Request(12, concatTokens(tokenRun(200, 8), {960})),
+        kvb::Request(13, concatTokens(tokenRun(300, 6), {970, 971, 972})),
+        kvb::Request(14, tokenRun(0, 13)).withBeamWidth(2),
+        kvb::Request(15, tokenRun(5000, 7)),
     };
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, batch);
     ASSERT_EQ(res.size(), batch.size());
@@ -368,16 +328,16 @@ TEST(AddSequenceBatchEstimateTest, EstimatesEqualDelivery) {
 // the reused length is the same in each.
 TEST(AddSequenceBatchEstimateTest, EstimatesEqualDeliveryWithSeveralWindows) {
     kvb::Manager m(twoWindowConfig(20, 0));
-    storeForReuse(m, kvb::Request(1, run(0, 13)));
-    storeForReuse(m, kvb::Request(2, run(100, 11)));
-    m.addSequence(kvb::Request(4, run(300, 9)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
+    storeForReuse(m, kvb::Request(2, tokenRun(100, 11)));
+    m.addSequence(kvb::Request(4, tokenRun(300, 9)));
     m.storeContextBlocks(4, 9);
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 12), {900, 901})),
-        kvb::Request(11, cat(run(100, 9), {950, 951, 952})),
-        kvb::Request(13, cat(run(300, 6), {970, 971, 972})),
-        kvb::Request(15, run(5000, 7)),
+        kvb::Request(10, concatTokens(tokenRun(0, 12), {900, 901})),
+        kvb::Request(11, concatTokens(tokenRun(100, 9), {950, 951, 952})),
+        kvb::Request(13, concatTokens(tokenRun(300, 6), {970, 971, 972})),
+        kvb::Request(15, tokenRun(5000, 7)),
     };
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, batch);
     ASSERT_EQ(res.size(), batch.size());
@@ -405,19 +365,19 @@ TEST(AddSequenceBatchEstimateTest, WindowsWithDifferentPrefixesReuseTheSameLengt
     cfg.raw.tokens_per_block = kTpb;
     cfg.raw.max_sequence_length = kFull;
     kvb::Manager m(cfg);
-    m.addSequence(kvb::Request(1, run(0, 13)));
-    m.addSequence(kvb::Request(2, run(0, 11)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 13)));
+    m.addSequence(kvb::Request(2, tokenRun(0, 11)));
     const int32_t x2 = m.getCacheBlockIds(1, kFull)[2];
     m.removeSequence(1, true);  // x0, x1, x2
     m.removeSequence(2, true);  // L = [8, 9] under x1
-    m.addSequence(kvb::Request(3, run(1000, 20)));  // evicts x2: dropped in 32, offloaded in 64
+    m.addSequence(kvb::Request(3, tokenRun(1000, 20)));  // evicts x2: dropped in 32, offloaded in 64
     m.removeSequence(3, false);
     ASSERT_FALSE(m.getBlockInfo(kSliding, x2).in_reuse_tree);
     ASSERT_TRUE(m.getBlockInfo(kFull, x2).in_reuse_tree);
     ASSERT_EQ(m.getBlockInfo(kFull, x2).cache_level, KVB_CACHE_LEVEL_SECONDARY);
 
-    const kvb::Request q(10, cat(run(0, 12), {5}));
-    const kvb::Request r(11, cat(run(0, 12), {6}));
+    const kvb::Request q(10, concatTokens(tokenRun(0, 12), {5}));
+    const kvb::Request r(11, concatTokens(tokenRun(0, 12), {6}));
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, {q, r});
     ASSERT_EQ(res.size(), 2u);
     EXPECT_EQ(res[0].prepopulated_prompt_len, 10);
@@ -441,14 +401,14 @@ TEST(AddSequenceBatchEstimateTest, WindowsWithDifferentPrefixesReuseTheSameLengt
 // 1 claim + 1 onboarding + 3 misses free primary blocks.
 TEST(AddSequenceBatchSharingTest, BlockMatchedBySeveralRequestsIsSharedAndClaimedOnce) {
     kvb::Manager m(batchConfig(16, 2));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 9)));
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
     EXPECT_TRUE(m.offloadBlock(kFull, x[1]));
     const int64_t freeBefore = m.getNumFreeBlocks();
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 8), {700})),
-        kvb::Request(11, cat(run(0, 8), {701})),
-        kvb::Request(12, cat(run(0, 8), {702})),
+        kvb::Request(10, concatTokens(tokenRun(0, 8), {700})),
+        kvb::Request(11, concatTokens(tokenRun(0, 8), {701})),
+        kvb::Request(12, concatTokens(tokenRun(0, 8), {702})),
     };
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch(batch);
     EXPECT_EQ(est[0].free_blocks_consumed, 3) << "claim x0, onboarding helper, miss";
@@ -483,14 +443,14 @@ TEST(AddSequenceBatchSharingTest, BlockMatchedBySeveralRequestsIsSharedAndClaime
 // partial reuse) and reuses exactly what was estimated. The copy reads L's row as it was.
 TEST(AddSequenceBatchSharingTest, LeafTakenOverByOneRequestIsCopiedByALaterOne) {
     kvb::Manager m(hostDataConfig(16));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 11)));
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 11)));
     const int32_t leaf = x[2];
     ASSERT_TRUE(m.getBlockInfo(kFull, leaf).is_leaf);
     ASSERT_EQ(m.getBlockInfo(kFull, leaf).num_tokens, 2);
     fillRow(m, leaf, 0x31);
 
-    const kvb::Request a(10, cat(run(0, 9), {50, 51}));      // key [8, 50]: 1 token of L
-    const kvb::Request b(11, cat(run(0, 10), {60, 61}));     // key [8, 9, 60]: 2 tokens of L
+    const kvb::Request a(10, concatTokens(tokenRun(0, 9), {50, 51}));      // key [8, 50]: 1 token of L
+    const kvb::Request b(11, concatTokens(tokenRun(0, 10), {60, 61}));     // key [8, 9, 60]: 2 tokens of L
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({a, b});
     EXPECT_EQ(est[0].reusable_tokens, 9);
     EXPECT_EQ(est[1].reusable_tokens, 10);
@@ -518,16 +478,16 @@ TEST(AddSequenceBatchSharingTest, LeafTakenOverByOneRequestIsCopiedByALaterOne) 
 // tree; the estimate does not count it as consumed.
 TEST(AddSequenceBatchCopyTest, FreeInnerCopySourceIsProtectedUntilCopied) {
     kvb::Manager m(hostDataConfig(8));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 13)));
-    m.addSequence(kvb::Request(2, run(1000, 16)));  // the four other blocks, released behind x
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
+    m.addSequence(kvb::Request(2, tokenRun(1000, 16)));  // the four other blocks, released behind x
     m.removeSequence(2, false);
     const int32_t source = x[1];
     ASSERT_FALSE(m.getBlockInfo(kFull, source).is_leaf);
     ASSERT_TRUE(m.getBlockInfo(kFull, source).is_free);
     fillRow(m, source, 0x52);
 
-    const kvb::Request c(10, cat(run(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
-    const kvb::Request d(11, run(5000, 16));                  // 4 misses
+    const kvb::Request c(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
+    const kvb::Request d(11, tokenRun(5000, 16));                          // 4 misses
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({c, d});
     EXPECT_EQ(est[0].reusable_tokens, 6);
     EXPECT_EQ(est[0].free_blocks_consumed, 3) << "claim x0, copy destination, miss";
@@ -559,13 +519,13 @@ TEST(AddSequenceBatchCopyTest, FreeInnerCopySourceIsProtectedUntilCopied) {
 // was: B's copy is queued before A's onboarding and the batch's copies run in order.
 TEST(AddSequenceBatchCopyTest, CopyAndOnboardingOfOneHostBlockBothReadItsContent) {
     kvb::Manager m(hostDataConfig(12, 2));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 13)));
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
     ASSERT_TRUE(m.offloadBlock(kFull, x[1]));
     ASSERT_EQ(m.getBlockInfo(kFull, x[1]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
     fillRow(m, x[1], 0x6d);
 
-    const kvb::Request b(10, cat(run(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
-    const kvb::Request a(11, cat(run(0, 12), {7}));          // shares x0, x1 (onboarded), x2
+    const kvb::Request b(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
+    const kvb::Request a(11, concatTokens(tokenRun(0, 12), {7}));          // shares x0, x1 (onboarded), x2
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, {b, a});
     ASSERT_EQ(res.size(), 2u);
     EXPECT_EQ(res[0].prepopulated_prompt_len, 6);
@@ -588,11 +548,11 @@ TEST(AddSequenceBatchCopyTest, CopyAndOnboardingOfOneHostBlockBothReadItsContent
 TEST(AddSequenceBatchCopyTest, FitsFlagsCountCopySourceHeldDuringTheBatch) {
     auto build = [] {
         kvb::Manager m(batchConfig(8, 0));
-        storeForReuse(m, kvb::Request(1, run(0, 13)));
+        storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
         return m;
     };
-    const kvb::Request c(10, cat(run(0, 6), {90, 91, 92}));  // claim x0, hold x1, copy dest, miss
-    const kvb::Request d(11, run(5000, 20));                  // 5 misses
+    const kvb::Request c(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // claim x0, hold x1, copy dest, miss
+    const kvb::Request d(11, tokenRun(5000, 20));                          // 5 misses
     kvb::Manager m = build();
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({c, d});
     EXPECT_TRUE(est[0].fits);
@@ -609,9 +569,9 @@ TEST(AddSequenceBatchCopyTest, FitsFlagsCountCopySourceHeldDuringTheBatch) {
 // the estimates' sum.
 TEST(AddSequenceBatchCopyTest, CopySourceSharedByALaterRequestCountsAsConsumed) {
     kvb::Manager m(batchConfig(8, 0));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 13)));
-    const kvb::Request c(10, cat(run(0, 6), {90, 91, 92}));  // copies 2 tokens of x1
-    const kvb::Request e(11, cat(run(0, 12), {77}));         // shares x0, x1, x2
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
+    const kvb::Request c(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // copies 2 tokens of x1
+    const kvb::Request e(11, concatTokens(tokenRun(0, 12), {77}));         // shares x0, x1, x2
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, {c, e});
     ASSERT_EQ(res.size(), 2u);
     EXPECT_EQ(res[0].prepopulated_prompt_len, 6);
@@ -636,7 +596,7 @@ TEST(AddSequenceBatchKeyTest, LoraSaltAndMultimodalRequestsReuseOnlyTheirOwnPref
     }
     mm1.position = mm2.position = 0;
     mm1.length = mm2.length = 4;
-    const std::vector<int32_t> tokens = run(0, 9);
+    const std::vector<int32_t> tokens = tokenRun(0, 9);
 
     kvb::Manager m(batchConfig(40, 0));
     const std::vector<int32_t> plain = storeForReuse(m, kvb::Request(1, tokens));
@@ -690,8 +650,8 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
     constexpr int32_t kPrimary = 20, kSecondary = 2;
     const std::vector<int32_t> windows = {kSliding, kFull};
     kvb::Manager m(twoWindowConfig(kPrimary, kSecondary, 1000));
-    storeForReuse(m, kvb::Request(1, run(0, 13)));
-    m.addSequence(kvb::Request(2, run(100, 9)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
+    m.addSequence(kvb::Request(2, tokenRun(100, 9)));
     const std::vector<int32_t> hSliding = m.getCacheBlockIds(2, kSliding);
     const std::vector<int32_t> hFull = m.getCacheBlockIds(2, kFull);
     m.removeSequence(2, true);
@@ -699,18 +659,18 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
         EXPECT_TRUE(m.offloadBlock(kSliding, hSliding[static_cast<size_t>(i)]));
         EXPECT_TRUE(m.offloadBlock(kFull, hFull[static_cast<size_t>(i)]));
     }
-    storeForReuse(m, kvb::Request(3, run(200, 11)));  // leaf [208, 209]
-    m.addSequence(kvb::Request(4, run(300, 9)));
+    storeForReuse(m, kvb::Request(3, tokenRun(200, 11)));  // leaf [208, 209]
+    m.addSequence(kvb::Request(4, tokenRun(300, 9)));
     m.storeContextBlocks(4, 9);
     m.flushIterationEvents();
     m.getLatestEvents();
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 12), {1})).withRange(0, -1, 80),
-        kvb::Request(11, cat(run(100, 8), {2})),
-        kvb::Request(12, cat(run(200, 9), {5, 6})),
-        kvb::Request(13, cat(run(300, 6), {7, 8, 9})),
-        kvb::Request(14, run(9000, 60)),
+        kvb::Request(10, concatTokens(tokenRun(0, 12), {1})).withRange(0, -1, 80),
+        kvb::Request(11, concatTokens(tokenRun(100, 8), {2})),
+        kvb::Request(12, concatTokens(tokenRun(200, 9), {5, 6})),
+        kvb::Request(13, concatTokens(tokenRun(300, 6), {7, 8, 9})),
+        kvb::Request(14, tokenRun(9000, 60)),
     };
     const Snapshot before = snapshot(m, windows, kPrimary + kSecondary);
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch(batch);  // changes nothing either
@@ -747,14 +707,14 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
 TEST(AddSequenceBatchLongestPrefixTest, AdmitsLongestPrefixThatFits) {
     auto build = [] {
         kvb::Manager m(batchConfig(12, 0));
-        storeForReuse(m, kvb::Request(1, run(0, 13)));
+        storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
         return m;
     };
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 12), {1})),  // 3 claimed cached blocks + 1 miss
-        kvb::Request(11, run(500, 17)),          // 5 misses (9 of 12)
-        kvb::Request(12, run(600, 17)),          // 5 misses: 14 > 12
-        kvb::Request(13, run(700, 2)),           // 1 miss: would fit alone
+        kvb::Request(10, concatTokens(tokenRun(0, 12), {1})),  // 3 claimed cached blocks + 1 miss
+        kvb::Request(11, tokenRun(500, 17)),                   // 5 misses (9 of 12)
+        kvb::Request(12, tokenRun(600, 17)),                   // 5 misses: 14 > 12
+        kvb::Request(13, tokenRun(700, 2)),                    // 1 miss: would fit alone
     };
     kvb::Manager m = build();
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch(batch);
@@ -781,7 +741,7 @@ TEST(AddSequenceBatchLongestPrefixTest, AdmitsLongestPrefixThatFits) {
     m.checkInvariants();
 
     // Nothing fits now: the prefix is empty, the call succeeds and changes nothing.
-    const std::vector<kvb::Request> tooBig = {kvb::Request(20, run(800, 17)), kvb::Request(21, run(900, 2))};
+    const std::vector<kvb::Request> tooBig = {kvb::Request(20, tokenRun(800, 17)), kvb::Request(21, tokenRun(900, 2))};
     const std::vector<kvb_batch_estimate_t> none = m.estimateBatch(tooBig);
     EXPECT_FALSE(none[0].fits);
     EXPECT_FALSE(none[1].fits);
@@ -799,15 +759,15 @@ TEST(AddSequenceBatchLongestPrefixTest, AdmitsLongestPrefixThatFits) {
 // naming a running sequence's id fails the same way.
 TEST(AddSequenceBatchBadInputTest, DuplicateRequestIdsFailAndChangeNothing) {
     kvb::Manager m(batchConfig(16, 0));
-    storeForReuse(m, kvb::Request(1, run(0, 9)));
-    m.addSequence(kvb::Request(2, run(50, 5)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
+    m.addSequence(kvb::Request(2, tokenRun(50, 5)));
     const std::vector<kvb::Request> dup = {
-        kvb::Request(5, cat(run(0, 8), {1})), kvb::Request(6, run(100, 5)), kvb::Request(5, run(200, 5))};
+        kvb::Request(5, concatTokens(tokenRun(0, 8), {1})), kvb::Request(6, tokenRun(100, 5)), kvb::Request(5, tokenRun(200, 5))};
     const Snapshot before = snapshot(m, {kFull}, 16);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(dup); }), KVB_STATUS_DUPLICATE_REQUEST);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(dup, true); }), KVB_STATUS_DUPLICATE_REQUEST);
     EXPECT_EQ(statusOf([&] { m.estimateBatch(dup); }), KVB_STATUS_DUPLICATE_REQUEST);
-    const std::vector<kvb::Request> running = {kvb::Request(7, run(300, 5)), kvb::Request(2, run(400, 5))};
+    const std::vector<kvb::Request> running = {kvb::Request(7, tokenRun(300, 5)), kvb::Request(2, tokenRun(400, 5))};
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(running); }), KVB_STATUS_DUPLICATE_REQUEST);
     expectSameSnapshot(before, snapshot(m, {kFull}, 16), {kFull});
     for (uint64_t id : {5u, 6u, 7u}) {
@@ -820,13 +780,13 @@ TEST(AddSequenceBatchBadInputTest, DuplicateRequestIdsFailAndChangeNothing) {
 // than its input length) rejects the whole batch with that request's status; nothing is admitted.
 TEST(AddSequenceBatchBadInputTest, InvalidRequestRejectsWholeBatch) {
     kvb::Manager m(batchConfig(16, 0));
-    storeForReuse(m, kvb::Request(1, run(0, 9)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
     const Snapshot before = snapshot(m, {kFull}, 16);
-    kvb::Request shortTokens(7, run(300, 5));
+    kvb::Request shortTokens(7, tokenRun(300, 5));
     shortTokens.inputLength = 6;
-    const std::vector<kvb::Request> beams = {kvb::Request(5, cat(run(0, 8), {1})),
-                                             kvb::Request(6, run(100, 5)).withBeamWidth(3)};
-    const std::vector<kvb::Request> tokens = {kvb::Request(5, cat(run(0, 8), {1})), shortTokens};
+    const std::vector<kvb::Request> beams = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})),
+                                             kvb::Request(6, tokenRun(100, 5)).withBeamWidth(3)};
+    const std::vector<kvb::Request> tokens = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})), shortTokens};
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(beams); }), KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(beams, true); }), KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(tokens, true); }), KVB_STATUS_TOO_FEW_TOKENS);
@@ -866,13 +826,13 @@ TEST(AddSequenceBatchBadInputTest, EmptyBatchIsInvalid) {
 // getRequestStats returns the same figures as the batch's results.
 TEST(AddSequenceBatchStatsTest, PerRequestStatsAreExactPerRequest) {
     kvb::Manager m(batchConfig(8, 0));
-    storeForReuse(m, kvb::Request(1, run(0, 9)));
-    m.addSequence(kvb::Request(2, run(1000, 12)));
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
+    m.addSequence(kvb::Request(2, tokenRun(1000, 12)));
     m.removeSequence(2, false);
     const kvb_kv_cache_stats_t before = m.getKvCacheStats();
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 8), {42})), kvb::Request(11, run(100, 9)), kvb::Request(12, run(200, 5))};
+        kvb::Request(10, concatTokens(tokenRun(0, 8), {42})), kvb::Request(11, tokenRun(100, 9)), kvb::Request(12, tokenRun(200, 5))};
     const std::vector<kvb_admission_t> res = m.addSequenceBatch(batch);
     ASSERT_EQ(res.size(), 3u);
     struct Want {
@@ -916,11 +876,11 @@ TEST(AddSequenceBatchStatsTest, PerRequestStatsAreExactPerRequest) {
 // offloaded). Nothing is stored by admission.
 TEST(AddSequenceBatchEventsTest, OnboardedBlocksReportUpdatedAndReusedBlocksAreNotRemoved) {
     kvb::Manager m(batchConfig(8, 4, 1000));
-    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, run(0, 9)));
-    const std::vector<int32_t> y = storeForReuse(m, kvb::Request(2, run(100, 9)));
+    const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
+    const std::vector<int32_t> y = storeForReuse(m, kvb::Request(2, tokenRun(100, 9)));
     EXPECT_TRUE(m.offloadBlock(kFull, y[0]));
     EXPECT_TRUE(m.offloadBlock(kFull, y[1]));
-    const std::vector<int32_t> z = storeForReuse(m, kvb::Request(3, run(200, 9)).withRange(0, -1, 10));
+    const std::vector<int32_t> z = storeForReuse(m, kvb::Request(3, tokenRun(200, 9)).withRange(0, -1, 10));
     auto hashOf = [&](int32_t b) { return m.getBlockInfo(kFull, b).hash; };
     const std::set<uint64_t> reusedHashes = {hashOf(x[0]), hashOf(x[1]), hashOf(y[0]), hashOf(y[1])};
     const std::set<uint64_t> evictable = {hashOf(z[0]), hashOf(z[1])};
@@ -930,9 +890,9 @@ TEST(AddSequenceBatchEventsTest, OnboardedBlocksReportUpdatedAndReusedBlocksAreN
     m.getLatestEvents();
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, cat(run(0, 8), {1})),    // shares x0, x1 + 1 miss
-        kvb::Request(11, cat(run(100, 8), {2})),  // shares y0, y1 (onboarded) + 1 miss
-        kvb::Request(12, run(500, 5)),            // 2 misses: the last free blocks, z1 and z0
+        kvb::Request(10, concatTokens(tokenRun(0, 8), {1})),    // shares x0, x1 + 1 miss
+        kvb::Request(11, concatTokens(tokenRun(100, 8), {2})),  // shares y0, y1 (onboarded) + 1 miss
+        kvb::Request(12, tokenRun(500, 5)),                     // 2 misses: the last free blocks, z1 and z0
     };
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, batch);
     ASSERT_EQ(res.size(), 3u);

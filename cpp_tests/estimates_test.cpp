@@ -19,19 +19,16 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
-std::vector<int32_t> estTokens(int32_t first, int32_t count) {
-    std::vector<int32_t> t(static_cast<size_t>(count));
-    for (int32_t i = 0; i < count; ++i) t[static_cast<size_t>(i)] = first + i;
-    return t;
-}
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 kvb_request_state_t estState(uint64_t id, kvb_request_phase_t phase, int32_t prompt, int32_t beam = 1) {
     kvb_request_state_t s;
@@ -46,10 +43,7 @@ kvb_request_state_t estState(uint64_t id, kvb_request_phase_t phase, int32_t pro
 
 kvb::Config estConfig(int32_t window, int32_t primary, int32_t tpb, int32_t maxSeqLen, bool reuse,
                       int32_t maxBeam = 1) {
-    kvb::Config cfg;
-    cfg.addWindow(window, primary);
-    cfg.raw.tokens_per_block = tpb;
-    cfg.raw.max_sequence_length = maxSeqLen;
+    kvb::Config cfg = kvb_test::windowConfig(window, primary, 0, tpb, maxSeqLen);
     cfg.raw.enable_block_reuse = reuse;
     cfg.raw.max_beam_width = maxBeam;
     return cfg;
@@ -63,7 +57,7 @@ uint64_t allocTotal(const kvb::Manager& m) { return m.getKvCacheStats().alloc_to
 int32_t generationNeed(int32_t maxSeq, int32_t prompt, int32_t generated, int32_t maxNew, int32_t draft,
                        bool twoSteps, int32_t beam = 1) {
     kvb::Manager m(estConfig(maxSeq, 128, 16, maxSeq, false, 2));
-    m.addSequence(kvb::Request(1, estTokens(0, prompt)).withBeamWidth(beam));
+    m.addSequence(kvb::Request(1, tokenRun(0, prompt)).withBeamWidth(beam));
     for (int32_t g = 0; g < generated; ++g) m.addToken(1, 5000 + g);
     kvb_request_state_t s = estState(1, KVB_PHASE_GENERATION, prompt, beam);
     s.max_new_tokens = maxNew;
@@ -72,15 +66,6 @@ int32_t generationNeed(int32_t maxSeq, int32_t prompt, int32_t generated, int32_
     const int32_t need = m.getNeededBlocksOneStep(s, twoSteps, maxSeq);
     m.checkInvariants();
     return need;
-}
-
-kvb_status_t estStatusOf(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
 }
 
 }  // namespace
@@ -137,7 +122,7 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepMatchesAllocationPerStep) {
         kvb_request_state_t s = estState(7, KVB_PHASE_CONTEXT_INIT, c.prompt, c.beam);
         const int32_t first = m.getNeededBlocksOneStep(s, false, c.window);
         uint64_t before = allocTotal(m);
-        m.addSequence(kvb::Request(7, estTokens(0, c.prompt)).withBeamWidth(c.beam));
+        m.addSequence(kvb::Request(7, tokenRun(0, c.prompt)).withBeamWidth(c.beam));
         EXPECT_EQ(static_cast<uint64_t>(first), allocTotal(m) - before);
 
         const int32_t maxNew = c.maxSeq - c.prompt;
@@ -171,10 +156,10 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepMatchesAllocationPerStep) {
 TEST(NeededBlocksOneStepTest, neededBlocksOneStepKvCacheBlockReuse) {
     constexpr int32_t kWindow = 64;
     kvb::Manager m(estConfig(kWindow, 20, 4, kWindow, true));
-    m.addSequence(kvb::Request(1, estTokens(0, 13)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 13)));
     m.storeContextBlocks(1, 13);  // blocks [0..3], [4..7], [8..11]
 
-    std::vector<int32_t> prompt = estTokens(0, 13);
+    std::vector<int32_t> prompt = tokenRun(0, 13);
     for (int32_t t : {50, 51, 52, 53}) prompt.push_back(t);  // 17 tokens: 4 full + 1 partial
     const kvb::Request b(2, prompt);
     const kvb_request_state_t s = estState(2, KVB_PHASE_CONTEXT_INIT, 17);
@@ -221,7 +206,7 @@ TEST(RemainingBlocksToCompletionTest, RemainingBlocksToCompletionCorrectlyEstima
         const uint64_t id = static_cast<uint64_t>(beam);
         const int32_t expected = remaining(id, beam);
         const uint64_t before = allocTotal(m);
-        m.addSequence(kvb::Request(id, estTokens(0, 100)).withBeamWidth(beam));
+        m.addSequence(kvb::Request(id, tokenRun(0, 100)).withBeamWidth(beam));
         if (beam == 1) {
             EXPECT_EQ(remaining(id, beam), 10 - 7) << "7 blocks allocated for the prompt";
         }
@@ -237,7 +222,7 @@ TEST(RemainingBlocksToCompletionTest, RemainingBlocksToCompletionCorrectlyEstima
     kvb_request_state_t s = estState(1, KVB_PHASE_CONTEXT_INIT, 40);
     s.max_new_tokens = 60;
     EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, 64), 5);
-    swa.addSequence(kvb::Request(1, estTokens(0, 40)));
+    swa.addSequence(kvb::Request(1, tokenRun(0, 40)));
     EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, 64), 2) << "(4 - 3 allocated + 1)";
     int64_t minFree = swa.getNumFreeBlocks();
     for (int32_t g = 0; g < 60; ++g) {
@@ -271,7 +256,7 @@ TEST_P(FillKvCacheAndCompleteRequestsTest, FillKvCacheWithRequestsAndCompleteOne
     std::vector<uint64_t> admitted;
     int64_t reserved = 0;
     for (uint64_t id = 0; id < 200; ++id) {
-        std::vector<int32_t> prompt = estTokens(0, p.prompt / 2);
+        std::vector<int32_t> prompt = tokenRun(0, p.prompt / 2);
         for (int32_t t = p.prompt / 2; t < p.prompt; ++t) {
             prompt.push_back(static_cast<int32_t>(id) * 1000 + t);
         }
@@ -440,9 +425,9 @@ TEST(CalculateMaxBlockRequirements, MaxCapacityBatchSize) {
 TEST(KVCacheManagerSchedulingTest, SchedulingSimulationCountsSharedBlocksOnce) {
     constexpr int32_t kWindow = 64, kPrimary = 10;
     kvb::Manager m(estConfig(kWindow, kPrimary, 4, kWindow, true));
-    m.addSequence(kvb::Request(1, estTokens(0, 9)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 9)));
     m.storeContextBlocks(1, 9);  // 2 full blocks in the tree
-    const auto b = m.addSequence(kvb::Request(2, estTokens(0, 9)));
+    const auto b = m.addSequence(kvb::Request(2, tokenRun(0, 9)));
     EXPECT_EQ(b.prepopulated_prompt_len, 8);
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - 4) << "2 shared + 1 own block each";
 
@@ -462,7 +447,7 @@ TEST(KVCacheManagerSchedulingTest, SchedulingSimulationCountsSharedBlocksOnce) {
     m.schedulingRemoveSequence(1);
     EXPECT_TRUE(m.schedulingHasFreeBlocks(7, kWindow));
     EXPECT_FALSE(m.schedulingHasFreeBlocks(8, kWindow));
-    EXPECT_EQ(estStatusOf([&] { m.schedulingRemoveSequence(99); }), KVB_STATUS_UNKNOWN_REQUEST);
+    EXPECT_EQ(statusOf([&] { m.schedulingRemoveSequence(99); }), KVB_STATUS_UNKNOWN_REQUEST);
     m.checkInvariants();
 }
 
@@ -471,27 +456,27 @@ TEST(KVCacheManagerSchedulingTest, SchedulingSimulationCountsSharedBlocksOnce) {
 TEST(KVCacheManagerReuseAccountingTest, CountReusableBlocksWithAndWithoutOnlyAllocated) {
     constexpr int32_t kWindow = 64;
     kvb::Manager m(estConfig(kWindow, 20, 4, kWindow, true));
-    const kvb::Request full(10, estTokens(0, 13));
+    const kvb::Request full(10, tokenRun(0, 13));
     EXPECT_EQ(m.countReusableBlocks(full, kWindow), 0) << "empty tree";
 
-    m.addSequence(kvb::Request(1, estTokens(0, 13)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 13)));
     EXPECT_EQ(m.countReusableBlocks(full, kWindow), 0) << "not stored yet";
     m.storeContextBlocks(1, 13);  // 3 full blocks
     EXPECT_EQ(m.countReusableBlocks(full, kWindow), 3);
     EXPECT_EQ(m.countReusableBlocks(full, kWindow, true), 3) << "sequence 1 holds them";
-    EXPECT_EQ(m.countReusableBlocks(kvb::Request(11, estTokens(0, 12)), kWindow), 2)
+    EXPECT_EQ(m.countReusableBlocks(kvb::Request(11, tokenRun(0, 12)), kWindow), 2)
         << "12 tokens: the last token is never reused, so only 11 are looked up";
-    std::vector<int32_t> diverging = estTokens(0, 6);
+    std::vector<int32_t> diverging = tokenRun(0, 6);
     for (int32_t t : {70, 71, 72, 73, 74, 75, 76}) diverging.push_back(t);
     EXPECT_EQ(m.countReusableBlocks(kvb::Request(12, diverging), kWindow), 1)
         << "partial matches do not count";
-    EXPECT_EQ(m.countReusableBlocks(kvb::Request(13, estTokens(1, 13)), kWindow), 0);
+    EXPECT_EQ(m.countReusableBlocks(kvb::Request(13, tokenRun(1, 13)), kWindow), 0);
 
     m.removeSequence(1);
     EXPECT_EQ(m.countReusableBlocks(full, kWindow), 3) << "still cached";
     EXPECT_EQ(m.countReusableBlocks(full, kWindow, true), 0) << "but free";
 
-    m.addSequence(kvb::Request(2, estTokens(0, 9)));  // reuses the first two blocks
+    m.addSequence(kvb::Request(2, tokenRun(0, 9)));  // reuses the first two blocks
     EXPECT_EQ(m.countReusableBlocks(full, kWindow), 3);
     EXPECT_EQ(m.countReusableBlocks(full, kWindow, true), 2);
     m.checkInvariants();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -86,11 +87,7 @@ std::vector<EventKind> eventKinds(const std::vector<kvb::Event>& events) {
     return out;
 }
 
-std::vector<int32_t> evTokens(int32_t first, int32_t count) {
-    std::vector<int32_t> t;
-    for (int32_t i = 0; i < count; ++i) t.push_back(first + i);
-    return t;
-}
+using kvb_test::tokenRun;
 
 /// Events on (`maxEntries` buffered), tokens_per_block 4, max sequence length 32, manual clock.
 kvb::Config eventConfig(int32_t maxEntries = 1024) {
@@ -106,6 +103,13 @@ kvb::Config eventConfig(int32_t maxEntries = 1024) {
 std::vector<kvb::Event> flushAndDrain(kvb::Manager& m, uint64_t* dropped = nullptr) {
     m.flushIterationEvents();
     return m.getLatestEvents(0, dropped);
+}
+
+/// A manager of `config` whose Created events are already drained, so a test sees only its own.
+kvb::Manager drainedManager(const kvb::Config& config) {
+    kvb::Manager m(config);
+    flushAndDrain(m);
+    return m;
 }
 
 uint64_t hashOf(const kvb::Manager& m, int32_t window, int32_t block) {
@@ -147,7 +151,7 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
     EXPECT_FALSE(created[0].attentionDpRank.has_value());
 
     // 9-token prompt with LoRA 42: blocks 0, 1 hold keys [0..4), [4..8); block 2 holds token 8.
-    m.addSequence(kvb::Request(0, evTokens(0, 9)).withLora(42));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)).withLora(42));
     EXPECT_TRUE(flushAndDrain(m).empty()) << "admission into free blocks changes no tree";
     m.storeContextBlocks(0, 9);
     auto stored = flushAndDrain(m);
@@ -160,8 +164,8 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
     const uint64_t h0 = hashOf(m, kW, 0), h1 = hashOf(m, kW, 1);
     EXPECT_EQ(s.storedBlocks[0].hash, h0);
     EXPECT_EQ(s.storedBlocks[1].hash, h1);
-    EXPECT_EQ(s.storedBlocks[0].tokens, evTokens(0, 4));
-    EXPECT_EQ(s.storedBlocks[1].tokens, evTokens(4, 4));
+    EXPECT_EQ(s.storedBlocks[0].tokens, tokenRun(0, 4));
+    EXPECT_EQ(s.storedBlocks[1].tokens, tokenRun(4, 4));
     for (const auto& b : s.storedBlocks) {
         EXPECT_EQ(b.loraTaskId, std::optional<uint64_t>(42));
         EXPECT_EQ(b.cacheLevel, KVB_CACHE_LEVEL_PRIMARY);
@@ -193,7 +197,7 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
     // Free queue now [4, 5, 6, 7, 3, 2, 1, 0], host [8, 9]. A 29-token prompt takes all 8:
     // blocks 2, 1, 0 are cached (priority 35) and offloaded in that order, into host 8, host 9
     // and then host block 2 itself (the first one offloaded), whose cached content is dropped.
-    m.addSequence(kvb::Request(1, evTokens(1000, 29)));
+    m.addSequence(kvb::Request(1, tokenRun(1000, 29)));
     auto offload = flushAndDrain(m);
     ASSERT_EQ(eventKinds(offload),
               (std::vector<EventKind>{{kW, KVB_EVENT_UPDATED}, {kW, KVB_EVENT_UPDATED},
@@ -215,7 +219,7 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
     m.checkInvariants();
 
     // The prompt again: blocks 0 and 1 are found on the host and onboarded.
-    kvb_admission_t a = m.addSequence(kvb::Request(2, evTokens(0, 9)).withLora(42));
+    kvb_admission_t a = m.addSequence(kvb::Request(2, tokenRun(0, 9)).withLora(42));
     EXPECT_EQ(a.prepopulated_prompt_len, 8);
     auto onboard = flushAndDrain(m);
     ASSERT_EQ(eventKinds(onboard),
@@ -237,10 +241,7 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
 // recompute or index the same key.
 TEST(KVCacheManagerEventStream, StoredBlockCarriesExtraIdsSaltAndMultimodalKeys) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 8);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 8));
 
     std::vector<uint64_t> extra = {7, 7, 7, 7, 8, 8, 8, 8, 9};
     kvb_multimodal_item_t item{};
@@ -248,7 +249,7 @@ TEST(KVCacheManagerEventStream, StoredBlockCarriesExtraIdsSaltAndMultimodalKeys)
     item.position = 2;
     item.length = 4;  // tokens 2..5: starts in block 0, continues into block 1
     m.addSequence(
-        kvb::Request(0, evTokens(0, 9)).withExtraIds(extra).withSalt(77).withMultimodal(item));
+        kvb::Request(0, tokenRun(0, 9)).withExtraIds(extra).withSalt(77).withMultimodal(item));
     m.storeContextBlocks(0, 9);
     auto events = flushAndDrain(m);
     ASSERT_EQ(events.size(), 1u) << describeEvents(events);
@@ -284,7 +285,7 @@ TEST(KVCacheManagerEventStreamOverflow, DropsOldestAndCountsDrops) {
     c.addWindow(kW, 8);
     kvb::Manager m(c);
 
-    m.addSequence(kvb::Request(0, evTokens(0, 9)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)));
     m.storeContextBlocks(0, 9);
     uint64_t dropped = 99;
     auto first = flushAndDrain(m, &dropped);
@@ -302,17 +303,17 @@ TEST(KVCacheManagerEventStreamOverflow, DropsOldestAndCountsDrops) {
     EXPECT_EQ(decode[0].id, 2u);
 
     // Two flushes without a drain: the first one's event is dropped for the second one's.
-    m.addSequence(kvb::Request(1, evTokens(200, 5)));
+    m.addSequence(kvb::Request(1, tokenRun(200, 5)));
     m.storeContextBlocks(1, 5);  // Stored #3
     m.flushIterationEvents();
-    m.addSequence(kvb::Request(2, evTokens(300, 5)));
+    m.addSequence(kvb::Request(2, tokenRun(300, 5)));
     m.storeContextBlocks(2, 5);  // Stored #4
     auto last = flushAndDrain(m, &dropped);
     ASSERT_EQ(last.size(), 1u) << describeEvents(last);
     EXPECT_EQ(dropped, 1u);
     EXPECT_EQ(last[0].id, 4u);
     ASSERT_EQ(last[0].storedBlocks.size(), 1u);
-    EXPECT_EQ(last[0].storedBlocks[0].tokens, evTokens(300, 4));
+    EXPECT_EQ(last[0].storedBlocks[0].tokens, tokenRun(300, 4));
     m.checkInvariants();
 }
 
@@ -325,12 +326,9 @@ TEST(KVCacheManagerEventStreamOverflow, DropsOldestAndCountsDrops) {
 // reported as Updated 50->10 once per reused block.
 TEST(KVCacheManagerEventStreamPriority, RetentionPriorityStoredAndUpdated) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 8);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 8));
 
-    m.addSequence(kvb::Request(0, evTokens(0, 9)).withRange(0, -1, 50));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)).withRange(0, -1, 50));
     m.storeContextBlocks(0, 9);
     m.removeSequence(0, true);
     auto stored = flushAndDrain(m);
@@ -339,14 +337,14 @@ TEST(KVCacheManagerEventStreamPriority, RetentionPriorityStoredAndUpdated) {
     for (const auto& b : stored[0].storedBlocks) EXPECT_EQ(b.priority, 50);
     const uint64_t h0 = hashOf(m, kW, 0), h1 = hashOf(m, kW, 1);
 
-    kvb_admission_t a = m.addSequence(kvb::Request(1, evTokens(0, 9)));
+    kvb_admission_t a = m.addSequence(kvb::Request(1, tokenRun(0, 9)));
     EXPECT_EQ(a.prepopulated_prompt_len, 8);
     m.removeSequence(1, true);
     EXPECT_TRUE(flushAndDrain(m).empty()) << "reuse without retention changes no priority";
     EXPECT_EQ(m.getPriorityByBlockId(kW, 0), 50);
     EXPECT_EQ(m.getPriorityByBlockId(kW, 1), 50);
 
-    m.addSequence(kvb::Request(2, evTokens(0, 9)).withRange(0, -1, 10));
+    m.addSequence(kvb::Request(2, tokenRun(0, 9)).withRange(0, -1, 10));
     auto updated = flushAndDrain(m);
     ASSERT_EQ(eventKinds(updated),
               (std::vector<EventKind>{{kW, KVB_EVENT_UPDATED}, {kW, KVB_EVENT_UPDATED}}))
@@ -367,12 +365,9 @@ TEST(KVCacheManagerEventStreamPriority, RetentionPriorityStoredAndUpdated) {
 // default; a router must hear of it (Updated 80->35) to keep its priorities right.
 TEST(KVCacheManagerEventStreamPriority, ExpiredRetentionReportsDecayToDefault) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 8);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 8));
 
-    m.addSequence(kvb::Request(0, evTokens(0, 5)).withRange(0, -1, 80, /*duration_ms=*/10));
+    m.addSequence(kvb::Request(0, tokenRun(0, 5)).withRange(0, -1, 80, /*duration_ms=*/10));
     m.removeSequence(0, true);
     auto stored = flushAndDrain(m);
     ASSERT_EQ(stored.size(), 1u) << describeEvents(stored);
@@ -403,7 +398,7 @@ TEST(KVCacheManagerEventStreamBlocking, EventsOffDeliverNothing) {
     kvb::Config c = eventConfig(/*maxEntries=*/0);
     c.addWindow(32, 8, 2);
     kvb::Manager m(c);
-    m.addSequence(kvb::Request(0, evTokens(0, 9)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)));
     m.storeContextBlocks(0, 9);
     m.removeSequence(0, true);
     uint64_t dropped = 99;
@@ -418,7 +413,7 @@ TEST(KVCacheManagerEventStreamBlocking, NothingVisibleBeforeFlush) {
     kvb::Config c = eventConfig();
     c.addWindow(32, 8);
     kvb::Manager m(c);
-    m.addSequence(kvb::Request(0, evTokens(0, 9)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)));
     m.storeContextBlocks(0, 9);
     EXPECT_TRUE(m.getLatestEvents(0).empty()) << "Created and Stored are not flushed yet";
     m.flushIterationEvents();
@@ -444,7 +439,7 @@ TEST(KVCacheManagerEventStreamBlocking, BlockingDrainOnAnotherThreadReturnsFlush
         return m.getLatestEvents(/*timeoutMs=*/60000);
     });
     drainerStarted.wait();
-    m.addSequence(kvb::Request(0, evTokens(0, 9)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)));
     m.storeContextBlocks(0, 9);
     m.flushIterationEvents();
     std::vector<kvb::Event> events = drained.get();
@@ -463,9 +458,7 @@ TEST(KVCacheManagerEventStreamBlocking, BlockingDrainOnAnotherThreadReturnsFlush
 TEST(KVCacheManagerEventStreamBlocking, BlockedDrainReturnsWhenManagerIsDestroyed) {
     kvb::Config c = eventConfig();
     c.addWindow(32, 8);
-    kvb_manager_config_t raw = c.raw;
-    raw.windows = c.windows.data();
-    raw.num_windows = c.windows.size();
+    kvb_manager_config_t raw = kvb_test::rawConfig(c);
     kvb_manager_t* mgr = nullptr;
     ASSERT_EQ(kvb_manager_create(&raw, &mgr), KVB_OK);
     // Consume Created so the drainer has nothing to return until the destroy.
@@ -519,7 +512,7 @@ TEST(KVCacheManagerEventStreamWindowSize, CreatedAscendingAndStoredPerWindow) {
     EXPECT_EQ(created[1].id, 1u);
     EXPECT_EQ(created[0].numPrimaryBlocks, 16);
 
-    m.addSequence(kvb::Request(0, evTokens(0, 9)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 9)));
     m.storeContextBlocks(0, 9);
     auto ctx = flushAndDrain(m);
     ASSERT_EQ(eventKinds(ctx),
@@ -557,21 +550,18 @@ TEST(KVCacheManagerEventStreamWindowSize, CreatedAscendingAndStoredPerWindow) {
 // holding both hashes (not one event per block).
 TEST(KVCacheManagerEventRemovedBatchedWithinWindow, TwoEvictionsOneEvent) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 4);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 4));
 
     // A (5 tokens) stores block 0; B (5 tokens) stores block 2. Queue then [1, 0, 3, 2].
-    m.addSequence(kvb::Request(0, evTokens(0, 5)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 5)));
     m.removeSequence(0, true);
-    m.addSequence(kvb::Request(1, evTokens(100, 5)));
+    m.addSequence(kvb::Request(1, tokenRun(100, 5)));
     m.removeSequence(1, true);
     ASSERT_EQ(flushAndDrain(m).size(), 2u);
     const uint64_t hA = hashOf(m, kW, 0), hB = hashOf(m, kW, 2);
 
     // 16 fresh tokens take all four blocks, evicting A's and then B's cached block.
-    m.addSequence(kvb::Request(2, evTokens(1000, 16)));
+    m.addSequence(kvb::Request(2, tokenRun(1000, 16)));
     auto events = flushAndDrain(m);
     ASSERT_EQ(eventKinds(events), (std::vector<EventKind>{{kW, KVB_EVENT_REMOVED}}))
         << describeEvents(events);
@@ -583,18 +573,15 @@ TEST(KVCacheManagerEventRemovedBatchedWithinWindow, TwoEvictionsOneEvent) {
 // before the Stored one, so a router never sees content stored before older content leaves.
 TEST(KVCacheManagerEventRemovedOrderedBeforeStore, RemovedPrecedesStoredInOneWindow) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 4);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 4));
 
-    m.addSequence(kvb::Request(0, evTokens(0, 5)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 5)));
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 1u);
     const uint64_t hA = hashOf(m, kW, 0);
 
     // 13 tokens take all four blocks (evicting A), then their 3 full blocks are stored.
-    m.addSequence(kvb::Request(1, evTokens(1000, 13)));
+    m.addSequence(kvb::Request(1, tokenRun(1000, 13)));
     m.storeContextBlocks(1, 13);
     auto events = flushAndDrain(m);
     ASSERT_EQ(eventKinds(events),
@@ -612,18 +599,15 @@ TEST(KVCacheManagerEventRemovedOrderedBeforeStore, RemovedPrecedesStoredInOneWin
 // stays pending until the flush: [Removed(32), Stored(32), Removed(16)].
 TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
      StoreCommitsOnlyItsWindow) {
-    kvb::Config c = eventConfig();
-    c.addWindow(16, 4).addWindow(32, 4);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(16, 4).addWindow(32, 4));
 
     // X (5 tokens) leaves block 0 cached in both windows; queue [2, 3, 1, 0].
-    m.addSequence(kvb::Request(0, evTokens(500, 5)));
+    m.addSequence(kvb::Request(0, tokenRun(500, 5)));
     m.removeSequence(0, true);
     const uint64_t hX = hashOf(m, 32, 0);
     ASSERT_EQ(hashOf(m, 16, 0), hX);
     // S (9 tokens) takes blocks 2, 3, 1 and stores two of them in both windows.
-    m.addSequence(kvb::Request(1, evTokens(0, 9)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 9)));
     m.storeContextBlocks(1, 9);
     ASSERT_EQ(flushAndDrain(m).size(), 4u);
 
@@ -643,18 +627,15 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
 // each window's removals come right before that window's own Stored event.
 TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
      EachWindowCommitsBeforeItsOwnStore) {
-    kvb::Config c = eventConfig();
-    c.addWindow(16, 4).addWindow(32, 4);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(16, 4).addWindow(32, 4));
 
-    m.addSequence(kvb::Request(0, evTokens(500, 5)));
+    m.addSequence(kvb::Request(0, tokenRun(500, 5)));
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 2u);
 
     // 13 tokens take all four blocks in each window (admission visits windows ascending, so
     // window 16 evicts first), then storeContextBlocks stores window 32, then window 16.
-    m.addSequence(kvb::Request(1, evTokens(0, 13)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 13)));
     m.storeContextBlocks(1, 13);
     auto events = flushAndDrain(m);
     ASSERT_EQ(eventKinds(events),
@@ -673,13 +654,10 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
 // rewritten): it leaves the tree, so a Removed event names its hash.
 TEST(KVCacheManagerEventRemovedPolicy, PartialLeafTakeOverIsReported) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 8);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 8));
 
     // 6 tokens: store keeps [0..4) and the partial [4] (5 of 6 tokens) as blocks 0 and 1.
-    m.addSequence(kvb::Request(0, evTokens(0, 6)));
+    m.addSequence(kvb::Request(0, tokenRun(0, 6)));
     m.removeSequence(0, true);
     auto stored = flushAndDrain(m);
     ASSERT_EQ(stored.size(), 1u) << describeEvents(stored);
@@ -703,19 +681,16 @@ TEST(KVCacheManagerEventRemovedPolicy, PartialLeafTakeOverIsReported) {
 // block is reported (in one Removed event), not only the evicted one.
 TEST(KVCacheManagerEventRemovedPolicy, EvictedParentReportsItsSubtree) {
     constexpr int32_t kW = 32;
-    kvb::Config c = eventConfig();
-    c.addWindow(kW, 4);
-    kvb::Manager m(c);
-    flushAndDrain(m);
+    kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 4));
 
     // 13 tokens, first block at priority 10, the rest at 80: blocks 0 <- 1 <- 2 stored.
-    m.addSequence(kvb::Request(0, evTokens(0, 13)).withRange(0, 4, 10).withRange(4, -1, 80));
+    m.addSequence(kvb::Request(0, tokenRun(0, 13)).withRange(0, 4, 10).withRange(4, -1, 80));
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 1u);
     const std::set<uint64_t> chain = {hashOf(m, kW, 0), hashOf(m, kW, 1), hashOf(m, kW, 2)};
 
     // One new block: the lowest priority goes first, i.e. the root of the chain.
-    m.addSequence(kvb::Request(1, evTokens(900, 3)));
+    m.addSequence(kvb::Request(1, tokenRun(900, 3)));
     EXPECT_EQ(m.getCacheBlockIds(1, kW), std::vector<int32_t>{0});
     auto events = flushAndDrain(m);
     ASSERT_EQ(eventKinds(events), (std::vector<EventKind>{{kW, KVB_EVENT_REMOVED}}))
@@ -923,7 +898,7 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
     auto chance = [&below](int32_t percent) { return below(100) < percent; };
     auto pick = [&below](size_t n) { return static_cast<size_t>(below(static_cast<uint32_t>(n))); };
     std::vector<std::vector<int32_t>> prefixes;
-    for (int32_t p = 0; p < 4; ++p) prefixes.push_back(evTokens(p * 100, 24));
+    for (int32_t p = 0; p < 4; ++p) prefixes.push_back(tokenRun(p * 100, 24));
     std::vector<uint64_t> live;
     uint64_t nextId = 0;
 
@@ -1045,7 +1020,7 @@ struct EventBatchFixture {
     kvb_event_batch_t* batch = nullptr;
 
     EventBatchFixture() : m(makeConfig()) {
-        m.addSequence(kvb::Request(0, evTokens(0, 9)));
+        m.addSequence(kvb::Request(0, tokenRun(0, 9)));
         m.storeContextBlocks(0, 9);
         m.flushIterationEvents();
         kvb::check(kvb_manager_get_latest_events(m.get(), 0, &batch));
@@ -1123,9 +1098,7 @@ TEST(KVCacheManagerEventBadInput, InvalidArguments) {
 TEST(KVCacheManagerEventBadInput, DestroyedManager) {
     kvb::Config c = eventConfig();
     c.addWindow(32, 8);
-    kvb_manager_config_t raw = c.raw;
-    raw.windows = c.windows.data();
-    raw.num_windows = c.windows.size();
+    kvb_manager_config_t raw = kvb_test::rawConfig(c);
     kvb_manager_t* mgr = nullptr;
     ASSERT_EQ(kvb_manager_create(&raw, &mgr), KVB_OK);
     ASSERT_EQ(kvb_manager_flush_iteration_events(mgr), KVB_OK);  // Created is pending delivery

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -20,45 +21,18 @@ constexpr int32_t kWindow = 64;
 constexpr int32_t kTokensPerBlock = 4;
 
 kvb::Config evictionConfig(int32_t primary, int32_t secondary = 0) {
-    kvb::Config c;
-    c.addWindow(kWindow, primary, secondary);
-    c.raw.tokens_per_block = kTokensPerBlock;
-    c.raw.max_sequence_length = kWindow;
-    return c;
+    return kvb_test::windowConfig(kWindow, primary, secondary, kTokensPerBlock, kWindow);
 }
 
-// Tokens start, start + 1, ..., start + n - 1.
-std::vector<int32_t> tokenRun(int32_t start, int32_t n) {
-    std::vector<int32_t> v(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + i;
-    return v;
-}
-
-std::vector<int32_t> concatTokens(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
-
-std::vector<int32_t> ids(std::initializer_list<int32_t> l) { return std::vector<int32_t>(l); }
+using kvb_test::concatTokens;
+using kvb_test::ids;
+using kvb_test::reusableBlocks;
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 std::vector<int32_t> sorted(std::vector<int32_t> v) {
     std::sort(v.begin(), v.end());
     return v;
-}
-
-// Full prompt blocks of `tokens` that are currently in the reuse tree (host or primary).
-int32_t reusableBlocks(kvb::Manager& m, const std::vector<int32_t>& tokens) {
-    return m.countReusableBlocks(kvb::Request(999999, tokens), kWindow);
-}
-
-template <typename F>
-kvb_status_t statusOf(F&& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
 }
 
 }  // namespace
@@ -177,7 +151,7 @@ TEST(KVCacheManagerTimedEvictionTest, TimedPriorityDecaysAfterDuration) {
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 0), 80);
     m.addSequence(kvb::Request(2, tokenRun(1000, 3)));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({5}));
-    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 9)), 2);
+    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 9), kWindow), 2);
     m.removeSequence(2, false);
     m.checkInvariants();
 
@@ -188,8 +162,8 @@ TEST(KVCacheManagerTimedEvictionTest, TimedPriorityDecaysAfterDuration) {
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 3), 50);
     m.addSequence(kvb::Request(3, tokenRun(2000, 16)));
     EXPECT_EQ(sorted(m.getCacheBlockIds(3, kWindow)), ids({0, 1, 2, 5}));
-    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 9)), 0);
-    EXPECT_EQ(reusableBlocks(m, tokenRun(100, 9)), 2);
+    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 9), kWindow), 0);
+    EXPECT_EQ(reusableBlocks(m, tokenRun(100, 9), kWindow), 2);
     kvb_block_info_t kept = m.getBlockInfo(kWindow, 3);
     EXPECT_TRUE(kept.in_reuse_tree);
     EXPECT_TRUE(kept.is_free);
@@ -230,8 +204,8 @@ TEST(KVCacheManagerDecodeTimedEvictionTest, DecodePriorityDecaysAfterDuration) {
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 2), 100);
     m.addSequence(kvb::Request(2, tokenRun(5000, 16)));  // stays running
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({8, 9, 7, 6}));
-    EXPECT_EQ(reusableBlocks(m, tokensA), 3);
-    EXPECT_EQ(reusableBlocks(m, tokensB), 2);
+    EXPECT_EQ(reusableBlocks(m, tokensA, kWindow), 3);
+    EXPECT_EQ(reusableBlocks(m, tokensB, kWindow), 2);
     m.checkInvariants();
 
     // At 25 ms the generated blocks have decayed to 35 and are taken before B's blocks.
@@ -242,7 +216,7 @@ TEST(KVCacheManagerDecodeTimedEvictionTest, DecodePriorityDecaysAfterDuration) {
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 0), 100);
     m.addSequence(kvb::Request(3, tokenRun(6000, 8)));
     EXPECT_EQ(sorted(m.getCacheBlockIds(3, kWindow)), ids({2, 3}));
-    EXPECT_EQ(reusableBlocks(m, tokensB), 2);
+    EXPECT_EQ(reusableBlocks(m, tokensB, kWindow), 2);
 
     kvb_admission_t ra = m.addSequence(kvb::Request(4, tokensA));
     EXPECT_EQ(ra.prepopulated_prompt_len, 8);
@@ -340,7 +314,7 @@ TEST(KVCacheManagerLeafBlockWithDependentTest, ReclaimingParentDetachesDescendan
     EXPECT_EQ(middle.cache_level, KVB_CACHE_LEVEL_SECONDARY);
     EXPECT_TRUE(middle.is_free);
     EXPECT_EQ(middle.priority, 90);
-    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 13)), 0);
+    EXPECT_EQ(reusableBlocks(m, tokenRun(0, 13), kWindow), 0);
     EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow).second, 1);
     m.checkInvariants();
 }
@@ -377,13 +351,13 @@ TEST(KVCacheManagerEvictionLruTest, LeastRecentlyReleasedIsEvictedFirst) {
         m.addSequence(kvb::Request(1, tokensB));  // blocks 2, 3
         m.removeSequence(releaseAFirst ? 0 : 1);
         m.removeSequence(releaseAFirst ? 1 : 0);
-        ASSERT_EQ(reusableBlocks(m, tokensA), 1);
-        ASSERT_EQ(reusableBlocks(m, tokensB), 1);
+        ASSERT_EQ(reusableBlocks(m, tokensA, kWindow), 1);
+        ASSERT_EQ(reusableBlocks(m, tokensB, kWindow), 1);
 
         m.addSequence(kvb::Request(2, tokenRun(500, 5)));
         EXPECT_EQ(m.getCacheBlockIds(2, kWindow), releaseAFirst ? ids({1, 0}) : ids({3, 2}));
-        EXPECT_EQ(reusableBlocks(m, tokensA), releaseAFirst ? 0 : 1);
-        EXPECT_EQ(reusableBlocks(m, tokensB), releaseAFirst ? 1 : 0);
+        EXPECT_EQ(reusableBlocks(m, tokensA, kWindow), releaseAFirst ? 0 : 1);
+        EXPECT_EQ(reusableBlocks(m, tokensB, kWindow), releaseAFirst ? 1 : 0);
         m.checkInvariants();
     }
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -25,39 +26,14 @@ constexpr int32_t kWindow = 64;
 constexpr int32_t kTokensPerBlock = 4;
 
 kvb::Config hostTierConfig(int32_t primary, int32_t secondary) {
-    kvb::Config c;
-    c.addWindow(kWindow, primary, secondary);
-    c.raw.tokens_per_block = kTokensPerBlock;
-    c.raw.max_sequence_length = kWindow;
-    return c;
+    return kvb_test::windowConfig(kWindow, primary, secondary, kTokensPerBlock, kWindow);
 }
 
-std::vector<int32_t> tokenRun(int32_t start, int32_t n) {
-    std::vector<int32_t> v(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + i;
-    return v;
-}
-
-std::vector<int32_t> concatTokens(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
-
-std::vector<int32_t> ids(std::initializer_list<int32_t> l) { return std::vector<int32_t>(l); }
-
-int32_t reusableBlocks(kvb::Manager& m, const std::vector<int32_t>& tokens) {
-    return m.countReusableBlocks(kvb::Request(999999, tokens), kWindow);
-}
-
-template <typename F>
-kvb_status_t statusOf(F&& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
-}
+using kvb_test::concatTokens;
+using kvb_test::ids;
+using kvb_test::reusableBlocks;
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 // Every block of a running sequence must be primary (its offsets are written for the kernels).
 void expectAllPrimary(const kvb::Manager& m, uint64_t id) {
@@ -232,9 +208,9 @@ TEST(HostTierOffloadTest, EvictionOffloadsBlocksAtOrAboveMinimumPriority) {
         EXPECT_EQ(s.offloaded_blocks, c.offloaded);
         EXPECT_EQ(s.free_num_blocks, 0u);
         EXPECT_EQ(s.free_secondary_blocks, 4u);
-        EXPECT_EQ(reusableBlocks(m, promptDefault), 35 >= c.minPriority ? 2 : 0);
-        EXPECT_EQ(reusableBlocks(m, promptHigh), 45 >= c.minPriority ? 2 : 0);
-        EXPECT_EQ(reusableBlocks(m, promptLow), 0);
+        EXPECT_EQ(reusableBlocks(m, promptDefault, kWindow), 35 >= c.minPriority ? 2 : 0);
+        EXPECT_EQ(reusableBlocks(m, promptHigh, kWindow), 45 >= c.minPriority ? 2 : 0);
+        EXPECT_EQ(reusableBlocks(m, promptLow, kWindow), 0);
         for (int32_t b : {0, 1, 3, 4, 6, 7}) {
             int32_t priority = b < 3 ? 35 : b < 6 ? 45 : 20;
             kvb_block_info_t info = m.getBlockInfo(kWindow, b);

@@ -8,19 +8,16 @@
 
 #include <climits>
 #include <cstdint>
-#include <functional>
 #include <utility>
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
-std::vector<int32_t> layoutTokens(int32_t first, int32_t count) {
-    std::vector<int32_t> t(static_cast<size_t>(count));
-    for (int32_t i = 0; i < count; ++i) t[static_cast<size_t>(i)] = first + i;
-    return t;
-}
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
 
 // Index of entry `block` of row (pool, slot, field) in an offset table.
 size_t layoutIndex(int32_t pool, int32_t numSlots, int32_t slot, int32_t field, int32_t maxBlocks,
@@ -48,15 +45,6 @@ void expectRowHoldsBlocks(const kvb::Manager& m, const std::vector<int32_t>& tab
     }
 }
 
-kvb_status_t statusOf(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
-}
-
 }  // namespace
 
 // Full attention, beam width 4, no reuse: a 10-token prompt at 4 tokens per block needs 3 context
@@ -75,7 +63,7 @@ TEST(KVCacheManagerTest, FullAttentionBeamSearchLayoutAndExhaustion) {
     kvb::Manager m(cfg);
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary);
 
-    m.addSequence(kvb::Request(0, layoutTokens(0, 10)).withBeamWidth(kBeam));
+    m.addSequence(kvb::Request(0, tokenRun(0, 10)).withBeamWidth(kBeam));
     // 2 shared + 4 per-beam last blocks.
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - 6);
     for (int32_t b = 0; b < kBeam; ++b) {
@@ -136,17 +124,17 @@ TEST(KVCacheManagerTest, FullAttentionBeamSearchLayoutAndExhaustion) {
     m.checkInvariants();
 
     // Two more beam-4 sequences of 6 blocks each fit in the 16 free blocks; a third does not.
-    m.addSequence(kvb::Request(1, layoutTokens(1000, 10)).withBeamWidth(kBeam));
-    m.addSequence(kvb::Request(2, layoutTokens(2000, 10)).withBeamWidth(kBeam));
+    m.addSequence(kvb::Request(1, tokenRun(1000, 10)).withBeamWidth(kBeam));
+    m.addSequence(kvb::Request(2, tokenRun(2000, 10)).withBeamWidth(kBeam));
     EXPECT_EQ(m.getNumFreeBlocks(), 4);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(3, layoutTokens(3000, 10)).withBeamWidth(kBeam)); }),
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(3, tokenRun(3000, 10)).withBeamWidth(kBeam)); }),
               KVB_STATUS_OUT_OF_BLOCKS);
     EXPECT_EQ(m.getNumFreeBlocks(), 4) << "a failed admission changes nothing";
     EXPECT_EQ(statusOf([&] { m.getNumTokens(3); }), KVB_STATUS_UNKNOWN_REQUEST);
     m.checkInvariants();
 
     // A beam-1 sequence of 3 blocks still fits; then sequence 0 cannot open 4 per-beam blocks.
-    m.addSequence(kvb::Request(4, layoutTokens(4000, 12)));
+    m.addSequence(kvb::Request(4, tokenRun(4000, 12)));
     EXPECT_EQ(m.getNumFreeBlocks(), 1);
     for (int32_t t = 0; t < 3; ++t) m.addToken(0, 200 + t);  // 18..20 tokens: same block
     EXPECT_EQ(statusOf([&] { m.addToken(0, 203); }), KVB_STATUS_OUT_OF_BLOCKS);
@@ -173,9 +161,9 @@ TEST(KVCacheManagerBatchTest, BlockOffsetsOfBatchLayout) {
     cfg.raw.enable_block_reuse = false;
     kvb::Manager m(cfg);
 
-    m.addSequence(kvb::Request(10, layoutTokens(0, 5)).withBeamWidth(kBeam));    // 1 shared + 2
-    m.addSequence(kvb::Request(11, layoutTokens(100, 8)).withBeamWidth(kBeam));  // 2 shared
-    m.addSequence(kvb::Request(12, layoutTokens(200, 9)).withBeamWidth(kBeam));  // 2 shared + 2
+    m.addSequence(kvb::Request(10, tokenRun(0, 5)).withBeamWidth(kBeam));    // 1 shared + 2
+    m.addSequence(kvb::Request(11, tokenRun(100, 8)).withBeamWidth(kBeam));  // 2 shared
+    m.addSequence(kvb::Request(12, tokenRun(200, 9)).withBeamWidth(kBeam));  // 2 shared + 2
     EXPECT_EQ(m.getCacheBlockIds(10, kWindow, 0), (std::vector<int32_t>{0, 1}));
     EXPECT_EQ(m.getCacheBlockIds(10, kWindow, 1), (std::vector<int32_t>{0, 2}));
     EXPECT_EQ(m.getCacheBlockIds(11, kWindow, 0), (std::vector<int32_t>{3, 4}));
@@ -230,7 +218,7 @@ TEST(KVCacheManagerRewindTokensTest, RewindReturnsBlocks) {
     cfg.raw.enable_block_reuse = false;
     kvb::Manager m(cfg);
 
-    m.addSequence(kvb::Request(1, layoutTokens(0, 6)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 6)));
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - 2);
     for (int32_t t = 0; t < 7; ++t) m.addToken(1, 100 + t);  // 13 tokens: blocks at 9 and 13
     EXPECT_EQ(m.getNumTokens(1), 13);
@@ -285,7 +273,7 @@ TEST(KVCacheManagerTest, OffsetTableDimensionsWithSeveralWindows) {
     EXPECT_EQ(dims.second, 3);
     EXPECT_EQ(m.getNumFreeBlocks(), 12 + 10 + 11);
 
-    m.addSequence(kvb::Request(7, layoutTokens(0, 6)));
+    m.addSequence(kvb::Request(7, tokenRun(0, 6)));
     const int32_t maxBlocks = dims.first;
     constexpr int32_t kSlots = 1;
     std::vector<int32_t> table(static_cast<size_t>(dims.second * kSlots * 2 * maxBlocks), -1);

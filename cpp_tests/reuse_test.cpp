@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -24,37 +25,22 @@ constexpr int32_t kTpb = 4;
 constexpr int32_t kWindow = 128;
 
 kvb::Manager makeManager(int32_t primaryBlocks, bool reuse = true, int32_t maxBeamWidth = 1) {
-    kvb::Config c;
-    c.raw.tokens_per_block = kTpb;
-    c.raw.max_sequence_length = kWindow;
+    kvb::Config c = kvb_test::windowConfig(kWindow, primaryBlocks, 0, kTpb, kWindow);
     c.raw.max_beam_width = maxBeamWidth;
     c.raw.enable_block_reuse = reuse;
-    c.addWindow(kWindow, primaryBlocks);
     return kvb::Manager(c);
 }
 
+// Tokens begin, begin + 1, ..., end - 1 (end excluded; kvb_test::tokenRun takes a count).
 std::vector<int32_t> tokenRange(int32_t begin, int32_t end) {
     std::vector<int32_t> v;
     for (int32_t t = begin; t < end; ++t) v.push_back(t);
     return v;
 }
 
-std::vector<int32_t> join(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
-
-std::vector<int32_t> ids(std::initializer_list<int32_t> l) { return std::vector<int32_t>(l); }
-
-template <typename F>
-kvb_status_t statusOf(F&& f) {
-    try {
-        f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
-    return KVB_OK;
-}
+using kvb_test::concatTokens;
+using kvb_test::ids;
+using kvb_test::statusOf;
 
 /// Admits `r` and releases it at once, storing its blocks for reuse.
 kvb_admission_t storePrompt(kvb::Manager& m, const kvb::Request& r) {
@@ -270,7 +256,7 @@ TEST(BlockManagerReuseTest, PartialReuseTakesOverUnreferencedLeaf) {
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
 
     // Shares 0..5 then diverges: block 0 exact, block 1 partially (2 tokens) -> 6 reused.
-    const auto prompt = join(tokenRange(0, 6), {100, 101, 102});
+    const auto prompt = concatTokens(tokenRange(0, 6), {100, 101, 102});
     auto a2 = m.addSequence(kvb::Request(2, prompt));
     EXPECT_TRUE(admitted(a2, 6, 2, 1, 1, 1));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 1, 2}));  // block 1 itself, not a copy
@@ -300,7 +286,7 @@ TEST(BlockManagerReuseTest, PartialReuseCopiesBlockReferencedByRunningSequence) 
 
     // Block 0 matches exactly (shared); block 1 matches 2 tokens but request 1 holds it, so its
     // first 2 tokens are copied into block 3; block 4 holds the rest.
-    const auto prompt = join(tokenRange(0, 6), {200, 201, 202});
+    const auto prompt = concatTokens(tokenRange(0, 6), {200, 201, 202});
     auto a2 = m.addSequence(kvb::Request(2, prompt));
     EXPECT_TRUE(admitted(a2, 6, 2, 1, 2, 2));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 3, 4}));
@@ -332,7 +318,7 @@ TEST(BlockManagerReuseTest, PartialMatchOfInnerBlockIsCopied) {
     EXPECT_FALSE(m.getBlockInfo(kWindow, 1).is_leaf);
 
     // Block 1 matches 2 tokens: copied into the first never-used block (4); block 5 is new.
-    auto a2 = m.addSequence(kvb::Request(2, join(tokenRange(0, 6), {300, 301, 302})));
+    auto a2 = m.addSequence(kvb::Request(2, concatTokens(tokenRange(0, 6), {300, 301, 302})));
     EXPECT_TRUE(admitted(a2, 6, 2, 1, 2, 2));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 4, 5}));
     EXPECT_EQ(m.getNumFreeBlocks(), 13);
@@ -795,7 +781,7 @@ TEST(FindBlocksInReuseTreeByBlockKeys, StoredBlocksFormParentChain) {
 
     // A prompt diverging after block 0 hangs its own branch under block 0.
     // Request 2 shares block 0 and gets never-used blocks 4 ([90..94)) and 5 (last token).
-    m.addSequence(kvb::Request(2, join(tokenRange(0, 4), {90, 91, 92, 93, 94})));
+    m.addSequence(kvb::Request(2, concatTokens(tokenRange(0, 4), {90, 91, 92, 93, 94})));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 4, 5}));
     m.removeSequence(2, true);
     EXPECT_EQ(m.getBlockInfo(kWindow, 4).parent, 0);

@@ -13,19 +13,12 @@
 #include <vector>
 
 #include "kvblock.hpp"
+#include "test_support.hpp"
 
 namespace {
 
-std::vector<int32_t> swaTokens(int32_t first, int32_t count) {
-    std::vector<int32_t> t(static_cast<size_t>(count));
-    for (int32_t i = 0; i < count; ++i) t[static_cast<size_t>(i)] = first + i;
-    return t;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
+using kvb_test::concatTokens;
+using kvb_test::tokenRun;
 
 int32_t ceilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
@@ -37,10 +30,7 @@ int32_t detachedBlocks(int32_t t, int32_t window, int32_t tpb) {
 
 kvb::Config swaConfig(int32_t window, int32_t primary, int32_t secondary, int32_t tpb,
                       int32_t maxSeqLen, bool reuse) {
-    kvb::Config cfg;
-    cfg.addWindow(window, primary, secondary);
-    cfg.raw.tokens_per_block = tpb;
-    cfg.raw.max_sequence_length = maxSeqLen;
+    kvb::Config cfg = kvb_test::windowConfig(window, primary, secondary, tpb, maxSeqLen);
     cfg.raw.enable_block_reuse = reuse;
     return cfg;
 }
@@ -56,7 +46,7 @@ TEST(KVCacheManagerMaxAttentionWindowTest, DetachBoundsFootprint) {
     constexpr int32_t kWindow = 8, kTpb = 4, kMaxLen = 32, kSeqs = 4, kPrimary = 12;
     kvb::Manager m(swaConfig(kWindow, kPrimary, 0, kTpb, kMaxLen, false));
     for (uint64_t s = 0; s < kSeqs; ++s) {
-        m.addSequence(kvb::Request(s, swaTokens(static_cast<int32_t>(s) * 100, kWindow)));
+        m.addSequence(kvb::Request(s, tokenRun(static_cast<int32_t>(s) * 100, kWindow)));
     }
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - 2 * kSeqs);
 
@@ -94,7 +84,7 @@ TEST(KVCacheManagerMaxAttentionWindowTest, DetachBoundsFootprint) {
 TEST(KVCacheManagerMaxAttentionWindowSmallerThanBlockSizeTest, AllocateDetachCadence) {
     constexpr int32_t kWindow = 3, kTpb = 4, kPrimary = 4;
     kvb::Manager m(swaConfig(kWindow, kPrimary, 0, kTpb, 16, false));
-    m.addSequence(kvb::Request(1, swaTokens(0, 2)));
+    m.addSequence(kvb::Request(1, tokenRun(0, 2)));
     EXPECT_EQ(m.getCacheBlockIds(1, kWindow), (std::vector<int32_t>{0}));
     EXPECT_EQ(m.getNumFreeBlocks(), 3);
 
@@ -136,7 +126,7 @@ TEST(KVCacheManagerMaxAttentionWindowSmallerThanBlockSizeTest, AllocateDetachCad
 TEST(KVCacheManagerMaxAttentionWindowWithReuseTest, IdsAndPartialReuse) {
     constexpr int32_t kWindow = 8, kPrimary = 8, kSecondary = 4;
     kvb::Manager m(swaConfig(kWindow, kPrimary, kSecondary, 4, 32, true));
-    const auto promptA = swaTokens(0, 10);
+    const auto promptA = tokenRun(0, 10);
     m.addSequence(kvb::Request(1, promptA));
     for (int32_t t : {100, 101, 102, 103, 104}) m.addToken(1, t);  // 15 tokens
     EXPECT_EQ(m.getCacheBlockIds(1, kWindow), (std::vector<int32_t>{0, 1, 2, 3}));
@@ -164,7 +154,7 @@ TEST(KVCacheManagerMaxAttentionWindowWithReuseTest, IdsAndPartialReuse) {
 
     // B repeats A's 14 stored tokens (+1 last token): 3 full matches (block 0 onboarded) and the
     // free partial leaf 3 taken over. Same ids as A; one allocation (the onboarding row).
-    const auto promptB = concat(promptA, {100, 101, 102, 103, 7});
+    const auto promptB = concatTokens(promptA, {100, 101, 102, 103, 7});
     const auto b = m.addSequence(kvb::Request(2, promptB));
     EXPECT_EQ(b.prepopulated_prompt_len, 14);
     EXPECT_EQ(b.stats.reused_blocks, 4u);
@@ -177,7 +167,7 @@ TEST(KVCacheManagerMaxAttentionWindowWithReuseTest, IdsAndPartialReuse) {
     m.checkInvariants();
 
     // C diverges inside block 2, which B references: 2 tokens are copied into a fresh block.
-    const auto promptC = concat(promptA, {999, 998, 997});
+    const auto promptC = concatTokens(promptA, {999, 998, 997});
     const auto c = m.addSequence(kvb::Request(3, promptC));
     EXPECT_EQ(c.prepopulated_prompt_len, 10);
     EXPECT_EQ(c.stats.reused_blocks, 3u);
@@ -216,8 +206,8 @@ TEST(KVCacheManagerSWAInvalidateReuseTest, TakenDetachedBlockInvalidatesStore) {
     constexpr int32_t kWindow = 8;
     // 4 primary blocks: A's detached block 0 is the only free block when B arrives.
     kvb::Manager m(swaConfig(kWindow, 4, 0, 4, 32, true));
-    const auto tokensA = concat(swaTokens(0, 10), {100, 101, 102});
-    m.addSequence(kvb::Request(1, swaTokens(0, 10)));
+    const auto tokensA = concatTokens(tokenRun(0, 10), {100, 101, 102});
+    m.addSequence(kvb::Request(1, tokenRun(0, 10)));
     for (int32_t t : {100, 101, 102}) m.addToken(1, t);  // detach block 0 at 12, allocate at 13
     EXPECT_EQ(m.getCacheBlockIds(1, kWindow), (std::vector<int32_t>{0, 1, 2, 3}));
     EXPECT_EQ(m.getNumFreeBlocks(), 1);
@@ -240,8 +230,8 @@ TEST(KVCacheManagerSWAInvalidateReuseTest, TakenDetachedBlockInvalidatesStore) {
 TEST(KVCacheManagerSWAInvalidateReuseTest, UntakenDetachedBlockIsStored) {
     constexpr int32_t kWindow = 8;
     kvb::Manager m(swaConfig(kWindow, 8, 0, 4, 32, true));
-    const auto tokensA = concat(swaTokens(0, 10), {100, 101, 102});
-    m.addSequence(kvb::Request(1, swaTokens(0, 10)));
+    const auto tokensA = concatTokens(tokenRun(0, 10), {100, 101, 102});
+    m.addSequence(kvb::Request(1, tokenRun(0, 10)));
     for (int32_t t : {100, 101, 102}) m.addToken(1, t);
     EXPECT_EQ(m.getBlockInfo(kWindow, 0).ref_count, 0);
 
@@ -281,7 +271,7 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
     EXPECT_EQ(poolSmall.second, 16u);
     EXPECT_EQ(poolLarge.second, 32u);
 
-    const auto prompt = swaTokens(0, 10);
+    const auto prompt = tokenRun(0, 10);
     m.addSequence(kvb::Request(1, prompt));
     for (int32_t w : {kSmall, kLarge}) {
         EXPECT_EQ(m.getCacheBlockIds(1, w), (std::vector<int32_t>{0, 1, 2})) << w;
@@ -305,7 +295,7 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
 
     // C (13 tokens, 4 blocks) evicts A's partial block 2 from the small window only: there it is
     // the 4th free block in line, in the large window the 8th.
-    m.addSequence(kvb::Request(2, swaTokens(100, 13)));
+    m.addSequence(kvb::Request(2, tokenRun(100, 13)));
     EXPECT_EQ(m.getCacheBlockIds(2, kSmall), (std::vector<int32_t>{3, 4, 5, 2}));
     EXPECT_EQ(m.getCacheBlockIds(2, kLarge), (std::vector<int32_t>{3, 4, 5, 6}));
     EXPECT_FALSE(m.getBlockInfo(kSmall, 2).in_reuse_tree);
@@ -340,7 +330,7 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
 
     // D diverges after 6 tokens, inside block 1 which B references: in each window block 0 is
     // shared and the first 2 tokens of block 1 are copied into a fresh block.
-    const auto d = m.addSequence(kvb::Request(4, concat(swaTokens(0, 6), {50, 51, 52})));
+    const auto d = m.addSequence(kvb::Request(4, concatTokens(tokenRun(0, 6), {50, 51, 52})));
     EXPECT_EQ(d.prepopulated_prompt_len, 6);
     EXPECT_EQ(m.getCacheBlockIds(4, kSmall), (std::vector<int32_t>{0, 5, 4}));
     EXPECT_EQ(m.getCacheBlockIds(4, kLarge), (std::vector<int32_t>{0, 2, 6}));
