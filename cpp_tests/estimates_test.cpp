@@ -384,6 +384,38 @@ TEST(CalculateMaxAttentionWindow, CapacityIsEnoughForWholeSequence) {
     EXPECT_EQ(maxAttentionWindow(1000, 128, 4, 1, 64), 128 + 2 * 64) << "2 spare blocks";
 }
 
+// Blocks per window from memory budgets: (primary bytes - extra cost) * share / bytes per token,
+// in blocks rounded up; host blocks rounded down; a token cap applies to a single window only.
+TEST(CalculateMaxNumBlocks, BlocksFromMemoryBudgets) {
+    uint64_t primary = 0, secondary = 0;
+    const uint64_t kib = 1024;
+    // 1 KiB per token, tpb 16: (1 MiB - 64 KiB) / 1 KiB = 960 tokens = 60 blocks; 2 MiB host = 128.
+    kvb::check(kvb_calculate_max_num_blocks(&kib, nullptr, 1, 1 << 20, 2 << 20, 64 << 10, -1, 16,
+                                            &primary, &secondary));
+    EXPECT_EQ(primary, 60u);
+    EXPECT_EQ(secondary, 128u);
+    kvb::check(kvb_calculate_max_num_blocks(&kib, nullptr, 1, 1 << 20, 0, 0, 100, 16, &primary,
+                                            &secondary));
+    EXPECT_EQ(primary, 7u) << "capped at 100 tokens, rounded up";
+
+    // Two windows, shares 1:3 (normalised); the token cap does not apply to several windows.
+    const std::vector<uint64_t> perToken{1024, 1024};
+    const std::vector<double> shares{1.0, 3.0};
+    std::vector<uint64_t> p(2), s(2);
+    kvb::check(kvb_calculate_max_num_blocks(perToken.data(), shares.data(), 2, 1 << 20, 1 << 20, 0,
+                                            10, 16, p.data(), s.data()));
+    EXPECT_EQ(p, (std::vector<uint64_t>{16, 48}));
+    EXPECT_EQ(s, (std::vector<uint64_t>{16, 48}));
+
+    const uint64_t zero = 0;
+    EXPECT_EQ(kvb_calculate_max_num_blocks(&zero, nullptr, 1, 1 << 20, 0, 0, -1, 16, &primary,
+                                           &secondary),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_calculate_max_num_blocks(&kib, nullptr, 1, 1 << 20, 0, 0, -1, 16, nullptr,
+                                           &secondary),
+              KVB_STATUS_NULL_POINTER);
+}
+
 // Memory share of each window is proportional to window * cache bytes per token.
 TEST(BlockManagerTestWindowSizeToShare, SharesProportionalToWindowTimesCacheSize) {
     std::vector<double> shares(3, -1.0);

@@ -464,6 +464,22 @@ bool sample(Counters& c, Req& q) {
     return q.generated >= q.T;
 }
 
+/// Samples one token for each of `sampled`; a request with all its tokens is released with its
+/// blocks stored for reuse and leaves `running`.
+void sample_and_release(RunResult& out, kvb_manager_t* m, const std::vector<Req*>& sampled,
+                        std::vector<Req*>& running) {
+    for (Req* q : sampled) {
+        if (!sample(out.c, *q)) continue;
+        check(timed(out.t, kFree, [&] { return kvb_manager_remove_sequence(m, q->r, true); }),
+              "kvb_manager_remove_sequence");
+        q->done = true;
+        q->tokens = std::vector<int32_t>();
+        out.c.finished += 1;
+    }
+    running.erase(std::remove_if(running.begin(), running.end(), [](Req* q) { return q->done; }),
+                  running.end());
+}
+
 void finish_step(RunResult& out, kvb_manager_t* m, replay::Progress& progress) {
     out.step_ns.push_back(out.t.step_ns);
     out.t.step_ns = 0;
@@ -551,16 +567,7 @@ private:
             }
         }
         // 6. Sample; release finished requests, storing their blocks for reuse.
-        for (Req* q : sampling) {
-            if (!sample(c, *q)) continue;
-            check(timed(out_.t, kFree, [&] { return kvb_manager_remove_sequence(m_, q->r, true); }),
-                  "kvb_manager_remove_sequence");
-            q->done = true;
-            q->tokens = std::vector<int32_t>();
-            c.finished += 1;
-        }
-        running_.erase(std::remove_if(running_.begin(), running_.end(), [](Req* q) { return q->done; }),
-                       running_.end());
+        sample_and_release(out_, m_, sampling, running_);
         // 7. End of the iteration's events (the drainer thread picks them up).
         check(timed(out_.t, kFlush, [&] { return kvb_manager_flush_iteration_events(m_); }),
               "kvb_manager_flush_iteration_events");
@@ -690,16 +697,7 @@ public:
                 }
             }
             // C. Sample; release finished requests.
-            for (Req* q : scheduled) {
-                if (!sample(c, *q)) continue;
-                check(timed(out_.t, kFree, [&] { return kvb_manager_remove_sequence(m_, q->r, true); }),
-                      "kvb_manager_remove_sequence");
-                q->done = true;
-                q->tokens = std::vector<int32_t>();
-                c.finished += 1;
-            }
-            running_.erase(std::remove_if(running_.begin(), running_.end(), [](Req* q) { return q->done; }),
-                           running_.end());
+            sample_and_release(out_, m_, scheduled, running_);
             if (o_.events) {
                 check(timed(out_.t, kFlush, [&] { return kvb_manager_flush_iteration_events(m_); }),
                       "kvb_manager_flush_iteration_events");
@@ -818,8 +816,7 @@ void print_summary(const Report& r) {
     }
     std::printf("  generated    %llu tokens (%llu decode slots, %llu new decode blocks)\n", u(c.generated_tokens),
                 u(c.decode_slots), u(c.decode_new_blocks));
-    const std::string left_tree = r.o.events ? std::to_string(r.events.removed_hashes) + " (evicted or taken over)"
-                                             : std::string("n/a (events off)");
+    const std::string left_tree = std::to_string(r.stats.evicted_blocks) + " (evicted or taken over)";
     std::printf("  blocks       allocated %llu (%llu without cached content), reused %llu, missed %llu, "
                 "offloaded %llu, onboarded %llu, left the reuse tree %s\n",
                 u(r.stats.alloc_total_blocks), u(r.stats.alloc_new_blocks), u(r.stats.reused_blocks),
@@ -908,7 +905,7 @@ void write_json(const Report& r, const std::string& path) {
         .num("free_primary_end", r.stats.free_num_blocks)
         .num("free_secondary_end", r.stats.free_secondary_blocks)
         .num("cache_hit_rate_blocks", r.stats.cache_hit_rate);
-    if (r.o.events) w.num("left_reuse_tree", r.events.removed_hashes);  // evicted or taken over
+    w.num("left_reuse_tree", r.stats.evicted_blocks);  // evicted or taken over
     w.end_object();
     w.begin_object("events")
         .boolean("enabled", r.o.events != 0)

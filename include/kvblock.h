@@ -1,3 +1,16 @@
+/*
+ * kvblock: a KV-cache block manager for LLM inference (TensorRT-LLM V1 semantics).
+ *
+ * Conventions: every function returns a kvb_status_t (KVB_OK = 0) and writes results through
+ * out-parameters; kvb_last_error_message() explains the last failure on the calling thread; a
+ * failed call leaves the manager unchanged. Structs passed in carry struct_size: initialise them
+ * with their *_init function. Arrays are (pointer, length) pairs and are copied; nothing the caller
+ * passes is kept after a call returns. Calls on one manager may come from any thread (serialized
+ * by an internal lock); kvb_manager_get_latest_events may wait on another thread while the
+ * executor keeps calling. A panic inside the library returns KVB_STATUS_INTERNAL and poisons the
+ * handle. See README.md for an engine iteration in call order.
+ */
+
 #ifndef KVBLOCK_H
 #define KVBLOCK_H
 
@@ -1014,6 +1027,24 @@ enum kvb_status_t kvb_calculate_window_size_to_share(const int32_t *window_sizes
                                                      const int32_t *cache_size_per_token,
                                                      size_t count,
                                                      double *out_shares);
+
+/**
+ * Blocks per window that memory budgets allow (TensorRT-LLM `calculateMaxNumBlocks` on one
+ * rank). `bytes_per_token[w]` is the KV bytes one token takes in window w (all its layers, K and
+ * V); `shares` (null = equal) splits both budgets between windows (normalised); `max_tokens`
+ * (-1 = none) caps a single window's primary tokens. Writes `count` entries to
+ * `out_primary_blocks` and `out_secondary_blocks`.
+ */
+enum kvb_status_t kvb_calculate_max_num_blocks(const uint64_t *bytes_per_token,
+                                               const double *shares,
+                                               size_t count,
+                                               uint64_t primary_bytes,
+                                               uint64_t secondary_bytes,
+                                               uint64_t extra_cost_bytes,
+                                               int64_t max_tokens,
+                                               int32_t tokens_per_block,
+                                               uint64_t *out_primary_blocks,
+                                               uint64_t *out_secondary_blocks);
 
 /**
  * The message of the last failed kvblock call on this thread ("" if none). The pointer stays

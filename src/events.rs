@@ -180,8 +180,9 @@ impl EventQueue {
         std::mem::take(&mut self.iteration)
     }
 
-    /// Events committed but not yet flushed (for tests).
-    pub fn num_uncommitted_removals(&self) -> usize {
+    /// Removed hashes not yet committed.
+    #[cfg(test)]
+    fn num_uncommitted_removals(&self) -> usize {
         self.pending_removed.iter().map(|(_, h)| h.len()).sum()
     }
 }
@@ -215,10 +216,6 @@ impl EventDelivery {
             state: Mutex::new(DeliveryState::default()),
             ready: Condvar::new(),
         }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DeliveryState> {

@@ -151,12 +151,6 @@ impl FreeQueues {
         st.duration_ms = retention.duration_ms;
     }
 
-    /// Sets a block's priority (not while queued).
-    pub fn set_priority(&mut self, block: u32, priority: u8) {
-        debug_assert!(!self.is_queued(block));
-        self.state[block as usize].priority = priority;
-    }
-
     /// Appends (or prepends) `block` to the queue of `level` and its current priority. A block
     /// with a duration and a non-default priority gets an expiry `now + duration`.
     pub fn release(&mut self, block: u32, level: Level, to_front: bool, now_ms: u64) {
@@ -170,18 +164,6 @@ impl FreeQueues {
                 self.expiring.insert((at, block));
             }
         }
-    }
-
-    /// Moves a queued block to `level` keeping its priority, LRU position at the back and
-    /// expiry (used when offloading moves a cached block to the host tier).
-    pub fn requeue_at_level(&mut self, block: u32, level: Level) {
-        let expires = self.state[block as usize].expires_at_ms;
-        if let Some(slot) = self.links[block as usize].slot {
-            self.unlink(block, slot);
-        }
-        let priority = self.state[block as usize].priority;
-        self.link(block, level, priority, false);
-        self.state[block as usize].expires_at_ms = expires;
     }
 
     /// Returns the expiry of a block so it can survive a claim/release pair (offload).
@@ -222,17 +204,6 @@ impl FreeQueues {
             expired += 1;
         }
         expired
-    }
-
-    /// Visits the queued blocks of `level` in eviction order.
-    pub fn for_each_queued(&self, level: Level, mut f: impl FnMut(u32, u8)) {
-        for (p, list) in self.lists[level as usize].iter().enumerate() {
-            let mut b = list.head;
-            while b != NIL {
-                f(b, p as u8);
-                b = self.links[b as usize].next;
-            }
-        }
     }
 
     /// Checks list linkage and counters; returns the first problem found.
@@ -437,29 +408,38 @@ mod tests {
     }
 
     #[test]
-    fn claim_uses_recorded_slot_after_priority_change() {
-        // The block's priority changes while it is claimed; removal must still use the slot
-        // recorded at enqueue, keeping lists and counters intact.
+    fn claim_uses_the_slot_recorded_at_enqueue() {
+        // A block queued at (secondary, 70) after living at (primary, 35): removal goes through
+        // the slot recorded when it was queued, whatever its row or priority was before.
         let mut q = queues(2, 2);
-        q.claim(0);
-        q.set_priority(0, 70);
+        q.claim_with_retention(0, retention(70, None));
         q.release(0, Level::Secondary, false, 0);
-        assert_eq!(q.num_free(Level::Secondary), 3);
+        assert_eq!(q.queued_level(0), Some(Level::Secondary));
+        assert_eq!(
+            (q.num_free(Level::Primary), q.num_free(Level::Secondary)),
+            (1, 3)
+        );
         assert!(q.claim(0));
-        assert_eq!(q.num_free(Level::Secondary), 2);
-        assert_eq!(q.num_free(Level::Primary), 1);
+        assert_eq!(
+            (q.num_free(Level::Primary), q.num_free(Level::Secondary)),
+            (1, 2)
+        );
         q.verify().unwrap();
     }
 
     #[test]
-    fn requeue_keeps_priority_and_expiry() {
+    fn an_expiry_survives_a_claim_and_release_at_another_level() {
+        // What offloading does: claim, release at the host level, restore the expiry.
         let mut q = queues(1, 1);
         q.claim_with_retention(0, retention(60, Some(50)));
         q.release(0, Level::Primary, false, 0);
-        q.requeue_at_level(0, Level::Secondary);
+        let expiry = q.expiry(0);
+        q.claim(0);
+        q.release(0, Level::Secondary, false, 30);
+        q.restore_expiry(0, expiry);
         assert_eq!(q.queued_level(0), Some(Level::Secondary));
         assert_eq!(q.priority(0), 60);
-        assert_eq!(q.expiry(0), Some(50));
+        assert_eq!(q.expiry(0), Some(50), "not extended to 30 + 50");
         q.verify().unwrap();
         assert_eq!(q.refresh(50, |_, _| {}), 1);
         q.verify().unwrap();

@@ -1234,11 +1234,6 @@ impl KvCacheManager {
         Ok(done)
     }
 
-    /// Whether KV cache events are recorded.
-    pub fn events_enabled(&self) -> bool {
-        self.events.is_some()
-    }
-
     /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
     /// pending removals and hands the events to the delivery buffer. Returns how many.
     pub fn flush_iteration_events(&mut self) -> usize {

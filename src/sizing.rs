@@ -75,6 +75,41 @@ pub fn window_size_to_share(windows: &[usize], cache_size_per_token: &[usize]) -
     weights.iter().map(|w| w / total_weight).collect()
 }
 
+/// Blocks per window that memory budgets allow (TensorRT-LLM `calculateMaxNumBlocks`, without
+/// the multi-rank reduction): window w gets `share[w]` of each budget (equal shares when `None`,
+/// otherwise normalised); primary blocks = `ceil(tokens / tpb)` with `tokens = (primary_bytes -
+/// extra_cost) × share / bytes_per_token[w]`, capped by `max_tokens` for a single window only;
+/// secondary blocks = `floor(secondary_bytes × share / bytes_per_token[w]) / tpb`.
+pub fn max_num_blocks(
+    bytes_per_token: &[u64],
+    shares: Option<&[f64]>,
+    primary_bytes: u64,
+    secondary_bytes: u64,
+    extra_cost_bytes: u64,
+    max_tokens: Option<u64>,
+    tpb: usize,
+) -> Vec<(u64, u64)> {
+    let n = bytes_per_token.len();
+    let total_share: f64 = shares.map_or(n as f64, |s| s.iter().sum());
+    let primary_budget = primary_bytes.saturating_sub(extra_cost_bytes) as f64;
+    let tpb = tpb as u64;
+    bytes_per_token
+        .iter()
+        .enumerate()
+        .map(|(w, &per_token)| {
+            let share = shares.map_or(1.0, |s| s[w]) / total_share;
+            let mut tokens = (primary_budget * share / per_token as f64) as u64;
+            if n == 1 {
+                if let Some(cap) = max_tokens {
+                    tokens = tokens.min(cap);
+                }
+            }
+            let secondary_tokens = (secondary_bytes as f64 * share / per_token as f64) as u64;
+            (tokens.div_ceil(tpb), secondary_tokens / tpb)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +153,25 @@ mod tests {
             30,
             "enough for the whole sequence"
         );
+    }
+
+    #[test]
+    fn blocks_from_memory_budgets() {
+        // One window, 1 KiB per token, tpb 16: (1 MiB - 64 KiB) / 1 KiB = 960 tokens = 60 blocks;
+        // 2 MiB of host memory = 2048 tokens = 128 blocks.
+        let one = max_num_blocks(&[1024], None, 1 << 20, 2 << 20, 64 << 10, None, 16);
+        assert_eq!(one, vec![(60, 128)]);
+        assert_eq!(
+            max_num_blocks(&[1024], None, 1 << 20, 0, 0, Some(100), 16),
+            vec![(7, 0)],
+            "capped at 100 tokens"
+        );
+        // Two windows with equal shares; the cap does not apply with several windows.
+        let two = max_num_blocks(&[1024, 512], None, 1 << 20, 0, 0, Some(10), 16);
+        assert_eq!(two, vec![(32, 0), (64, 0)]);
+        // Explicit shares 1:3 are normalised.
+        let weighted = max_num_blocks(&[1024, 1024], Some(&[1.0, 3.0]), 1 << 20, 0, 0, None, 16);
+        assert_eq!(weighted, vec![(16, 0), (48, 0)]);
     }
 
     #[test]

@@ -128,6 +128,16 @@ struct ClaimUse {
     protected_only: bool,
 }
 
+/// Outcome of `WindowBlockManager::offload`.
+enum Offload {
+    /// Moved; the host block (now primary) is returned claimed.
+    Done(u32),
+    /// Nothing changed.
+    Skipped,
+    /// The host block was a distant ancestor: the block left the tree and is claimed.
+    Detached,
+}
+
 /// One request of an admission batch, with its checked plan.
 #[derive(Clone, Copy, Debug)]
 pub struct AdmitItem<'a> {
@@ -353,59 +363,32 @@ impl WindowBlockManager {
     }
 
     /// Takes the next block to evict from the primary queue, offloading its content to the host
-    /// tier when its priority allows, and claims it for `seq` with `retention`. Capacity must
-    /// have been checked by the caller.
-    fn get_free_block(&mut self, _seq: u64, retention: BlockRetention, now_ms: u64) -> u32 {
+    /// tier when its priority allows, and claims it with `retention`. Capacity must have been
+    /// checked by the caller.
+    fn get_free_block(&mut self, retention: BlockRetention, now_ms: u64) -> u32 {
         let (candidate, can_offload) = self
             .queues
             .peek(Level::Primary)
             .expect("capacity is checked before allocation");
-        let held_tokens = self.tree.has_key(candidate);
-        if !held_tokens {
+        if !self.tree.has_key(candidate) {
             self.stats.alloc_new += 1;
         }
         self.stats.alloc_total += 1;
-        // Only cached content is worth a host block: a private block's tokens are unreachable,
-        // and so are a block's once the host block it would replace (an ancestor) is evicted.
-        // Ancestry is decided in a few parent steps; a deeper one is caught after the fact.
-        const ANCESTOR_STEPS: u32 = 16;
-        let host_target =
-            if self.tree.is_in_tree(candidate) && can_offload && self.cfg.onboard_blocks {
-                self.queues
-                    .peek(Level::Secondary)
-                    .map(|(h, _)| h)
-                    .filter(|&h| {
-                        self.tree.is_ancestor_within(h, candidate, ANCESTOR_STEPS) != Some(true)
-                    })
-            } else {
-                None
-            };
-        let victim = if let Some(host_block) = host_target {
-            // Claim both blocks before their rows are swapped (seed 004).
-            let expiry = self.queues.expiry(candidate);
-            self.queues.claim(candidate);
-            self.queues.claim(host_block);
-            self.evict_from_tree(host_block);
-            if !self.tree.is_in_tree(candidate) {
-                // The host block was a distant ancestor: the candidate left the tree with it,
-                // so there is nothing worth offloading. Evict the candidate instead.
-                self.queues
-                    .release(host_block, Level::Secondary, false, now_ms);
-                return self.finish_allocation(candidate, retention);
+        // Only cached content is worth a host block: a private block's tokens are unreachable.
+        let offloaded = if self.tree.is_in_tree(candidate) && can_offload {
+            match self.offload(candidate, now_ms) {
+                Offload::Done(host_block) => Some(host_block),
+                Offload::Detached => Some(candidate),
+                Offload::Skipped => None,
             }
-            self.queue_copy(candidate, host_block, 0);
-            self.arena.swap_rows(candidate, host_block);
-            self.queues
-                .release(candidate, Level::Secondary, false, now_ms);
-            self.queues.restore_expiry(candidate, expiry);
-            self.stats.offloaded += 1;
-            self.record_level_change(candidate, Level::Primary, Level::Secondary);
-            host_block
         } else {
+            None
+        };
+        let victim = offloaded.unwrap_or_else(|| {
             self.queues.claim(candidate);
             self.evict_from_tree(candidate);
             candidate
-        };
+        });
         self.finish_allocation(victim, retention)
     }
 
@@ -418,16 +401,63 @@ impl WindowBlockManager {
                 duration_ms: retention.duration_ms,
             },
         );
-        self.alloc_epoch[victim as usize] = self.alloc_epoch[victim as usize].wrapping_add(1);
+        self.bump_epoch(victim);
         victim
     }
 
+    /// Marks a block's content as replaced: a sequence that detached it may no longer store it.
+    fn bump_epoch(&mut self, block: u32) {
+        self.alloc_epoch[block as usize] = self.alloc_epoch[block as usize].wrapping_add(1);
+    }
+
+    /// Moves the content of the free primary `block` into the next free host block. Both are
+    /// claimed before their rows are swapped (seed 004); the host block's cached content leaves
+    /// the tree; `block` keeps its tree position, priority and expiry and is queued at the host
+    /// level; the host block, now owning a primary row, is returned claimed. Skipped (nothing
+    /// changed) when offloading is off, no host block is free, or the host block is a near
+    /// ancestor of `block` (evicting it would detach `block`). A distant ancestor is only found
+    /// after its eviction: then `block` has left the tree with it and is returned claimed.
+    fn offload(&mut self, block: u32, now_ms: u64) -> Offload {
+        const ANCESTOR_STEPS: u32 = 16;
+        if !self.cfg.onboard_blocks {
+            return Offload::Skipped;
+        }
+        let Some((host_block, _)) = self.queues.peek(Level::Secondary) else {
+            return Offload::Skipped;
+        };
+        if self
+            .tree
+            .is_ancestor_within(host_block, block, ANCESTOR_STEPS)
+            == Some(true)
+        {
+            return Offload::Skipped;
+        }
+        let was_cached = self.tree.is_in_tree(block);
+        let expiry = self.queues.expiry(block);
+        self.queues.claim(block);
+        self.queues.claim(host_block);
+        self.evict_from_tree(host_block);
+        self.bump_epoch(host_block);
+        if was_cached && !self.tree.is_in_tree(block) {
+            self.queues
+                .release(host_block, Level::Secondary, false, now_ms);
+            return Offload::Detached;
+        }
+        self.queue_copy(block, host_block, 0);
+        self.arena.swap_rows(block, host_block);
+        self.queues.release(block, Level::Secondary, false, now_ms);
+        self.queues.restore_expiry(block, expiry);
+        self.stats.offloaded += 1;
+        self.record_level_change(block, Level::Primary, Level::Secondary);
+        Offload::Done(host_block)
+    }
+
     /// Moves a claimed host block to the primary level (copy host → GPU, swap rows).
-    fn onboard(&mut self, seq: u64, block: u32, now_ms: u64) {
+    fn onboard(&mut self, block: u32, now_ms: u64) {
         if !self.cfg.onboard_blocks || self.arena.is_primary(block) {
             return;
         }
-        let fresh = self.get_free_block(seq, BlockRetention::default(), now_ms);
+        let fresh = self.get_free_block(BlockRetention::default(), now_ms);
         self.queue_copy(block, fresh, 0);
         self.arena.swap_rows(block, fresh);
         self.queues
@@ -437,7 +467,8 @@ impl WindowBlockManager {
     }
 
     /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
-    /// Returns false when there is no host block or offloading is off.
+    /// Returns false when it was not moved: no free host block, offloading off, or the host
+    /// block is its ancestor.
     pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
         if block as usize >= self.arena.len() {
             return Err(KvError::InvalidArgument(format!(
@@ -449,30 +480,23 @@ impl WindowBlockManager {
                 "block {block} is referenced; only free blocks can be offloaded"
             )));
         }
-        if !self.cfg.onboard_blocks
-            || !self.arena.is_primary(block)
-            || self.queues.num_free(Level::Secondary) == 0
-        {
+        if !self.arena.is_primary(block) {
             return Ok(false);
         }
-        let (host_block, _) = self.queues.peek(Level::Secondary).expect("checked above");
-        let expiry = self.queues.expiry(block);
-        self.queues.claim(block);
-        self.queues.claim(host_block);
-        self.evict_from_tree(host_block);
-        // The host block's content is replaced: a sequence that detached it may no longer store.
-        self.alloc_epoch[host_block as usize] =
-            self.alloc_epoch[host_block as usize].wrapping_add(1);
-        self.queue_copy(block, host_block, 0);
-        self.arena.swap_rows(block, host_block);
-        self.queues.release(block, Level::Secondary, false, now_ms);
-        self.queues.restore_expiry(block, expiry);
-        self.queues
-            .release(host_block, Level::Primary, false, now_ms);
-        self.stats.offloaded += 1;
-        self.record_level_change(block, Level::Primary, Level::Secondary);
+        let moved = match self.offload(block, now_ms) {
+            Offload::Done(host_block) => {
+                self.queues
+                    .release(host_block, Level::Primary, false, now_ms);
+                true
+            }
+            Offload::Detached => {
+                self.queues.release(block, Level::Primary, false, now_ms);
+                false
+            }
+            Offload::Skipped => false,
+        };
         self.flush_copies();
-        Ok(true)
+        Ok(moved)
     }
 
     fn is_unused(&self, block: u32) -> bool {
@@ -648,7 +672,8 @@ impl WindowBlockManager {
     }
 
     /// Fails with `OutOfBlocks` when one plan needs more primary blocks than are free.
-    pub fn check_plan(&self, plan: &AdmissionPlan) -> KvResult<()> {
+    #[cfg(test)]
+    fn check_plan(&self, plan: &AdmissionPlan) -> KvResult<()> {
         let available = self.queues.num_free(Level::Primary);
         if plan.primary_blocks_needed > available {
             return Err(KvError::OutOfBlocks {
@@ -732,18 +757,18 @@ impl WindowBlockManager {
             let r = retention.block_retention(bi, tpb);
             let block = match *step {
                 PlannedReuse::Share { block } => {
-                    self.onboard(id, block, now_ms);
+                    self.onboard(block, now_ms);
                     block
                 }
                 PlannedReuse::TakeOver { block, .. } => {
-                    self.onboard(id, block, now_ms);
+                    self.onboard(block, now_ms);
                     let end = ((bi + 1) * tpb).min(reusable);
                     let key = src.key(bi * tpb, end, scratch);
                     self.tree.set_key(block, &key);
                     block
                 }
                 PlannedReuse::Copy { source, tokens } => {
-                    let fresh = self.get_free_block(id, r, now_ms);
+                    let fresh = self.get_free_block(r, now_ms);
                     self.queue_copy(source, fresh, tokens);
                     let end = ((bi + 1) * tpb).min(reusable);
                     let key = src.key(bi * tpb, end, scratch);
@@ -759,7 +784,7 @@ impl WindowBlockManager {
         }
         for bi in plan.steps.len()..plan.num_shared_blocks {
             let r = retention.block_retention(bi, tpb);
-            let block = self.get_free_block(id, r, now_ms);
+            let block = self.get_free_block(r, now_ms);
             self.set_context_key(block, &src, bi, reusable, scratch);
             self.arena.add_refs(block, bw);
             for beam in &mut beams {
@@ -770,7 +795,7 @@ impl WindowBlockManager {
         for bi in plan.num_shared_blocks..plan.num_context_blocks {
             let r = retention.block_retention(bi, tpb);
             for beam in &mut beams {
-                let block = self.get_free_block(id, r, now_ms);
+                let block = self.get_free_block(r, now_ms);
                 self.set_context_key(block, &src, bi, reusable, scratch);
                 self.arena.add_refs(block, 1);
                 beam.push(block);
@@ -877,12 +902,12 @@ impl WindowBlockManager {
         if needed > 0 {
             let beam_width = self.seqs[&id].beams.len();
             if beam_width == 1 {
-                let b = self.get_free_block(id, decode, now_ms);
+                let b = self.get_free_block(decode, now_ms);
                 self.arena.add_refs(b, 1);
                 self.seqs.get_mut(&id).expect("exists").beams[0].push(b);
             } else {
                 for beam in 0..beam_width {
-                    let b = self.get_free_block(id, decode, now_ms);
+                    let b = self.get_free_block(decode, now_ms);
                     self.arena.add_refs(b, 1);
                     self.seqs.get_mut(&id).expect("exists").beams[beam].push(b);
                 }
@@ -971,7 +996,7 @@ impl WindowBlockManager {
         }
         if let Some((index, block, kept)) = self.rewritten_shared_block(id, num_tokens) {
             if self.arena.ref_count(block) > 1 {
-                let fresh = self.get_free_block(id, decode, now_ms);
+                let fresh = self.get_free_block(decode, now_ms);
                 self.queue_copy(block, fresh, kept);
                 self.arena.remove_ref(block);
                 self.arena.add_refs(fresh, 1);

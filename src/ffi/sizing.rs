@@ -102,3 +102,72 @@ pub extern "C" fn kvb_calculate_window_size_to_share(
         Ok(())
     })
 }
+
+/// Blocks per window that memory budgets allow (TensorRT-LLM `calculateMaxNumBlocks` on one
+/// rank). `bytes_per_token[w]` is the KV bytes one token takes in window w (all its layers, K and
+/// V); `shares` (null = equal) splits both budgets between windows (normalised); `max_tokens`
+/// (-1 = none) caps a single window's primary tokens. Writes `count` entries to
+/// `out_primary_blocks` and `out_secondary_blocks`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn kvb_calculate_max_num_blocks(
+    bytes_per_token: *const u64,
+    shares: *const f64,
+    count: usize,
+    primary_bytes: u64,
+    secondary_bytes: u64,
+    extra_cost_bytes: u64,
+    max_tokens: i64,
+    tokens_per_block: i32,
+    out_primary_blocks: *mut u64,
+    out_secondary_blocks: *mut u64,
+) -> kvb_status_t {
+    guard(|| {
+        if count == 0 {
+            return Err(super::handle::invalid("count must be positive".into()));
+        }
+        let per_token = slice_arg(bytes_per_token, count, "bytes_per_token")?;
+        if per_token.contains(&0) {
+            return Err(super::handle::invalid(
+                "bytes_per_token must be positive".into(),
+            ));
+        }
+        let shares = if shares.is_null() {
+            None
+        } else {
+            let s = slice_arg(shares, count, "shares")?;
+            if s.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+                return Err(super::handle::invalid(
+                    "shares must be positive and finite".into(),
+                ));
+            }
+            Some(s)
+        };
+        let max_tokens = match max_tokens {
+            -1 => None,
+            t if t >= 0 => Some(t as u64),
+            t => {
+                return Err(super::handle::invalid(format!(
+                    "max_tokens {t} is negative (use -1 for none)"
+                )))
+            }
+        };
+        let tpb = positive_arg(tokens_per_block, "tokens_per_block")?;
+        let primary = slice_arg_mut(out_primary_blocks, count, "out_primary_blocks")?;
+        let secondary = slice_arg_mut(out_secondary_blocks, count, "out_secondary_blocks")?;
+        let blocks = sizing::max_num_blocks(
+            per_token,
+            shares,
+            primary_bytes,
+            secondary_bytes,
+            extra_cost_bytes,
+            max_tokens,
+            tpb,
+        );
+        for (w, (p, s)) in blocks.into_iter().enumerate() {
+            primary[w] = p;
+            secondary[w] = s;
+        }
+        Ok(())
+    })
+}
