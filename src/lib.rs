@@ -1,8 +1,10 @@
 //! kvblock: a KV-cache block manager for LLM inference engines with TensorRT-LLM V1 semantics.
 //!
 //! Layers (dependencies point downwards): `ffi` → `manager` → `window` → `tree`, `eviction`,
-//! `pool`, `transfer` → `key`, `retention`, `error`.
+//! `pool`, `transfer` → `key`, `retention`, `error`; the CUDA backend `cuda` implements
+//! `transfer::CopyEngine` and is chosen by `manager` at creation.
 
+pub mod cuda;
 pub mod error;
 pub mod events;
 pub mod eviction;

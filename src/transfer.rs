@@ -22,9 +22,23 @@ pub trait CopyEngine: Send {
     fn submit(&mut self, copies: &[RowCopy]);
     /// Waits until every submitted copy is visible to the engine's compute work.
     fn sync(&mut self) {}
-    /// Base address of the pool of `level`, when the backend owns host-addressable memory.
+    /// Base address of the pool of `level`: host memory for the host backend, the
+    /// device-visible address for the CUDA backend.
     fn pool_base(&mut self, _level: Level) -> Option<*mut u8> {
         None
+    }
+    /// A failure of an asynchronous backend (a launch that could not be enqueued). It is
+    /// sticky: the backend moves no more bytes, and the manager reports it on every call.
+    fn failure(&self) -> Option<&str> {
+        None
+    }
+    /// Replaces the pool of `level` with the engine's own memory (`address`, `bytes` long).
+    fn register_pool(&mut self, _level: Level, _address: u64, _bytes: usize) -> Result<(), String> {
+        Err("only the CUDA backend takes pools registered by the engine".into())
+    }
+    /// Batched submissions executed so far (kernel launches for the CUDA backend).
+    fn launches(&self) -> u64 {
+        0
     }
 }
 

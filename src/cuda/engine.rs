@@ -1,0 +1,429 @@
+//! The CUDA copy engine of one window: its pools (primary in GPU memory, secondary in pinned,
+//! device-mapped host memory, allocated here or registered by the engine) and the launches that
+//! move its blocks, one batched kernel launch per operation (one per wave of dependent copies).
+//!
+//! Descriptors are written into pinned, device-mapped host buffers that the kernel reads
+//! directly, so an operation costs no separate upload. A buffer is reused once the event
+//! recorded after its launch has completed; while every buffer is still in flight a new one is
+//! allocated, so submitting never waits for the GPU (up to `MAX_DESCRIPTOR_BUFFERS`).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{
+    self, CUdeviceptr, CUevent, CUmemorytype, CUpointer_attribute, CUresult,
+};
+
+use super::device::CudaDevice;
+use super::driver::{check, ContextGuard, CudaError, CudaResult};
+use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
+use crate::pool::{Level, PoolGeometry};
+use crate::transfer::{CopyEngine, RowCopy};
+
+const THREADS_PER_CTA: u32 = 256;
+/// Resident CTAs per SM the grid asks for (the grid strides over the rest).
+const CTAS_PER_SM: u32 = 16;
+const MIN_DESCRIPTORS_PER_BUFFER: usize = 4096;
+/// Beyond this many buffers in flight, the oldest is waited for (back pressure only).
+const MAX_DESCRIPTOR_BUFFERS: usize = 64;
+
+/// Memory of one pool level.
+enum Pool {
+    Missing,
+    /// `cuMemAlloc`ed by kvblock.
+    Device(CUdeviceptr),
+    /// `cuMemHostAlloc`ed by kvblock (pinned, mapped): host pointer and its device address.
+    Host(*mut std::ffi::c_void, CUdeviceptr),
+    /// The engine's memory: its device-visible address.
+    Registered(CUdeviceptr),
+}
+
+impl Pool {
+    fn address(&self) -> Option<CUdeviceptr> {
+        match *self {
+            Pool::Missing => None,
+            Pool::Device(p) | Pool::Host(_, p) | Pool::Registered(p) => Some(p),
+        }
+    }
+}
+
+struct DescriptorBuffer {
+    host: *mut CopyDescriptor,
+    device: CUdeviceptr,
+    capacity: usize,
+    /// Recorded after the launch that read this buffer.
+    done: CUevent,
+    in_flight: bool,
+}
+
+/// Copy engine of one window on the GPU.
+pub struct CudaCopyEngine {
+    device: Arc<CudaDevice>,
+    geometry: PoolGeometry,
+    rows: [usize; 2],
+    pools: [Pool; 2],
+    plan: CopyPlan,
+    buffers: Vec<DescriptorBuffer>,
+    /// Next buffer to try first (round robin keeps the oldest launch next in line).
+    next_buffer: usize,
+    /// The first failure; once set no copy is launched (the bytes can no longer be trusted).
+    failure: Option<String>,
+    launches: u64,
+}
+
+// SAFETY: the raw pointers are CUDA allocations owned by this engine, used only under the
+// manager's lock with the device's context current.
+unsafe impl Send for CudaCopyEngine {}
+
+impl CudaCopyEngine {
+    /// An engine for a window of `num_primary` + `num_secondary` rows of `geometry`; allocates
+    /// both pools when `allocate_pools`, else leaves them to `register_pool`.
+    pub fn new(
+        device: Arc<CudaDevice>,
+        geometry: PoolGeometry,
+        num_primary: usize,
+        num_secondary: usize,
+        allocate_pools: bool,
+    ) -> CudaResult<CudaCopyEngine> {
+        let mut engine = CudaCopyEngine {
+            device,
+            geometry,
+            rows: [num_primary, num_secondary],
+            pools: [Pool::Missing, Pool::Missing],
+            plan: CopyPlan::default(),
+            buffers: Vec::new(),
+            next_buffer: 0,
+            failure: None,
+            launches: 0,
+        };
+        if allocate_pools {
+            // On failure `engine` drops and frees what was allocated.
+            engine.allocate_pools()?;
+        }
+        Ok(engine)
+    }
+
+    fn pool_bytes(&self, level: Level) -> usize {
+        self.rows[level as usize] * self.geometry.row_bytes()
+    }
+
+    fn allocate_pools(&mut self) -> CudaResult<()> {
+        let _ctx = ContextGuard::enter(self.device.context())?;
+        let primary = self.pool_bytes(Level::Primary);
+        if primary > 0 {
+            let mut p: CUdeviceptr = 0;
+            // SAFETY: out-pointer to a local.
+            check(
+                unsafe { sys::cuMemAlloc_v2(&mut p, primary) },
+                "cuMemAlloc (primary pool)",
+            )
+            .map_err(|e| CudaError::Call(format!("{e} ({primary} bytes)")))?;
+            self.pools[0] = Pool::Device(p);
+        }
+        let secondary = self.pool_bytes(Level::Secondary);
+        if secondary > 0 {
+            let (host, device) = alloc_mapped_host(secondary)
+                .map_err(|e| CudaError::Call(format!("{e} (secondary pool, {secondary} bytes)")))?;
+            self.pools[1] = Pool::Host(host, device);
+        }
+        Ok(())
+    }
+
+    fn pools_present(&self) -> bool {
+        (0..2).all(|l| self.rows[l] == 0 || self.pools[l].address().is_some())
+    }
+
+    fn launch(&mut self, copies: &[RowCopy]) -> CudaResult<()> {
+        if !self.pools_present() {
+            return Err(CudaError::Call(
+                "a pool of this window is not registered yet (cuda_allocate_pools is false)".into(),
+            ));
+        }
+        let pools = PoolAddresses([
+            self.pools[0].address().unwrap_or(0),
+            self.pools[1].address().unwrap_or(0),
+        ]);
+        self.plan.build(copies, &self.geometry, pools);
+        let count = self.plan.descriptors.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let _ctx = ContextGuard::enter(self.device.context())?;
+        let index = self.take_buffer(count)?;
+        let buffer = &mut self.buffers[index];
+        // SAFETY: the buffer holds `capacity >= count` descriptors and no launch reads it now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.plan.descriptors.as_ptr(), buffer.host, count);
+        }
+        let stream = self.device.launch_stream()?;
+        let mut slices = self.plan.slices_per_copy();
+        let max_ctas = self.device.sm_count() * CTAS_PER_SM;
+        for wave in &self.plan.waves {
+            let mut descriptors =
+                buffer.device + (wave.start * std::mem::size_of::<CopyDescriptor>()) as u64;
+            let mut num = wave.len() as u32;
+            let units = u64::from(num) * u64::from(slices);
+            let grid = units.min(u64::from(max_ctas)).max(1) as u32;
+            let mut params = [
+                (&mut descriptors as *mut CUdeviceptr).cast::<std::ffi::c_void>(),
+                (&mut num as *mut u32).cast(),
+                (&mut slices as *mut u32).cast(),
+            ];
+            // SAFETY: the kernel's three parameters, in order, point at live locals.
+            check(
+                unsafe {
+                    sys::cuLaunchKernel(
+                        self.device.kernel(),
+                        grid,
+                        1,
+                        1,
+                        THREADS_PER_CTA,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                },
+                "cuLaunchKernel (block copy)",
+            )?;
+            self.launches += 1;
+        }
+        // SAFETY: event created with the buffer; recorded on the stream that read it.
+        check(
+            unsafe { sys::cuEventRecord(buffer.done, stream) },
+            "cuEventRecord",
+        )?;
+        buffer.in_flight = true;
+        self.device.copies_launched()
+    }
+
+    /// A descriptor buffer of at least `count` entries that no launch is reading.
+    fn take_buffer(&mut self, count: usize) -> CudaResult<usize> {
+        let n = self.buffers.len();
+        for k in 0..n {
+            let i = (self.next_buffer + k) % n;
+            let b = &mut self.buffers[i];
+            if b.capacity < count {
+                continue;
+            }
+            if b.in_flight {
+                // SAFETY: querying an event this engine created.
+                match unsafe { sys::cuEventQuery(b.done) } {
+                    CUresult::CUDA_SUCCESS => b.in_flight = false,
+                    CUresult::CUDA_ERROR_NOT_READY => continue,
+                    e => check(e, "cuEventQuery")?,
+                }
+            }
+            self.next_buffer = (i + 1) % n;
+            return Ok(i);
+        }
+        if n >= MAX_DESCRIPTOR_BUFFERS {
+            // Back pressure: the GPU is far behind. Wait for the oldest buffer.
+            let i = self.next_buffer % n;
+            // SAFETY: as above.
+            check(
+                unsafe { sys::cuEventSynchronize(self.buffers[i].done) },
+                "cuEventSynchronize",
+            )?;
+            self.buffers[i].in_flight = false;
+            if self.buffers[i].capacity >= count {
+                self.next_buffer = (i + 1) % n;
+                return Ok(i);
+            }
+            let old = self.buffers.swap_remove(i);
+            free_buffer(old);
+        }
+        let capacity = count.max(MIN_DESCRIPTORS_PER_BUFFER);
+        let (host, device) = alloc_mapped_host(capacity * std::mem::size_of::<CopyDescriptor>())?;
+        let mut done: CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointer to a local.
+        if let Err(e) = check(
+            unsafe { sys::cuEventCreate(&mut done, flags) },
+            "cuEventCreate",
+        ) {
+            // SAFETY: frees the allocation just made.
+            unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
+        }
+        self.buffers.push(DescriptorBuffer {
+            host: host.cast(),
+            device,
+            capacity,
+            done,
+            in_flight: false,
+        });
+        Ok(self.buffers.len() - 1)
+    }
+
+    /// Waits on the host until every copy this engine launched has finished (destroy and pool
+    /// replacement only, never on the hot path).
+    fn wait_idle(&mut self) {
+        for b in &mut self.buffers {
+            if b.in_flight {
+                // SAFETY: waiting on an event this engine created.
+                unsafe { sys::cuEventSynchronize(b.done) };
+                b.in_flight = false;
+            }
+        }
+    }
+
+    fn free_pool(&mut self, level: Level) {
+        // SAFETY: frees memory this engine allocated, once (the pool is reset to Missing).
+        unsafe {
+            match std::mem::replace(&mut self.pools[level as usize], Pool::Missing) {
+                Pool::Device(p) => {
+                    sys::cuMemFree_v2(p);
+                }
+                Pool::Host(h, _) => {
+                    sys::cuMemFreeHost(h);
+                }
+                Pool::Missing | Pool::Registered(_) => {}
+            }
+        }
+    }
+
+    /// Replaces the pool of `level` with the engine's memory at `address` (`bytes` long): GPU
+    /// memory for the primary level, pinned host memory for the secondary one. Waits for this
+    /// window's copies in flight, then frees kvblock's own pool of that level.
+    pub fn register(&mut self, level: Level, address: u64, bytes: usize) -> CudaResult<()> {
+        let needed = self.pool_bytes(level);
+        if bytes < needed {
+            return Err(CudaError::Call(format!(
+                "the pool needs {needed} bytes ({} rows of {} bytes), {bytes} given",
+                self.rows[level as usize],
+                self.geometry.row_bytes()
+            )));
+        }
+        let _ctx = ContextGuard::enter(self.device.context())?;
+        let device_address = device_visible(level, address)?;
+        self.wait_idle();
+        self.free_pool(level);
+        self.pools[level as usize] = Pool::Registered(device_address);
+        Ok(())
+    }
+}
+
+/// Pinned host memory mapped into the device's address space (not write-combined: the host
+/// tier is read back).
+fn alloc_mapped_host(bytes: usize) -> CudaResult<(*mut std::ffi::c_void, CUdeviceptr)> {
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: out-pointers to locals; freed by the caller (or here on failure).
+    unsafe {
+        check(
+            sys::cuMemHostAlloc(&mut host, bytes, flags),
+            "cuMemHostAlloc",
+        )?;
+        let mut device: CUdeviceptr = 0;
+        if let Err(e) = check(
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0),
+            "cuMemHostGetDevicePointer",
+        ) {
+            sys::cuMemFreeHost(host);
+            return Err(e);
+        }
+        Ok((host, device))
+    }
+}
+
+/// The device-visible address of engine memory registered as a pool of `level`, checked to be
+/// of the right kind.
+fn device_visible(level: Level, address: u64) -> CudaResult<CUdeviceptr> {
+    if address == 0 {
+        return Err(CudaError::Call("the pool pointer is null".into()));
+    }
+    let mut kind: u32 = 0;
+    // SAFETY: out-pointer to a local of the attribute's size.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            address,
+        )
+    };
+    let expected = match level {
+        Level::Primary => CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        Level::Secondary => CUmemorytype::CU_MEMORYTYPE_HOST,
+    };
+    if r != CUresult::CUDA_SUCCESS || kind != expected as u32 {
+        return Err(CudaError::Call(match level {
+            Level::Primary => {
+                "the primary pool must be GPU memory of this device (cudaMalloc)".into()
+            }
+            Level::Secondary => "the secondary pool must be pinned host memory (cudaHostAlloc or \
+                                 cudaHostRegister, mapped)"
+                .into(),
+        }));
+    }
+    if level == Level::Primary {
+        return Ok(address);
+    }
+    let mut device: CUdeviceptr = 0;
+    // SAFETY: out-pointer to a local; `address` is pinned host memory (checked above).
+    check(
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, address as *mut _, 0) },
+        "cuMemHostGetDevicePointer (the secondary pool must be mapped)",
+    )?;
+    Ok(device)
+}
+
+fn free_buffer(b: DescriptorBuffer) {
+    // SAFETY: frees a buffer and event this engine created; no launch reads it any more.
+    unsafe {
+        sys::cuEventDestroy_v2(b.done);
+        sys::cuMemFreeHost(b.host.cast());
+    }
+}
+
+impl CopyEngine for CudaCopyEngine {
+    fn submit(&mut self, copies: &[RowCopy]) {
+        if self.failure.is_some() || copies.is_empty() {
+            return;
+        }
+        if let Err(e) = self.launch(copies) {
+            self.failure = Some(e.to_string());
+        }
+    }
+
+    /// Orders the copies before the engine's next work on the GPU (no host wait).
+    fn sync(&mut self) {
+        if self.failure.is_none() {
+            if let Err(e) = self.device.sync_transfers() {
+                self.failure = Some(e.to_string());
+            }
+        }
+    }
+
+    fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
+        self.pools[level as usize].address().map(|a| a as *mut u8)
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    fn register_pool(&mut self, level: Level, address: u64, bytes: usize) -> Result<(), String> {
+        self.register(level, address, bytes)
+            .map_err(|e| e.to_string())
+    }
+
+    fn launches(&self) -> u64 {
+        self.launches
+    }
+}
+
+impl Drop for CudaCopyEngine {
+    fn drop(&mut self) {
+        let Ok(_ctx) = ContextGuard::enter(self.device.context()) else {
+            return;
+        };
+        self.wait_idle();
+        for b in std::mem::take(&mut self.buffers) {
+            free_buffer(b);
+        }
+        self.free_pool(Level::Primary);
+        self.free_pool(Level::Secondary);
+    }
+}

@@ -1,0 +1,22 @@
+//! The CUDA backend: pools in GPU memory and pinned host memory, block copies by one batched
+//! kernel (`kernels/block_copy.cu`, compiled at run time by NVRTC) on the engine's stream or on
+//! kvblock's own copy stream ordered by events.
+//!
+//! Everything goes through cudarc's dynamically loaded bindings, so the library builds and
+//! loads on machines without CUDA; creating a CUDA manager there fails with a clear error.
+//!
+//! Layers: `driver` (error handling, context guard) ← `nvrtc` (kernel compilation) ←
+//! `device` (context, module, streams; shared by a manager's windows) ← `engine` (one window's
+//! pools and launches); `plan` (descriptors and waves) is pure Rust, tested everywhere.
+
+mod device;
+mod driver;
+mod engine;
+mod nvrtc;
+mod plan;
+
+pub use device::{CudaConfig, CudaDevice, TransferMode};
+pub use driver::{driver_library_present, CudaError};
+pub use engine::CudaCopyEngine;
+pub use nvrtc::{block_copy_cubin, nvrtc_library_present};
+pub use plan::{CopyDescriptor, CopyPlan, PoolAddresses};
