@@ -46,7 +46,34 @@ typedef enum kvb_copy_backend_t {
      * Pools are host buffers owned by the library; copies are memcpy (tests, host-only use).
      */
     KVB_COPY_BACKEND_HOST = 1,
+    /**
+     * Primary pools in GPU memory, secondary pools in pinned mapped host memory; copies by one
+     * batched kernel per operation on the engine's stream (see `kvb_cuda_transfer_mode_t`).
+     * Creating such a manager without a CUDA driver or GPU fails with
+     * `KVB_STATUS_UNSUPPORTED`.
+     */
+    KVB_COPY_BACKEND_CUDA = 2,
 } kvb_copy_backend_t;
+
+/**
+ * How CUDA copies are ordered against the engine's stream (values of
+ * `kvb_manager_config_t::cuda_transfer_mode`).
+ */
+typedef enum kvb_cuda_transfer_mode_t {
+    /**
+     * Copies are enqueued on the engine's stream: the engine's later work on that stream sees
+     * their bytes, and a block freed by an offload is rewritten only after the offload read it.
+     * Nothing to call. The default.
+     */
+    KVB_CUDA_TRANSFER_ENGINE_STREAM = 0,
+    /**
+     * Copies run on kvblock's own stream, after the work the engine had enqueued when they were
+     * submitted. The engine calls `kvb_manager_sync_transfers` before it enqueues work that
+     * reads or writes blocks handed out since the last sync (the engine stream then waits on
+     * the GPU; the host never waits).
+     */
+    KVB_CUDA_TRANSFER_COPY_STREAM = 1,
+} kvb_cuda_transfer_mode_t;
 
 /**
  * Type of an event (values of `kvb_event_t::event_type`).
@@ -170,6 +197,12 @@ typedef enum kvb_status_t {
      * A bug inside the library (a caught panic). The handle is now poisoned.
      */
     KVB_STATUS_INTERNAL = 17,
+    /**
+     * A CUDA call failed (the message names it and the driver's error). When it failed after
+     * the bookkeeping of the call had changed (a copy launch), the handle is poisoned: the
+     * bytes in the pools can no longer be trusted.
+     */
+    KVB_STATUS_CUDA = 18,
 } kvb_status_t;
 
 /**
@@ -361,6 +394,26 @@ typedef struct kvb_manager_config_t {
      * Attention data-parallel rank carried by every event; -1 = none (default).
      */
     int32_t attention_dp_rank;
+    /**
+     * CUDA backend: device ordinal (default 0). kvblock works in its primary context, the one
+     * the CUDA runtime, PyTorch and TensorRT-LLM use, so pointers are shared with the engine.
+     */
+    int32_t cuda_device;
+    /**
+     * CUDA backend: the engine's `cudaStream_t`/`CUstream` (default null = the legacy default
+     * stream); change it later with `kvb_manager_set_stream`.
+     */
+    void *cuda_stream;
+    /**
+     * CUDA backend: a `kvb_cuda_transfer_mode_t` value (default engine stream).
+     */
+    int32_t cuda_transfer_mode;
+    /**
+     * CUDA backend: allocate the pools (default true: `cuMemAlloc` for primary,
+     * `cuMemHostAlloc` pinned and mapped for secondary). False: the engine registers its own
+     * with `kvb_manager_register_pool` before the first admission.
+     */
+    bool cuda_allocate_pools;
 } kvb_manager_config_t;
 
 /**
@@ -579,6 +632,52 @@ typedef struct kvb_block_info_t {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
+ * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
+ * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
+ * without CUDA.
+ */
+enum kvb_status_t kvb_cuda_libraries_available(bool *out);
+
+/**
+ * Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
+ * submitted before stay ordered before the new stream's later work (the new stream waits on
+ * the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *stream);
+
+/**
+ * With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
+ * host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
+ * enqueuing work that reads or writes blocks the manager handed out since the last call. A
+ * no-op with the engine-stream ordering and for the other backends (whose copies are done when
+ * the call that submitted them returns).
+ */
+enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
+
+/**
+ * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
+ * of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
+ * or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
+ * the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
+ * only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
+ * own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
+ * Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
+                                            int32_t window_size,
+                                            int32_t cache_level,
+                                            void *pointer,
+                                            size_t bytes);
+
+/**
+ * Writes the number of batched copy submissions so far, over all windows: kernel launches for
+ * `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
+ * on each other inside the call), 0 for the other backends. For tests and diagnostics.
+ */
+enum kvb_status_t kvb_manager_copy_launches(struct kvb_manager_t *manager, uint64_t *out);
 
 /**
  * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's

@@ -331,6 +331,20 @@ public:
         return n;
     }
     void refreshBlocks() { check(kvb_manager_refresh_blocks(handle_)); }
+    /// CUDA backend: order later copies with the engine stream `stream` (a cudaStream_t).
+    void setStream(void* stream) { check(kvb_manager_set_stream(handle_, stream)); }
+    /// CUDA backend, copy-stream ordering: the engine stream waits for the copies so far.
+    void syncTransfers() { check(kvb_manager_sync_transfers(handle_)); }
+    /// CUDA backend: the engine's memory as the pool of (window, level).
+    void registerPool(int32_t window, kvb_cache_level_t level, void* pointer, size_t bytes) {
+        check(kvb_manager_register_pool(handle_, window, level, pointer, bytes));
+    }
+    /// Batched copy submissions so far (CUDA kernel launches).
+    uint64_t copyLaunches() const {
+        uint64_t n = 0;
+        check(kvb_manager_copy_launches(handle_, &n));
+        return n;
+    }
     /// Throws kvb::Error (KVB_STATUS_INVARIANT_VIOLATION) naming the first violated invariant.
     void checkInvariants() const { check(kvb_manager_check_invariants(handle_)); }
     void advanceTime(int64_t ms) { check(kvb_manager_advance_time(handle_, ms)); }

@@ -28,6 +28,7 @@ for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl python
     command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
@@ -53,3 +54,16 @@ if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION
 fi
 cbindgen --version
 
+# NVRTC for the CUDA backend's kernels: the tests compile them to CUBIN on machines without a GPU
+# too. The wheel's CUDA 13.0 line matches the driver the GPU machines run (a newer NVRTC emits
+# code an older driver rejects). It lands in .tools/ (git-ignored); scripts/nvrtc_env.sh puts
+# its library folder on the loader path.
+NVRTC_WHEEL=nvidia-cuda-nvrtc==13.0.88
+if [[ ! -e .tools/nvrtc.done ]] || [[ "$(cat .tools/nvrtc.done)" != "$NVRTC_WHEEL" ]]; then
+    echo "+ installing $NVRTC_WHEEL into .tools/venv"
+    rm -rf .tools/venv
+    python3 -m venv .tools/venv
+    .tools/venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"
+    echo "$NVRTC_WHEEL" > .tools/nvrtc.done
+fi
+echo "nvrtc: $NVRTC_WHEEL"

@@ -35,6 +35,8 @@ pub enum KvError {
     BufferTooSmall { needed: usize, given: usize },
     /// `check_invariants` found a violation.
     InvariantViolation(String),
+    /// A CUDA call failed.
+    Cuda(String),
 }
 
 impl fmt::Display for KvError {
@@ -74,6 +76,7 @@ impl fmt::Display for KvError {
                 )
             }
             KvError::InvariantViolation(m) => write!(f, "invariant violated: {m}"),
+            KvError::Cuda(m) => write!(f, "CUDA: {m}"),
         }
     }
 }
@@ -81,3 +84,12 @@ impl fmt::Display for KvError {
 impl std::error::Error for KvError {}
 
 pub type KvResult<T> = Result<T, KvError>;
+
+impl From<crate::cuda::CudaError> for KvError {
+    fn from(e: crate::cuda::CudaError) -> Self {
+        match e {
+            crate::cuda::CudaError::Unavailable(m) => KvError::Unsupported(m),
+            crate::cuda::CudaError::Call(m) => KvError::Cuda(m),
+        }
+    }
+}

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cuda::{CudaConfig, CudaDevice};
 use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue, KvCacheEvent};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
@@ -15,9 +16,10 @@ use crate::key::MultimodalItem;
 use crate::pool::{Level, PoolGeometry};
 use crate::retention::{RetentionConfig, DEFAULT_PRIORITY};
 use crate::sizing;
-use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
 use crate::tree::PremixedMap;
 use crate::window::{AdmissionPlan, AdmitItem, KeySource, WindowBlockManager, WindowConfig};
+
+mod transfers;
 
 /// Value written into offset tables where a sequence has no block.
 pub const NO_BLOCK_OFFSET: i32 = i32::MAX;
@@ -29,6 +31,8 @@ pub enum CopyBackend {
     None,
     /// Host byte buffers; copies are memcpy.
     HostMemory,
+    /// GPU and pinned host pools; copies by a batched CUDA kernel (`crate::cuda`).
+    Cuda,
 }
 
 /// One attention-window size and its pool.
@@ -55,6 +59,8 @@ pub struct ManagerConfig {
     pub secondary_offload_min_priority: u8,
     pub bytes_per_element: usize,
     pub copy_backend: CopyBackend,
+    /// Device, stream, ordering and pool ownership of the CUDA backend.
+    pub cuda: CudaConfig,
     /// Time only moves through `advance_time` (tests).
     pub manual_clock: bool,
     /// Capacity of the event delivery buffer; 0 turns events off (and they cost nothing).
@@ -77,6 +83,10 @@ impl Default for ManagerConfig {
             secondary_offload_min_priority: DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY,
             bytes_per_element: 2,
             copy_backend: CopyBackend::None,
+            cuda: CudaConfig {
+                allocate_pools: true,
+                ..CudaConfig::default()
+            },
             manual_clock: false,
             max_kv_event_entries: 0,
             attention_dp_rank: None,
@@ -290,6 +300,10 @@ pub struct KvCacheManager {
     /// The iteration's events (`None` when events are off).
     events: Option<EventQueue>,
     delivery: Arc<EventDelivery>,
+    /// The GPU of the CUDA backend (shared with the windows' engines).
+    cuda: Option<Arc<CudaDevice>>,
+    /// Pools the engine still has to register (CUDA backend without own allocation).
+    unregistered_pools: Vec<(usize, Level)>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.
@@ -338,6 +352,7 @@ impl KvCacheManager {
                 )));
             }
         }
+        let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
         let mut windows = Vec::with_capacity(cfg.windows.len());
         for spec in &cfg.windows {
             positive(spec.window_size, "window_size")?;
@@ -355,20 +370,13 @@ impl KvCacheManager {
                 tokens_per_block: cfg.tokens_per_block,
                 bytes_per_element: cfg.bytes_per_element,
             };
-            let engine: Box<dyn CopyEngine> = match cfg.copy_backend {
-                CopyBackend::None => Box::new(NullEngine::default()),
-                CopyBackend::HostMemory => {
-                    positive(spec.num_layers, "num_layers")?;
-                    positive(spec.num_kv_heads, "num_kv_heads")?;
-                    positive(spec.size_per_head, "size_per_head")?;
-                    positive(cfg.bytes_per_element, "bytes_per_element")?;
-                    Box::new(HostMemoryEngine::new(
-                        geometry,
-                        spec.primary_blocks,
-                        spec.secondary_blocks,
-                    ))
-                }
-            };
+            let engine = transfers::window_engine(
+                cfg.copy_backend,
+                cuda.as_ref(),
+                cfg.cuda.allocate_pools,
+                spec,
+                geometry,
+            )?;
             let max_token_num = spec.window_size.max(cfg.max_sequence_length);
             let wc = WindowConfig {
                 window_size: spec.window_size,
@@ -404,6 +412,8 @@ impl KvCacheManager {
             }
             q
         });
+        let unregistered_pools =
+            transfers::pools_to_register(cfg.copy_backend, &cfg.cuda, &cfg.windows);
         Ok(KvCacheManager {
             cfg,
             windows,
@@ -411,6 +421,8 @@ impl KvCacheManager {
             clock,
             events,
             delivery,
+            cuda,
+            unregistered_pools,
         })
     }
 
@@ -648,6 +660,7 @@ impl KvCacheManager {
         mut reqs: Vec<Request>,
         longest_prefix: bool,
     ) -> KvResult<Vec<Admission>> {
+        self.require_pools()?;
         let plans = self.plan_batch(&reqs)?;
         let n = self.fitting_prefix(&plans, longest_prefix)?;
         reqs.truncate(n);
@@ -1318,18 +1331,6 @@ impl KvCacheManager {
                 .parent(block)
                 .map(|p| if p == tree.root() { -1 } else { i64::from(p) }),
         })
-    }
-
-    /// Host address of a window's pool at `level` (host backend only), and its row size.
-    pub fn pool_pointer(&mut self, window_size: usize, level: Level) -> KvResult<(*mut u8, usize)> {
-        let w = self.window_mut(window_size)?;
-        let row_bytes = w.config().geometry.row_bytes();
-        match w.engine_mut().pool_base(level) {
-            Some(p) => Ok((p, row_bytes)),
-            None => Err(KvError::Unsupported(
-                "pool memory is host-addressable only with the host-memory backend".into(),
-            )),
-        }
     }
 
     /// Verifies the invariants of reference §10 in every window and per sequence; the error

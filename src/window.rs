@@ -301,6 +301,10 @@ impl WindowBlockManager {
         &self.queues
     }
 
+    pub fn engine(&self) -> &dyn CopyEngine {
+        self.engine.as_ref()
+    }
+
     pub fn engine_mut(&mut self) -> &mut dyn CopyEngine {
         self.engine.as_mut()
     }

@@ -81,7 +81,17 @@ struct Scenario {
     secondary: usize,
     partial: bool,
     copy_on_partial: bool,
-    host: bool,
+    pools: Pools,
+}
+
+/// Where the pools' bytes live; with real bytes, every reused position is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pools {
+    None,
+    Host,
+    /// GPU and pinned host memory: rows are read and written with synchronous copies, which the
+    /// legacy default stream (the manager's engine stream here) orders after kvblock's kernels.
+    Cuda,
 }
 
 impl Scenario {
@@ -107,10 +117,10 @@ impl Scenario {
             copy_on_partial_reuse: self.copy_on_partial,
             onboard_blocks: true,
             bytes_per_element: 1,
-            copy_backend: if self.host {
-                CopyBackend::HostMemory
-            } else {
-                CopyBackend::None
+            copy_backend: match self.pools {
+                Pools::None => CopyBackend::None,
+                Pools::Host => CopyBackend::HostMemory,
+                Pools::Cuda => CopyBackend::Cuda,
             },
             manual_clock: true,
             ..ManagerConfig::default()
@@ -347,7 +357,7 @@ impl Harness {
     /// Writes (`write`) or checks the pattern of positions `range` of sequence `id` in every
     /// window and beam (skipping blocks a sliding window detached).
     fn data(&mut self, id: u64, range: std::ops::Range<usize>, write: bool, what: &str) {
-        if !self.sc.host || range.is_empty() {
+        if self.sc.pools == Pools::None || range.is_empty() {
             return;
         }
         let seq = self.seqs[&id].clone();
@@ -367,11 +377,10 @@ impl Harness {
                         self.fail(format!("sequence {id} uses host block {}", ids[bi]));
                     }
                     let row = info.memory_index as usize;
-                    // SAFETY: the host pool holds `primary` rows of `row_bytes` bytes; `row` is a
-                    // primary row index and the offsets stay inside one row.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts_mut(base.add(row * row_bytes), row_bytes)
-                    };
+                    // SAFETY: the pool holds `primary` rows of `row_bytes` bytes and `row` is a
+                    // primary row index.
+                    let row_base = unsafe { base.add(row * row_bytes) };
+                    let mut bytes = read_row(self.sc.pools, row_base, row_bytes);
                     let h = seq.hashes[p];
                     for layer in 0..LAYERS {
                         for kv in 0..2 {
@@ -392,6 +401,9 @@ impl Harness {
                                 }
                             }
                         }
+                    }
+                    if write {
+                        write_row(self.sc.pools, row_base, &bytes);
                     }
                 }
             }
@@ -1063,7 +1075,7 @@ fn run_scenario(sc: Scenario) {
         total.offloaded > 100 && total.onboarded > 20,
         "{name}: no host traffic {total:?}"
     );
-    if sc.host {
+    if sc.pools != Pools::None {
         assert!(total.verified_reused_positions > 500, "{name}: {total:?}");
     }
 }
@@ -1076,7 +1088,7 @@ fn single(name: &'static str) -> Scenario {
         secondary: 10,
         partial: true,
         copy_on_partial: true,
-        host: true,
+        pools: Pools::Host,
     }
 }
 
@@ -1116,9 +1128,44 @@ fn random_operations_bookkeeping_only() {
     run_scenario(Scenario {
         windows: vec![16, MAX_SEQ],
         copy_on_partial: false,
-        host: false,
+        pools: Pools::None,
         ..single("VSWA 16 + 64, partial reuse without copies, no pool memory")
     });
+}
+
+/// The same random workload with the CUDA backend: every reuse, partial copy, offload and onboard
+/// moves bytes through the batched copy kernel between GPU and pinned host pools. Skips where no
+/// GPU is usable.
+#[test]
+fn random_operations_cuda_pools() {
+    if !common::cuda_context_current() {
+        eprintln!("skipped: no usable CUDA GPU (driver library, device) on this machine");
+        return;
+    }
+    run_scenario(Scenario {
+        windows: vec![16, MAX_SEQ],
+        pools: Pools::Cuda,
+        ..single("VSWA 16 + 64, partial reuse with copies, CUDA pools")
+    });
+}
+
+/// A pool row's bytes (host memory, or GPU memory read with a synchronous copy).
+fn read_row(pools: Pools, row: *mut u8, row_bytes: usize) -> Vec<u8> {
+    match pools {
+        // SAFETY: `row` starts a row of `row_bytes` bytes in the host pool.
+        Pools::Host => unsafe { std::slice::from_raw_parts(row, row_bytes) }.to_vec(),
+        Pools::Cuda => common::cuda_read(row as u64, row_bytes),
+        Pools::None => unreachable!("no pool memory"),
+    }
+}
+
+fn write_row(pools: Pools, row: *mut u8, bytes: &[u8]) {
+    match pools {
+        // SAFETY: as in `read_row`.
+        Pools::Host => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), row, bytes.len()) },
+        Pools::Cuda => common::cuda_write(row as u64, bytes),
+        Pools::None => unreachable!("no pool memory"),
+    }
 }
 
 // ---- Regressions found by the random runs --------------------------------------------------

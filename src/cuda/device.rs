@@ -64,6 +64,16 @@ pub struct CudaDevice {
     streams: Mutex<Streams>,
 }
 
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("device", &self.dev)
+            .field("sm_count", &self.sm_count)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: CUDA handles may be used from any thread once the context is current (every use
 // enters it through `ContextGuard`); the mutable stream state is behind a mutex.
 unsafe impl Send for CudaDevice {}

@@ -74,12 +74,19 @@ pub(crate) fn with_manager(
         let mut state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
             HandleState::Live(m) => match catch_unwind(AssertUnwindSafe(|| f(m))) {
-                Ok(result) => result,
-                Err(_) => {
-                    let old = std::mem::replace(&mut *state, HandleState::Destroyed);
-                    if let HandleState::Live(m) = old {
-                        *state = HandleState::Poisoned(m);
+                Ok(result) => match m.copy_failure() {
+                    None => result,
+                    // Bookkeeping moved on but the bytes did not: nothing can be trusted.
+                    Some(message) => {
+                        let message = format!(
+                            "a copy could not be launched ({message}); the manager is poisoned"
+                        );
+                        poison(&mut state);
+                        Err(FfiError(kvb_status_t::KVB_STATUS_CUDA, message))
                     }
+                },
+                Err(_) => {
+                    poison(&mut state);
                     Err(FfiError(
                         kvb_status_t::KVB_STATUS_INTERNAL,
                         "internal error (panic caught); the manager is poisoned".into(),
@@ -96,6 +103,13 @@ pub(crate) fn with_manager(
             )),
         }
     })
+}
+
+fn poison(state: &mut HandleState) {
+    let old = std::mem::replace(state, HandleState::Destroyed);
+    if let HandleState::Live(m) = old {
+        *state = HandleState::Poisoned(m);
+    }
 }
 
 pub(crate) fn new_handle(m: KvCacheManager) -> *mut kvb_manager_t {

@@ -5,6 +5,7 @@
 // documented contract, as for any C library.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+pub mod cuda;
 pub mod events;
 pub mod handle;
 pub mod manager;

@@ -45,6 +45,10 @@ pub enum kvb_status_t {
     KVB_STATUS_POISONED = 16,
     /// A bug inside the library (a caught panic). The handle is now poisoned.
     KVB_STATUS_INTERNAL = 17,
+    /// A CUDA call failed (the message names it and the driver's error). When it failed after
+    /// the bookkeeping of the call had changed (a copy launch), the handle is poisoned: the
+    /// bytes in the pools can no longer be trusted.
+    KVB_STATUS_CUDA = 18,
 }
 
 thread_local! {
@@ -86,6 +90,7 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::Unsupported(_) => KVB_STATUS_UNSUPPORTED,
         KvError::BufferTooSmall { .. } => KVB_STATUS_BUFFER_TOO_SMALL,
         KvError::InvariantViolation(_) => KVB_STATUS_INVARIANT_VIOLATION,
+        KvError::Cuda(_) => KVB_STATUS_CUDA,
     }
 }
 
@@ -120,6 +125,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_DESTROYED,
         KVB_STATUS_POISONED,
         KVB_STATUS_INTERNAL,
+        KVB_STATUS_CUDA,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -143,6 +149,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_DESTROYED => b"destroyed handle\0",
         KVB_STATUS_POISONED => b"poisoned handle\0",
         KVB_STATUS_INTERNAL => b"internal error\0",
+        KVB_STATUS_CUDA => b"CUDA error\0",
     };
     s.as_ptr().cast()
 }

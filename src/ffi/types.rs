@@ -5,6 +5,7 @@
 
 use super::handle::{count_arg, invalid, null_error, positive_arg, slice_arg, FfiError, FfiResult};
 use super::status::kvb_status_t;
+use crate::cuda::{CudaConfig, TransferMode};
 use crate::key::MultimodalItem;
 use crate::manager::{
     Admission, BlockInfo, CopyBackend, KvCacheStats, ManagerConfig, Request, RequestPhase,
@@ -21,6 +22,27 @@ pub enum kvb_copy_backend_t {
     KVB_COPY_BACKEND_NONE = 0,
     /// Pools are host buffers owned by the library; copies are memcpy (tests, host-only use).
     KVB_COPY_BACKEND_HOST = 1,
+    /// Primary pools in GPU memory, secondary pools in pinned mapped host memory; copies by one
+    /// batched kernel per operation on the engine's stream (see `kvb_cuda_transfer_mode_t`).
+    /// Creating such a manager without a CUDA driver or GPU fails with
+    /// `KVB_STATUS_UNSUPPORTED`.
+    KVB_COPY_BACKEND_CUDA = 2,
+}
+
+/// How CUDA copies are ordered against the engine's stream (values of
+/// `kvb_manager_config_t::cuda_transfer_mode`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum kvb_cuda_transfer_mode_t {
+    /// Copies are enqueued on the engine's stream: the engine's later work on that stream sees
+    /// their bytes, and a block freed by an offload is rewritten only after the offload read it.
+    /// Nothing to call. The default.
+    KVB_CUDA_TRANSFER_ENGINE_STREAM = 0,
+    /// Copies run on kvblock's own stream, after the work the engine had enqueued when they were
+    /// submitted. The engine calls `kvb_manager_sync_transfers` before it enqueues work that
+    /// reads or writes blocks handed out since the last sync (the engine stream then waits on
+    /// the GPU; the host never waits).
+    KVB_CUDA_TRANSFER_COPY_STREAM = 1,
 }
 
 /// Cache level of a block's memory row.
@@ -102,6 +124,18 @@ pub struct kvb_manager_config_t {
     pub max_kv_event_entries: i32,
     /// Attention data-parallel rank carried by every event; -1 = none (default).
     pub attention_dp_rank: i32,
+    /// CUDA backend: device ordinal (default 0). kvblock works in its primary context, the one
+    /// the CUDA runtime, PyTorch and TensorRT-LLM use, so pointers are shared with the engine.
+    pub cuda_device: i32,
+    /// CUDA backend: the engine's `cudaStream_t`/`CUstream` (default null = the legacy default
+    /// stream); change it later with `kvb_manager_set_stream`.
+    pub cuda_stream: *mut std::ffi::c_void,
+    /// CUDA backend: a `kvb_cuda_transfer_mode_t` value (default engine stream).
+    pub cuda_transfer_mode: i32,
+    /// CUDA backend: allocate the pools (default true: `cuMemAlloc` for primary,
+    /// `cuMemHostAlloc` pinned and mapped for secondary). False: the engine registers its own
+    /// with `kvb_manager_register_pool` before the first admission.
+    pub cuda_allocate_pools: bool,
 }
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
@@ -318,6 +352,10 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         manual_clock: false,
         max_kv_event_entries: 0,
         attention_dp_rank: -1,
+        cuda_device: d.cuda.device,
+        cuda_stream: std::ptr::null_mut(),
+        cuda_transfer_mode: kvb_cuda_transfer_mode_t::KVB_CUDA_TRANSFER_ENGINE_STREAM as i32,
+        cuda_allocate_pools: d.cuda.allocate_pools,
     }
 }
 
@@ -344,12 +382,28 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
     let copy_backend = match c.copy_backend {
         0 => CopyBackend::None,
         1 => CopyBackend::HostMemory,
+        2 => CopyBackend::Cuda,
         v => {
             return Err(FfiError(
                 kvb_status_t::KVB_STATUS_INVALID_CONFIG,
                 format!("unknown copy_backend {v}"),
             ))
         }
+    };
+    let cuda = CudaConfig {
+        device: count_arg(c.cuda_device, "cuda_device")? as i32,
+        stream: c.cuda_stream as usize,
+        mode: match c.cuda_transfer_mode {
+            0 => TransferMode::EngineStream,
+            1 => TransferMode::CopyStream,
+            v => {
+                return Err(FfiError(
+                    kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+                    format!("unknown cuda_transfer_mode {v}"),
+                ))
+            }
+        },
+        allocate_pools: c.cuda_allocate_pools,
     };
     let min_priority = c.secondary_offload_min_priority;
     if !(0..=100).contains(&min_priority) {
@@ -370,6 +424,7 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         secondary_offload_min_priority: min_priority as u8,
         bytes_per_element: usize_field(c.bytes_per_element, "bytes_per_element")?,
         copy_backend,
+        cuda,
         manual_clock: c.manual_clock,
         max_kv_event_entries: usize_field(c.max_kv_event_entries, "max_kv_event_entries")?,
         attention_dp_rank: match c.attention_dp_rank {

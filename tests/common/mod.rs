@@ -32,3 +32,43 @@ impl Rng {
         self.below(100) < p
     }
 }
+
+/// Makes device 0's primary context current on this thread; false (skip the test) where no
+/// CUDA driver or device exists.
+pub fn cuda_context_current() -> bool {
+    use cudarc::driver::sys;
+    if !kvblock::cuda::driver_library_present() {
+        return false;
+    }
+    // SAFETY: plain driver calls with out-pointers to locals; the context stays retained for
+    // the rest of the test process.
+    unsafe {
+        if sys::cuInit(0) != sys::CUresult::CUDA_SUCCESS {
+            return false;
+        }
+        let mut dev = 0;
+        let mut ctx = std::ptr::null_mut();
+        sys::cuDeviceGet(&mut dev, 0) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuCtxSetCurrent(ctx) == sys::CUresult::CUDA_SUCCESS
+    }
+}
+
+/// Copies `len` bytes at device-visible address `address` to the host (synchronously: ordered
+/// after everything enqueued on the legacy default stream).
+pub fn cuda_read(address: u64, len: usize) -> Vec<u8> {
+    use cudarc::driver::sys;
+    let mut out = vec![0u8; len];
+    // SAFETY: `address` is `len` bytes of a pool; `out` has `len` bytes.
+    let r = unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), address, len) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyDtoH");
+    out
+}
+
+/// Copies `bytes` to device-visible address `address` (synchronously).
+pub fn cuda_write(address: u64, bytes: &[u8]) {
+    use cudarc::driver::sys;
+    // SAFETY: `address` is `bytes.len()` bytes of a pool.
+    let r = unsafe { sys::cuMemcpyHtoD_v2(address, bytes.as_ptr().cast(), bytes.len()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyHtoD");
+}

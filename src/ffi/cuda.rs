@@ -1,0 +1,75 @@
+//! C entry points of the CUDA backend: stream changes, transfer synchronization, pools
+//! registered by the engine.
+
+use std::ffi::c_void;
+
+use super::handle::{guard, kvb_manager_t, positive_arg, with_manager, write_out};
+use super::status::kvb_status_t;
+use super::types::level_arg;
+use crate::cuda::{driver_library_present, nvrtc_library_present};
+
+/// Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
+/// libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
+/// still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
+/// without CUDA.
+#[no_mangle]
+pub extern "C" fn kvb_cuda_libraries_available(out: *mut bool) -> kvb_status_t {
+    guard(|| {
+        let available = driver_library_present() && nvrtc_library_present();
+        write_out(out, available, "out")
+    })
+}
+
+/// Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
+/// submitted before stay ordered before the new stream's later work (the new stream waits on
+/// the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+#[no_mangle]
+pub extern "C" fn kvb_manager_set_stream(
+    manager: *mut kvb_manager_t,
+    stream: *mut c_void,
+) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.set_stream(stream as usize)?))
+}
+
+/// With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
+/// host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
+/// enqueuing work that reads or writes blocks the manager handed out since the last call. A
+/// no-op with the engine-stream ordering and for the other backends (whose copies are done when
+/// the call that submitted them returns).
+#[no_mangle]
+pub extern "C" fn kvb_manager_sync_transfers(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.sync_transfers()?))
+}
+
+/// Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
+/// of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
+/// or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
+/// the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
+/// only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
+/// own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
+/// Only for `KVB_COPY_BACKEND_CUDA` managers.
+#[no_mangle]
+pub extern "C" fn kvb_manager_register_pool(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    cache_level: i32,
+    pointer: *mut c_void,
+    bytes: usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let window = positive_arg(window_size, "window_size")?;
+        let level = level_arg(cache_level)?;
+        Ok(m.register_pool(window, level, pointer as u64, bytes)?)
+    })
+}
+
+/// Writes the number of batched copy submissions so far, over all windows: kernel launches for
+/// `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
+/// on each other inside the call), 0 for the other backends. For tests and diagnostics.
+#[no_mangle]
+pub extern "C" fn kvb_manager_copy_launches(
+    manager: *mut kvb_manager_t,
+    out: *mut u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| write_out(out, m.copy_launches(), "out"))
+}
