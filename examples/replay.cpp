@@ -125,6 +125,7 @@ struct Options {
     bool partial_reuse = true;
     bool realtime = false;
     int64_t block_bytes = 0;
+    int copy_backend = -1;  // -1: host when block_bytes > 0, else none
     int events = -1;  // -1: the loop's default (engine on, peer off)
     std::string json;
     std::string svg;
@@ -152,8 +153,11 @@ void usage(std::FILE* out) {
         "  --token-budget N        engine: tokens per step, decodes first (default 8192)\n"
         "  --no-partial-reuse      reuse full blocks (and exact partial matches) only\n"
         "  --realtime              engine: requests arrive at their timestamps\n"
-        "  --block-bytes N         bytes of KV per block in host-memory pools; 0 = bookkeeping\n"
-        "                          only (default 0); must be a multiple of 2 x tokens per block\n"
+        "  --block-bytes N         bytes of KV per block in real pools; 0 = bookkeeping only\n"
+        "                          (default 0); must be a multiple of 2 x tokens per block\n"
+        "  --copy-backend B        none|host|cuda: where the pools live (default: host with\n"
+        "                          --block-bytes, else none); cuda puts primary pools in GPU\n"
+        "                          memory and the host tier in pinned memory, copies on the GPU\n"
         "  --events / --no-events  KV cache events (default: on in engine, off in peer)\n"
         "  --json PATH             write every figure and a time series as JSON\n"
         "  --svg PATH              plot (default: JSON path with .svg, else replay.svg)\n"
@@ -209,6 +213,13 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--no-partial-reuse") o.partial_reuse = false;
         else if (arg == "--realtime") o.realtime = true;
         else if (arg == "--block-bytes") o.block_bytes = parse_int(arg, next(), 0, INT64_MAX);
+        else if (arg == "--copy-backend") {
+            std::string v = next();
+            if (v == "none") o.copy_backend = KVB_COPY_BACKEND_NONE;
+            else if (v == "host") o.copy_backend = KVB_COPY_BACKEND_HOST;
+            else if (v == "cuda") o.copy_backend = KVB_COPY_BACKEND_CUDA;
+            else throw std::runtime_error("--copy-backend expects none, host or cuda, got '" + v + "'");
+        }
         else if (arg == "--events") o.events = 1;
         else if (arg == "--no-events") o.events = 0;
         else if (arg == "--json") o.json = next();
@@ -226,6 +237,10 @@ Options parse_options(int argc, char** argv) {
                                  std::to_string(2 * o.tokens_per_block) + ")");
     }
     if (o.block_bytes / (2 * o.tokens_per_block) > INT32_MAX) throw std::runtime_error("--block-bytes is too large");
+    if (o.copy_backend < 0) o.copy_backend = o.block_bytes > 0 ? KVB_COPY_BACKEND_HOST : KVB_COPY_BACKEND_NONE;
+    if ((o.copy_backend == KVB_COPY_BACKEND_NONE) != (o.block_bytes == 0)) {
+        throw std::runtime_error("--block-bytes > 0 goes with --copy-backend host or cuda, and only with them");
+    }
     if (o.realtime && o.loop == Loop::Peer) throw std::runtime_error("--realtime applies to the engine loop only");
     if (!o.svg_set) {
         if (o.json.empty()) {
@@ -286,9 +301,11 @@ struct ManagerHandle {
     ~ManagerHandle() { kvb_manager_destroy(m); }
 };
 
-/// One full-attention window as long as the longest sequence; host pools when --block-bytes > 0.
+/// One full-attention window as long as the longest sequence; real pools (host memory, or GPU and
+/// pinned host memory) when --block-bytes > 0. The CUDA backend copies on the legacy default
+/// stream, standing in for the engine's.
 void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_length) {
-    const bool host = o.block_bytes > 0;
+    const bool real_pools = o.block_bytes > 0;
     kvb_window_config_t window{};
     window.window_size = max_sequence_length;
     window.primary_blocks = o.primary_blocks;
@@ -296,7 +313,7 @@ void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_len
     window.num_layers = 1;
     window.num_kv_heads = 1;
     // Row bytes = layers x 2 (K, V) x heads x tokens_per_block x size_per_head x bytes_per_element.
-    window.size_per_head = host ? static_cast<int32_t>(o.block_bytes / (2 * o.tokens_per_block)) : 1;
+    window.size_per_head = real_pools ? static_cast<int32_t>(o.block_bytes / (2 * o.tokens_per_block)) : 1;
 
     kvb_manager_config_t config;
     check(kvb_manager_config_init(&config), "kvb_manager_config_init");
@@ -307,7 +324,7 @@ void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_len
     config.max_sequence_length = max_sequence_length;
     config.enable_partial_reuse = o.partial_reuse;
     config.bytes_per_element = 1;
-    config.copy_backend = host ? KVB_COPY_BACKEND_HOST : KVB_COPY_BACKEND_NONE;
+    config.copy_backend = o.copy_backend;
     config.max_kv_event_entries = o.events ? kEventEntries : 0;
     check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
 }
@@ -802,7 +819,10 @@ void print_summary(const Report& r) {
     if (r.o.loop == Loop::Engine) extras += ", token budget " + std::to_string(r.o.token_budget);
     if (!r.o.partial_reuse) extras += ", no partial reuse";
     if (r.o.realtime) extras += ", realtime";
-    if (r.o.block_bytes > 0) extras += ", " + std::to_string(r.o.block_bytes) + " bytes per block";
+    if (r.o.block_bytes > 0) {
+        extras += ", " + std::to_string(r.o.block_bytes) + " bytes per block in " +
+                  (r.o.copy_backend == KVB_COPY_BACKEND_CUDA ? "GPU" : "host") + " pools";
+    }
     std::printf("  config       %zu requests, %d tokens/block, %d primary + %d host blocks, max running %d, "
                 "max output %d, max sequence %d tokens%s\n",
                 r.num_requests, r.o.tokens_per_block, r.o.primary_blocks, r.o.secondary_blocks, r.o.max_running,

@@ -9,6 +9,20 @@
  * by an internal lock); kvb_manager_get_latest_events may wait on another thread while the
  * executor keeps calling. A panic inside the library returns KVB_STATUS_INTERNAL and poisons the
  * handle. See README.md for an engine iteration in call order.
+ *
+ * CUDA backend (KVB_COPY_BACKEND_CUDA): the calls that may move KV bytes enqueue one batched copy
+ * kernel on the GPU and return without waiting for it: kvb_manager_add_sequence(_batch)
+ * (onboarding from the host tier, partial-reuse copies, offloads of evicted blocks),
+ * kvb_manager_add_token (an eviction's offload), kvb_manager_remove_token and
+ * kvb_manager_rewind_kv_cache (a shared block about to be rewritten is copied first),
+ * kvb_manager_offload_block and kvb_manager_refresh_blocks; release and store calls never copy.
+ * With KVB_CUDA_TRANSFER_ENGINE_STREAM (default) the kernel is on the engine's stream: work the
+ * engine enqueues on that stream afterwards sees the bytes, and nothing else is needed. With
+ * KVB_CUDA_TRANSFER_COPY_STREAM the engine calls kvb_manager_sync_transfers (or
+ * kvb_manager_refresh_blocks, which includes it) before enqueuing work that reads or writes a block
+ * the manager handed out since the last sync. Work on other streams must be ordered by the engine
+ * (an event on the engine stream). The host never waits for the GPU inside these calls; destroy
+ * waits for the manager's copies before freeing its pools.
  */
 
 #ifndef KVBLOCK_H

@@ -154,6 +154,8 @@ impl CudaCopyEngine {
         unsafe {
             std::ptr::copy_nonoverlapping(self.plan.descriptors.as_ptr(), buffer.host, count);
         }
+        // The kernel reads the descriptors from host memory: make the writes visible first.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let stream = self.device.launch_stream()?;
         let mut slices = self.plan.slices_per_copy();
         let max_ctas = self.device.sm_count() * CTAS_PER_SM;

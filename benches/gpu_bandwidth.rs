@@ -1,0 +1,206 @@
+//! GPU bandwidth of the CUDA copy engine against plain copies, measured in one run.
+//!
+//! For block sizes from 16 KiB to 4 MiB, one operation moves 256 MiB of blocks at scattered
+//! rows, in one batched submission (what one admission, offload or release hands the engine):
+//! onboard (pinned host → GPU), offload (GPU → pinned host), and partial copies GPU → GPU (the
+//! first half of the tokens of every slab). The references are one contiguous copy of the same
+//! bytes with `cuMemcpyAsync` (host → GPU, GPU → host, GPU → GPU). Times are CUDA event times on
+//! one stream, medians of `ROUNDS` after a warm-up. Without a GPU it prints why and exits 0.
+//!
+//! Run: `cargo bench --bench gpu_bandwidth` (NVRTC on the loader path, e.g.
+//! `source scripts/nvrtc_env.sh`).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+use kvblock::cuda::{CudaConfig, CudaCopyEngine, CudaDevice, TransferMode};
+use kvblock::pool::{Level, MemRow, PoolGeometry};
+use kvblock::transfer::{CopyEngine, RowCopy};
+
+const BLOCK_SIZES: [usize; 5] = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+const BYTES_PER_OP: usize = 256 << 20;
+const ROUNDS: usize = 9;
+const TOKENS_PER_BLOCK: usize = 32;
+/// 4 layers × K|V × 4 heads: 32 slabs per row, as a small model's block.
+const LAYERS: usize = 4;
+const HEADS: usize = 4;
+
+fn ok(r: CUresult, what: &str) {
+    assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
+}
+
+/// Median milliseconds of `op` between two events on `stream`.
+fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
+    let mut times = Vec::with_capacity(ROUNDS);
+    // SAFETY: events created, recorded and destroyed here; the context is current.
+    unsafe {
+        let (mut start, mut end): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+        ok(sys::cuEventCreate(&mut start, 0), "cuEventCreate");
+        ok(sys::cuEventCreate(&mut end, 0), "cuEventCreate");
+        op(); // warm-up
+        for _ in 0..ROUNDS {
+            ok(sys::cuEventRecord(start, stream), "cuEventRecord");
+            op();
+            ok(sys::cuEventRecord(end, stream), "cuEventRecord");
+            ok(sys::cuEventSynchronize(end), "cuEventSynchronize");
+            let mut ms = 0f32;
+            ok(sys::cuEventElapsedTime_v2(&mut ms, start, end), "cuEventElapsedTime");
+            times.push(f64::from(ms));
+        }
+        sys::cuEventDestroy_v2(start);
+        sys::cuEventDestroy_v2(end);
+    }
+    times.sort_by(f64::total_cmp);
+    times[ROUNDS / 2]
+}
+
+fn gbps(bytes: usize, ms: f64) -> f64 {
+    bytes as f64 / (ms * 1e6)
+}
+
+/// A deterministic shuffle of `0..n` (rows scattered as a long-running cache leaves them).
+fn scattered(n: usize, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    let mut s = seed;
+    for i in (1..n).rev() {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        v.swap(i, (s >> 33) as usize % (i + 1));
+    }
+    v
+}
+
+fn row(level: Level, index: u32) -> MemRow {
+    MemRow { level, index }
+}
+
+fn describe_device() -> String {
+    let mut name = [0i8; 256];
+    let (mut driver, mut dev) = (0, 0);
+    // SAFETY: out-pointers to locals of the sizes the calls expect.
+    unsafe {
+        sys::cuDeviceGet(&mut dev, 0);
+        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev);
+        sys::cuDriverGetVersion(&mut driver);
+    }
+    // SAFETY: the driver wrote a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy();
+    format!(
+        "{name}, CUDA driver API {}.{}",
+        driver / 1000,
+        (driver % 1000) / 10
+    )
+}
+
+fn main() {
+    if !kvblock::cuda::driver_library_present() {
+        println!("skipped: no CUDA driver library on this machine; GPU bandwidth not measured");
+        return;
+    }
+    let mut stream: CUstream = std::ptr::null_mut();
+    let cfg = |stream: CUstream| CudaConfig {
+        device: 0,
+        stream: stream as usize,
+        mode: TransferMode::EngineStream,
+        allocate_pools: true,
+    };
+    // Opening the device first also makes sure a GPU and NVRTC are there.
+    let probe = match CudaDevice::open(&cfg(std::ptr::null_mut())) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}; GPU bandwidth not measured");
+            return;
+        }
+    };
+    // SAFETY: the primary context (retained by `probe`) made current for this thread.
+    unsafe {
+        let mut ctx = std::ptr::null_mut();
+        let mut dev = 0;
+        ok(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet");
+        ok(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "retain");
+        ok(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+        ok(sys::cuStreamCreate(&mut stream, 1), "cuStreamCreate");
+    }
+    drop(probe);
+    let device = Arc::new(CudaDevice::open(&cfg(stream)).expect("device"));
+    println!("device: {}", describe_device());
+    println!(
+        "{BYTES_PER_OP} bytes per operation at scattered rows, one submission; median of \
+         {ROUNDS}; GB/s (ratio to the contiguous copy of the same bytes)"
+    );
+    println!(
+        "| block | contiguous H→D | onboard | contiguous D→H | offload | contiguous D→D | partial D→D (½ tokens) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &block in &BLOCK_SIZES {
+        let n = BYTES_PER_OP / block;
+        let geometry = PoolGeometry {
+            num_layers: LAYERS,
+            kv_factor: 2,
+            num_kv_heads: HEADS,
+            size_per_head: block / (LAYERS * 2 * HEADS * TOKENS_PER_BLOCK),
+            tokens_per_block: TOKENS_PER_BLOCK,
+            bytes_per_element: 1,
+        };
+        assert_eq!(geometry.row_bytes(), block);
+        let mut engine = CudaCopyEngine::new(device.clone(), geometry, 2 * n, n, true)
+            .expect("pools (lower BYTES_PER_OP if the GPU is small)");
+        let primary = engine.pool_base(Level::Primary).unwrap() as u64;
+        let host = engine.pool_base(Level::Secondary).unwrap() as u64;
+        let (src, dst) = (scattered(n, block as u64), scattered(2 * n, !(block as u64)));
+        let onboard: Vec<RowCopy> = (0..n)
+            .map(|i| RowCopy {
+                src: row(Level::Secondary, src[i]),
+                dst: row(Level::Primary, dst[i]),
+                num_tokens: 0,
+            })
+            .collect();
+        let offload: Vec<RowCopy> = onboard
+            .iter()
+            .map(|c| RowCopy {
+                src: c.dst,
+                dst: c.src,
+                num_tokens: 0,
+            })
+            .collect();
+        // Partial copies read the first n primary rows' halves into the other n (scattered).
+        let partial: Vec<RowCopy> = (0..n)
+            .map(|i| RowCopy {
+                src: row(Level::Primary, dst[i]),
+                dst: row(Level::Primary, dst[n + i]),
+                num_tokens: (TOKENS_PER_BLOCK / 2) as u32,
+            })
+            .collect();
+        let bytes = n * block;
+        let copy = |dst: u64, src: u64, len: usize| {
+            // SAFETY: both ranges lie inside the engine's pools (unified addressing).
+            ok(
+                unsafe { sys::cuMemcpyAsync(dst, src, len, stream) },
+                "cuMemcpyAsync",
+            )
+        };
+        let h2d = time_ms(stream, || copy(primary, host, bytes));
+        let on = time_ms(stream, || engine.submit(&onboard));
+        let d2h = time_ms(stream, || copy(host, primary, bytes));
+        let off = time_ms(stream, || engine.submit(&offload));
+        let d2d = time_ms(stream, || copy(primary + bytes as u64, primary, bytes / 2));
+        let part = time_ms(stream, || engine.submit(&partial));
+        assert!(engine.failure().is_none(), "{:?}", engine.failure());
+        let cell = |b: usize, ms: f64, reference: Option<f64>| match reference {
+            None => format!("{:.1}", gbps(b, ms)),
+            Some(r) => format!("{:.1} ({:.0}%)", gbps(b, ms), 100.0 * gbps(b, ms) / r),
+        };
+        let (h2d_bw, d2h_bw, d2d_bw) = (gbps(bytes, h2d), gbps(bytes, d2h), gbps(bytes / 2, d2d));
+        println!(
+            "| {} KiB | {} | {} | {} | {} | {} | {} |",
+            block >> 10,
+            cell(bytes, h2d, None),
+            cell(bytes, on, Some(h2d_bw)),
+            cell(bytes, d2h, None),
+            cell(bytes, off, Some(d2h_bw)),
+            cell(bytes / 2, d2d, None),
+            cell(bytes / 2, part, Some(d2d_bw)),
+        );
+    }
+    // SAFETY: every engine (and its work on the stream) is gone.
+    unsafe { sys::cuStreamDestroy_v2(stream) };
+}
