@@ -156,6 +156,16 @@ mod tests {
 
     const POOLS: PoolAddresses = PoolAddresses([0x1000_0000, 0x7000_0000]);
 
+    /// The kernel reads `kvb_copy_descriptor` with this layout (also asserted by the C++
+    /// emulation test that runs the kernel source on the CPU).
+    #[test]
+    fn descriptor_layout_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<CopyDescriptor>(), 40);
+        assert_eq!(std::mem::offset_of!(CopyDescriptor, chunk_stride), 24);
+        assert_eq!(std::mem::offset_of!(CopyDescriptor, num_chunks), 32);
+        assert_eq!(std::mem::offset_of!(CopyDescriptor, flags), 36);
+    }
+
     #[test]
     fn whole_row_is_one_run_at_the_row_address() {
         let g = geometry();
