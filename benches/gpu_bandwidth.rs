@@ -44,7 +44,10 @@ fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
             ok(sys::cuEventRecord(end, stream), "cuEventRecord");
             ok(sys::cuEventSynchronize(end), "cuEventSynchronize");
             let mut ms = 0f32;
-            ok(sys::cuEventElapsedTime_v2(&mut ms, start, end), "cuEventElapsedTime");
+            ok(
+                sys::cuEventElapsedTime_v2(&mut ms, start, end),
+                "cuEventElapsedTime",
+            );
             times.push(f64::from(ms));
         }
         sys::cuEventDestroy_v2(start);
@@ -63,7 +66,9 @@ fn scattered(n: usize, seed: u64) -> Vec<u32> {
     let mut v: Vec<u32> = (0..n as u32).collect();
     let mut s = seed;
     for i in (1..n).rev() {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         v.swap(i, (s >> 33) as usize % (i + 1));
     }
     v
@@ -146,7 +151,10 @@ fn main() {
             .expect("pools (lower BYTES_PER_OP if the GPU is small)");
         let primary = engine.pool_base(Level::Primary).unwrap() as u64;
         let host = engine.pool_base(Level::Secondary).unwrap() as u64;
-        let (src, dst) = (scattered(n, block as u64), scattered(2 * n, !(block as u64)));
+        let (src, dst) = (
+            scattered(n, block as u64),
+            scattered(2 * n, !(block as u64)),
+        );
         let onboard: Vec<RowCopy> = (0..n)
             .map(|i| RowCopy {
                 src: row(Level::Secondary, src[i]),

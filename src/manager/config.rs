@@ -1,0 +1,197 @@
+//! Configuration, its validation, and construction of the manager and its windows.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{transfers, Clock, KvCacheManager};
+use crate::cuda::CudaConfig;
+use crate::error::{KvError, KvResult};
+use crate::events::{EventDelivery, EventQueue};
+use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
+use crate::pool::PoolGeometry;
+use crate::tree::PremixedMap;
+use crate::window::{WindowBlockManager, WindowConfig};
+
+/// Where the bytes of the pools live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyBackend {
+    /// No bytes: bookkeeping only (copies are counted and dropped).
+    None,
+    /// Host byte buffers; copies are memcpy.
+    HostMemory,
+    /// GPU and pinned host pools; copies by a batched CUDA kernel (`crate::cuda`).
+    Cuda,
+}
+
+/// One attention-window size and its pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub window_size: usize,
+    pub primary_blocks: usize,
+    pub secondary_blocks: usize,
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub size_per_head: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub windows: Vec<WindowSpec>,
+    pub tokens_per_block: usize,
+    pub max_beam_width: usize,
+    pub max_sequence_length: usize,
+    pub enable_block_reuse: bool,
+    pub enable_partial_reuse: bool,
+    pub copy_on_partial_reuse: bool,
+    pub onboard_blocks: bool,
+    pub secondary_offload_min_priority: u8,
+    pub bytes_per_element: usize,
+    pub copy_backend: CopyBackend,
+    /// Device, stream, ordering and pool ownership of the CUDA backend.
+    pub cuda: CudaConfig,
+    /// Time only moves through `advance_time` (tests).
+    pub manual_clock: bool,
+    /// Capacity of the event delivery buffer; 0 turns events off (and they cost nothing).
+    pub max_kv_event_entries: usize,
+    /// Attention data-parallel rank carried by every event.
+    pub attention_dp_rank: Option<i32>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            windows: Vec::new(),
+            tokens_per_block: 32,
+            max_beam_width: 1,
+            max_sequence_length: 0,
+            enable_block_reuse: true,
+            enable_partial_reuse: true,
+            copy_on_partial_reuse: true,
+            onboard_blocks: true,
+            secondary_offload_min_priority: DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY,
+            bytes_per_element: 2,
+            copy_backend: CopyBackend::None,
+            cuda: CudaConfig {
+                allocate_pools: true,
+                ..CudaConfig::default()
+            },
+            manual_clock: false,
+            max_kv_event_entries: 0,
+            attention_dp_rank: None,
+        }
+    }
+}
+
+fn positive(v: usize, what: &str) -> KvResult<()> {
+    if v == 0 {
+        Err(KvError::InvalidConfig(format!("{what} must be positive")))
+    } else {
+        Ok(())
+    }
+}
+
+impl KvCacheManager {
+    /// Creates a manager; validates the config.
+    pub fn new(mut cfg: ManagerConfig) -> KvResult<Self> {
+        positive(cfg.tokens_per_block, "tokens_per_block")?;
+        positive(cfg.max_beam_width, "max_beam_width")?;
+        positive(cfg.max_sequence_length, "max_sequence_length")?;
+        if cfg.windows.is_empty() {
+            return Err(KvError::InvalidConfig(
+                "at least one window is required".into(),
+            ));
+        }
+        if cfg.secondary_offload_min_priority > crate::retention::MAX_PRIORITY {
+            return Err(KvError::InvalidConfig(format!(
+                "secondary_offload_min_priority {} is above 100",
+                cfg.secondary_offload_min_priority
+            )));
+        }
+        if cfg.tokens_per_block > u16::MAX as usize {
+            return Err(KvError::InvalidConfig(
+                "tokens_per_block is too large".into(),
+            ));
+        }
+        cfg.windows.sort_by_key(|w| w.window_size);
+        for pair in cfg.windows.windows(2) {
+            if pair[0].window_size == pair[1].window_size {
+                return Err(KvError::InvalidConfig(format!(
+                    "window size {} is listed twice",
+                    pair[0].window_size
+                )));
+            }
+        }
+        let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
+        let mut windows = Vec::with_capacity(cfg.windows.len());
+        for spec in &cfg.windows {
+            positive(spec.window_size, "window_size")?;
+            positive(spec.primary_blocks, "primary_blocks")?;
+            if spec.primary_blocks + spec.secondary_blocks >= u32::MAX as usize {
+                return Err(KvError::InvalidConfig(
+                    "too many blocks in one window".into(),
+                ));
+            }
+            let geometry = PoolGeometry {
+                num_layers: spec.num_layers,
+                kv_factor: 2,
+                num_kv_heads: spec.num_kv_heads,
+                size_per_head: spec.size_per_head,
+                tokens_per_block: cfg.tokens_per_block,
+                bytes_per_element: cfg.bytes_per_element,
+            };
+            let engine = transfers::window_engine(
+                cfg.copy_backend,
+                cuda.as_ref(),
+                cfg.cuda.allocate_pools,
+                spec,
+                geometry,
+            )?;
+            let max_token_num = spec.window_size.max(cfg.max_sequence_length);
+            let wc = WindowConfig {
+                window_size: spec.window_size,
+                num_primary: spec.primary_blocks,
+                num_secondary: spec.secondary_blocks,
+                tokens_per_block: cfg.tokens_per_block,
+                max_token_num,
+                max_blocks_per_seq: cfg
+                    .max_sequence_length
+                    .min(max_token_num)
+                    .div_ceil(cfg.tokens_per_block),
+                enable_reuse: cfg.enable_block_reuse,
+                enable_partial_reuse: cfg.enable_partial_reuse,
+                copy_on_partial_reuse: cfg.copy_on_partial_reuse,
+                onboard_blocks: cfg.onboard_blocks,
+                offload_min_priority: cfg.secondary_offload_min_priority,
+                geometry,
+            };
+            windows.push(WindowBlockManager::new(wc, engine));
+        }
+        let clock = Clock {
+            start: Instant::now(),
+            manual_ms: cfg.manual_clock.then_some(0),
+        };
+        let delivery = Arc::new(EventDelivery::new(cfg.max_kv_event_entries));
+        let events = (cfg.max_kv_event_entries > 0).then(|| {
+            let sizes: Vec<usize> = windows.iter().map(|w| w.window_size()).collect();
+            let mut q = EventQueue::new(&sizes, cfg.attention_dp_rank);
+            for w in &mut windows {
+                w.enable_events();
+                let c = w.config();
+                q.created(c.window_size, c.num_primary, c.num_secondary);
+            }
+            q
+        });
+        let unregistered_pools =
+            transfers::pools_to_register(cfg.copy_backend, &cfg.cuda, &cfg.windows);
+        Ok(KvCacheManager {
+            cfg,
+            windows,
+            sequences: PremixedMap::default(),
+            clock,
+            events,
+            delivery,
+            cuda,
+            unregistered_pools,
+        })
+    }
+}

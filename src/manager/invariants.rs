@@ -1,0 +1,46 @@
+//! The invariants of reference §10, over every window and every sequence.
+
+use super::KvCacheManager;
+use crate::error::{KvError, KvResult};
+
+impl KvCacheManager {
+    /// Verifies the invariants of reference §10 in every window and per sequence; the error
+    /// names the first violation.
+    pub fn check_invariants(&self) -> KvResult<()> {
+        let max_len = self.cfg.max_sequence_length;
+        for w in &self.windows {
+            w.verify(
+                |id| {
+                    self.sequences
+                        .get(&id)
+                        .map(|s| (s.num_tokens, s.input_length))
+                },
+                max_len,
+            )
+            .map_err(KvError::InvariantViolation)?;
+            for &id in self.sequences.keys() {
+                if !w.has_sequence(id) {
+                    return Err(KvError::InvariantViolation(format!(
+                        "sequence {id} has no blocks in window {}",
+                        w.window_size()
+                    )));
+                }
+            }
+        }
+        for (&id, s) in &self.sequences {
+            if s.admission.prepopulated_prompt_len >= s.input_length {
+                return Err(KvError::InvariantViolation(format!(
+                    "sequence {id} reuses its whole prompt"
+                )));
+            }
+            if s.token_ids.len() != s.num_tokens {
+                return Err(KvError::InvariantViolation(format!(
+                    "sequence {id} has {} tokens recorded for length {}",
+                    s.token_ids.len(),
+                    s.num_tokens
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,51 @@
+//! Once-per-iteration work: expiring retentions, explicit offload, and flushing and delivering
+//! the iteration's events.
+
+use std::sync::Arc;
+
+use super::{absorb, KvCacheManager};
+use crate::error::KvResult;
+use crate::events::{EventDelivery, KvCacheEvent};
+
+impl KvCacheManager {
+    /// Expires timed retentions and syncs transfers (once per iteration).
+    pub fn refresh_blocks(&mut self) {
+        let now = self.now_ms();
+        for w in &mut self.windows {
+            w.refresh(now);
+            absorb(&mut self.events, w);
+        }
+    }
+
+    /// Offloads a free primary block of one window to the host tier.
+    pub fn offload_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
+        let now = self.now_ms();
+        let i = self.window_index(window_size)?;
+        let done = self.windows[i].offload_block(block, now)?;
+        absorb(&mut self.events, &mut self.windows[i]);
+        Ok(done)
+    }
+
+    /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
+    /// pending removals and hands the events to the delivery buffer. Returns how many.
+    pub fn flush_iteration_events(&mut self) -> usize {
+        let Some(q) = &mut self.events else {
+            return 0;
+        };
+        let batch = q.flush();
+        let n = batch.len();
+        self.delivery.push(batch);
+        n
+    }
+
+    /// The delivery buffer, drained by `EventDelivery::drain` from any thread.
+    pub fn event_delivery(&self) -> Arc<EventDelivery> {
+        self.delivery.clone()
+    }
+
+    /// Flushes and drains without waiting (single-threaded use and tests).
+    pub fn take_flushed_events(&mut self) -> Vec<KvCacheEvent> {
+        self.flush_iteration_events();
+        self.delivery.drain(std::time::Duration::ZERO).events
+    }
+}

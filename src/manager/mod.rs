@@ -1,0 +1,171 @@
+//! `KvCacheManager`: sequences and their tokens over one `WindowBlockManager` per attention-window
+//! size. Admission, generation, store for reuse, release, block tables, stats, scheduling
+//! simulation and estimates.
+//!
+//! Every public operation validates its arguments and checks capacity in every window before it
+//! changes anything: a failed call leaves the manager exactly as it was.
+//!
+//! This file holds the manager's state and accessors; the operations live in their own files:
+//! `config` (configuration and construction), `request` (requests and admission results),
+//! `admission` (batch planning, estimates and admission), `sequences` (tokens, store for reuse,
+//! release, pins), `tables` (block ids and offset tables), `stats`, `scheduling` (scheduling
+//! simulation and block estimates), `iteration` (refresh, offload, events), `inspect`
+//! (snapshots) and `invariants`.
+
+mod admission;
+mod config;
+mod inspect;
+mod invariants;
+mod iteration;
+mod request;
+mod scheduling;
+mod sequences;
+mod stats;
+mod tables;
+mod transfers;
+
+pub use admission::BatchEstimate;
+pub use config::{CopyBackend, ManagerConfig, WindowSpec};
+pub use inspect::{BlockInfo, TreeEntry};
+pub use request::{Admission, Request, RequestStats};
+pub use scheduling::{RequestPhase, RequestState};
+pub use stats::KvCacheStats;
+pub use tables::NO_BLOCK_OFFSET;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{KvError, KvResult};
+use crate::events::{EventDelivery, EventQueue};
+use crate::key::MultimodalItem;
+use crate::retention::RetentionConfig;
+use crate::tree::PremixedMap;
+use crate::window::{KeySource, WindowBlockManager};
+
+#[derive(Clone, Debug)]
+struct Sequence {
+    input_length: usize,
+    beam_width: usize,
+    token_ids: Vec<i32>,
+    extra_ids: Option<Vec<u64>>,
+    lora_task_id: Option<u64>,
+    cache_salt: Option<u64>,
+    mm_items: Vec<MultimodalItem>,
+    retention: RetentionConfig,
+    num_tokens: usize,
+    admission: Admission,
+}
+
+impl Sequence {
+    fn key_source(&self) -> KeySource<'_> {
+        KeySource {
+            token_ids: &self.token_ids,
+            extra_ids: self.extra_ids.as_deref(),
+            lora_task_id: self.lora_task_id,
+            cache_salt: self.cache_salt,
+            mm_items: &self.mm_items,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Clock {
+    start: Instant,
+    manual_ms: Option<u64>,
+}
+
+impl Clock {
+    fn now_ms(&self) -> u64 {
+        self.manual_ms
+            .unwrap_or_else(|| self.start.elapsed().as_millis() as u64)
+    }
+}
+
+/// The KV-cache manager.
+#[derive(Debug)]
+pub struct KvCacheManager {
+    cfg: ManagerConfig,
+    /// Ascending window size.
+    windows: Vec<WindowBlockManager>,
+    sequences: PremixedMap<u64, Sequence>,
+    clock: Clock,
+    /// The iteration's events (`None` when events are off).
+    events: Option<EventQueue>,
+    delivery: Arc<EventDelivery>,
+    /// The GPU of the CUDA backend (shared with the windows' engines).
+    cuda: Option<Arc<crate::cuda::CudaDevice>>,
+    /// Pools the engine still has to register (CUDA backend without own allocation).
+    unregistered_pools: Vec<(usize, crate::pool::Level)>,
+}
+
+/// Moves a window's raw events into the iteration queue, in order.
+fn absorb(events: &mut Option<EventQueue>, w: &mut WindowBlockManager) {
+    if let Some(q) = events {
+        q.absorb(w.window_size(), w.take_events());
+    }
+}
+
+impl KvCacheManager {
+    pub fn config(&self) -> &ManagerConfig {
+        &self.cfg
+    }
+
+    pub fn tokens_per_block(&self) -> usize {
+        self.cfg.tokens_per_block
+    }
+
+    /// Window sizes in ascending order.
+    pub fn window_sizes(&self) -> Vec<usize> {
+        self.windows.iter().map(|w| w.window_size()).collect()
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Moves the manual clock forward.
+    pub fn advance_time(&mut self, ms: u64) -> KvResult<()> {
+        match &mut self.clock.manual_ms {
+            Some(t) => {
+                *t = t.saturating_add(ms);
+                Ok(())
+            }
+            None => Err(KvError::Unsupported(
+                "advance_time needs a manager created with manual_clock".into(),
+            )),
+        }
+    }
+
+    fn window_index(&self, window_size: usize) -> KvResult<usize> {
+        self.windows
+            .iter()
+            .position(|w| w.window_size() == window_size)
+            .ok_or_else(|| KvError::InvalidArgument(format!("no window of size {window_size}")))
+    }
+
+    pub fn window(&self, window_size: usize) -> KvResult<&WindowBlockManager> {
+        Ok(&self.windows[self.window_index(window_size)?])
+    }
+
+    pub fn window_mut(&mut self, window_size: usize) -> KvResult<&mut WindowBlockManager> {
+        let i = self.window_index(window_size)?;
+        Ok(&mut self.windows[i])
+    }
+
+    fn sequence(&self, id: u64) -> KvResult<&Sequence> {
+        self.sequences.get(&id).ok_or(KvError::UnknownRequest(id))
+    }
+
+    pub fn has_sequence(&self, id: u64) -> bool {
+        self.sequences.contains_key(&id)
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// Tokens (prompt + generated) of a sequence.
+    pub fn num_tokens(&self, id: u64) -> KvResult<usize> {
+        Ok(self.sequence(id)?.num_tokens)
+    }
+}

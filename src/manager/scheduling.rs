@@ -1,0 +1,181 @@
+//! Scheduling simulation and the scheduler's block estimates (TensorRT-LLM's capacity
+//! scheduler queries).
+
+use super::{KvCacheManager, Request};
+use crate::error::{KvError, KvResult};
+use crate::sizing;
+
+/// Where a request is in its life, for the scheduler estimates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestPhase {
+    /// Before its first context chunk.
+    ContextInit,
+    /// Between context chunks.
+    ContextContinue,
+    /// Generating.
+    Generation,
+    /// Finished or otherwise idle.
+    Other,
+}
+
+/// Scheduler-side state of a request (what TensorRT-LLM reads from `LlmRequest`).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestState {
+    pub request_id: u64,
+    pub phase: RequestPhase,
+    pub prompt_len: usize,
+    pub beam_width: usize,
+    pub context_chunk_size: usize,
+    pub num_draft_tokens: usize,
+    pub max_new_tokens: usize,
+    pub num_generated_tokens: usize,
+}
+
+impl KvCacheManager {
+    pub fn start_scheduling(&mut self) {
+        for w in &mut self.windows {
+            w.start_scheduling();
+        }
+    }
+
+    pub fn scheduling_remove_sequence(&mut self, id: u64) -> KvResult<()> {
+        self.sequence(id)?;
+        for w in &mut self.windows {
+            w.scheduling_remove_sequence(id);
+        }
+        Ok(())
+    }
+
+    pub fn scheduling_has_free_blocks(&self, n: usize, window_size: usize) -> KvResult<bool> {
+        Ok(self.window(window_size)?.scheduling_free_blocks() >= n)
+    }
+
+    /// Blocks the next step of a request needs in one window (TensorRT-LLM
+    /// `getNeededBlocksOneStep`). With reuse on and `request` given, a first context chunk does
+    /// not count blocks already referenced by other sequences.
+    pub fn needed_blocks_one_step(
+        &mut self,
+        state: &RequestState,
+        request: Option<&Request>,
+        two_steps_look_ahead: bool,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        let wi = self.window_index(window_size)?;
+        let tpb = self.cfg.tokens_per_block;
+        let beam = state.beam_width.max(1);
+        match state.phase {
+            RequestPhase::ContextInit => {
+                let len = (state.prompt_len + state.num_draft_tokens)
+                    .min(window_size.saturating_add(state.context_chunk_size));
+                let shared = len / tpb;
+                let unshared = usize::from(len % tpb != 0) * beam;
+                let reusable = match request {
+                    Some(r) if self.cfg.enable_block_reuse && self.windows.len() == 1 => {
+                        let src = r.key_source();
+                        self.windows[wi]
+                            .count_reusable_blocks(&src, r.input_length, true)
+                            .min(shared)
+                    }
+                    _ => 0,
+                };
+                Ok(shared + unshared - reusable)
+            }
+            RequestPhase::Generation => {
+                let seq = self.sequence(state.request_id)?;
+                let current = seq.num_tokens;
+                let steps = if two_steps_look_ahead { 2 } else { 1 };
+                let add = (steps * (state.num_draft_tokens + 1)).min(
+                    state
+                        .max_new_tokens
+                        .saturating_sub(state.num_generated_tokens),
+                );
+                let max_token_num = self.windows[wi].config().max_token_num;
+                if current + add > max_token_num {
+                    return Ok(0);
+                }
+                Ok(((current + add).div_ceil(tpb) - current.div_ceil(tpb)) * beam)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Blocks a request still needs in one window until it completes (TensorRT-LLM
+    /// `getRemainingBlocksToCompletion`); reusable blocks already referenced by other
+    /// sequences are not counted for a request not yet admitted.
+    pub fn remaining_blocks_to_completion(
+        &mut self,
+        state: &RequestState,
+        request: Option<&Request>,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        let wi = self.window_index(window_size)?;
+        let tpb = self.cfg.tokens_per_block;
+        let beam = state.beam_width.max(1);
+        // Admission allocates the whole prompt, also in a sliding window (blocks that leave
+        // the window are detached only while generating), so the prompt is never capped by
+        // the window here (TensorRT-LLM caps it, which undercounts long prompts).
+        let context_tokens = state.prompt_len;
+        let context_blocks = context_tokens / tpb;
+        let total_tokens = (state.prompt_len + state.max_new_tokens)
+            .min(window_size)
+            .max(state.prompt_len);
+        let total_blocks = total_tokens.div_ceil(tpb);
+        let generation_blocks = total_blocks - context_blocks;
+        let extra = usize::from(state.prompt_len + state.max_new_tokens > window_size);
+        let allocated = self.windows[wi]
+            .block_ids(state.request_id, 0)
+            .map_or(0, |ids| ids.len());
+        let reusable = match request {
+            Some(r) if allocated == 0 && self.cfg.enable_block_reuse => {
+                let src = r.key_source();
+                self.windows[wi]
+                    .count_reusable_blocks(&src, r.input_length, true)
+                    .min(context_blocks)
+            }
+            _ => 0,
+        };
+        if allocated < context_blocks {
+            Ok(context_blocks - allocated - reusable + (generation_blocks + extra) * beam)
+        } else {
+            Ok((total_blocks.saturating_sub(allocated) + extra) * beam)
+        }
+    }
+
+    /// Consecutive full prompt blocks of `request` found in one window's tree.
+    pub fn count_reusable_blocks(
+        &mut self,
+        request: &Request,
+        window_size: usize,
+        only_allocated: bool,
+    ) -> KvResult<usize> {
+        let wi = self.window_index(window_size)?;
+        if request.token_ids.len() < request.input_length {
+            return Err(KvError::TooFewTokens {
+                input_length: request.input_length,
+                num_tokens: request.token_ids.len(),
+            });
+        }
+        let src = request.key_source();
+        Ok(self.windows[wi].count_reusable_blocks(&src, request.input_length, only_allocated))
+    }
+
+    /// Most requests of `input + output` tokens the primary pools can hold at once.
+    pub fn max_capacity_batch_size(&self, input: usize, output: usize) -> usize {
+        self.windows
+            .iter()
+            .map(|w| {
+                let c = w.config();
+                c.num_primary
+                    / sizing::max_block_requirements(
+                        input,
+                        output,
+                        c.window_size,
+                        self.cfg.max_beam_width,
+                        c.tokens_per_block,
+                    )
+                    .max(1)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,194 @@
+//! A running sequence: generated tokens, rewinding, store for reuse, release and pins.
+
+use super::{absorb, KvCacheManager};
+use crate::error::{KvError, KvResult};
+
+impl KvCacheManager {
+    /// Appends a generated token (TensorRT-LLM `addToken`): detaches out-of-window blocks and
+    /// allocates a new block when the sequence crosses a block boundary.
+    pub fn add_token(&mut self, id: u64, token_id: i32) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        let num_tokens = seq.num_tokens + 1;
+        if num_tokens > self.cfg.max_sequence_length {
+            return Err(KvError::SequenceTooLong {
+                length: num_tokens,
+                max: self.cfg.max_sequence_length,
+            });
+        }
+        let max_len = self.cfg.max_sequence_length;
+        for w in &self.windows {
+            w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
+        }
+        let now = self.now_ms();
+        let seq = self.sequences.get_mut(&id).expect("checked");
+        seq.num_tokens = num_tokens;
+        seq.token_ids.push(token_id);
+        if let Some(extra) = &mut seq.extra_ids {
+            extra.push(0);
+        }
+        let decode = seq.retention.decode_retention();
+        for w in &mut self.windows {
+            let swa = w.config().is_swa(max_len);
+            w.add_token(id, num_tokens, swa, decode, now);
+            absorb(&mut self.events, w);
+        }
+        Ok(())
+    }
+
+    /// Removes the last `n` tokens (TensorRT-LLM `rewindKVCache`; `removeToken` is `n = 1`).
+    /// Blocks no longer needed go to the front of their free queue. The new last block, which
+    /// the sequence will write again, is copied first when other sequences share it and leaves
+    /// the reuse tree when it was cached (TensorRT-LLM would overwrite cached KV in place).
+    /// Beam width 1 only; the prompt cannot be rewound.
+    pub fn rewind(&mut self, id: u64, n: usize) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        if seq.beam_width != 1 {
+            return Err(KvError::Unsupported("rewinding needs beam width 1".into()));
+        }
+        if n > seq.num_tokens - seq.input_length {
+            return Err(KvError::InvalidArgument(format!(
+                "cannot rewind {n} tokens: only {} were generated",
+                seq.num_tokens - seq.input_length
+            )));
+        }
+        let target = seq.num_tokens - n;
+        if let Some(w) = self.windows.iter().find(|w| !w.can_shrink_to(id, target)) {
+            return Err(KvError::Unsupported(format!(
+                "rewinding to {target} tokens would reach blocks window {} already detached",
+                w.window_size()
+            )));
+        }
+        for w in &self.windows {
+            w.check_remove_tokens(id, target)?;
+        }
+        let now = self.now_ms();
+        let decode = seq.retention.decode_retention();
+        for w in &mut self.windows {
+            w.remove_tokens(id, target, decode, now);
+            absorb(&mut self.events, w);
+        }
+        let seq = self.sequences.get_mut(&id).expect("checked");
+        seq.num_tokens = target;
+        seq.token_ids.truncate(target);
+        if let Some(extra) = &mut seq.extra_ids {
+            extra.truncate(target);
+        }
+        Ok(())
+    }
+
+    /// Stores the full blocks of the prompt computed so far (`context_position` tokens, never
+    /// the last prompt token) for reuse, after a context chunk. Windows are visited largest
+    /// first; sequences with beam search or an invalidated window are skipped there.
+    pub fn store_context_blocks(&mut self, id: u64, context_position: usize) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        if context_position > seq.input_length {
+            return Err(KvError::InvalidArgument(format!(
+                "context position {context_position} is beyond the input length {}",
+                seq.input_length
+            )));
+        }
+        if !self.cfg.enable_block_reuse {
+            return Ok(());
+        }
+        let n = context_position.min(seq.input_length - 1);
+        let seq = self.sequences.get(&id).expect("checked");
+        let src = seq.key_source();
+        for w in self.windows.iter_mut().rev() {
+            if w.is_valid_for_store(id) {
+                w.store_blocks(id, &src, n, false, false);
+                absorb(&mut self.events, w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a decode block that just became full (TensorRT-LLM `storeNewBlock`): a no-op unless
+    /// the last token opened a new block. Skipped for beam search and sliding windows.
+    pub fn store_new_block(&mut self, id: u64) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        let tpb = self.cfg.tokens_per_block;
+        if !self.cfg.enable_block_reuse || seq.beam_width > 1 || (seq.num_tokens - 1) % tpb != 0 {
+            return Ok(());
+        }
+        let max_len = self.cfg.max_sequence_length;
+        let n = seq.num_tokens - 1;
+        let seq = self.sequences.get(&id).expect("checked");
+        let src = seq.key_source();
+        for w in self.windows.iter_mut().rev() {
+            if !w.config().is_swa(max_len) && w.is_valid_for_store(id) {
+                w.store_blocks(id, &src, n, false, false);
+                absorb(&mut self.events, w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores every computed token of the sequence (partial last block included) for reuse,
+    /// optionally pinning the path; returns the pinned block ids of `pin_window` (the smallest
+    /// window when `None`).
+    pub fn store_blocks_for_reuse(
+        &mut self,
+        id: u64,
+        pin: bool,
+        pin_window: Option<usize>,
+    ) -> KvResult<Vec<u32>> {
+        let pin_window = match pin_window {
+            Some(w) => self.window_index(w)?,
+            None => 0,
+        };
+        let seq = self.sequence(id)?;
+        if !self.cfg.enable_block_reuse || seq.beam_width > 1 {
+            return Ok(Vec::new());
+        }
+        let n = seq.num_tokens - 1;
+        let seq = self.sequences.get(&id).expect("checked");
+        let src = seq.key_source();
+        let mut out = Vec::new();
+        for (i, w) in self.windows.iter_mut().enumerate().rev() {
+            if w.is_valid_for_store(id) {
+                let (_, pinned) = w.store_blocks(id, &src, n, true, pin);
+                absorb(&mut self.events, w);
+                if i == pin_window {
+                    out = pinned;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Releases a finished sequence (TensorRT-LLM `removeSequence`): stores it for reuse first
+    /// when asked (beam 1, reuse on, still valid), then releases its blocks last to first.
+    pub fn remove_sequence(&mut self, id: u64, store_for_reuse: bool) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        if store_for_reuse && self.cfg.enable_block_reuse && seq.beam_width == 1 {
+            let all_valid = self.windows.iter().all(|w| w.is_valid_for_store(id));
+            if all_valid {
+                self.store_blocks_for_reuse(id, false, None)?;
+            }
+        }
+        let now = self.now_ms();
+        for w in &mut self.windows {
+            w.release_sequence(id, now);
+        }
+        self.sequences.remove(&id);
+        Ok(())
+    }
+
+    /// Pins every block of a sequence in every window so it survives `remove_sequence`.
+    pub fn pin_blocks(&mut self, id: u64) -> KvResult<()> {
+        self.sequence(id)?;
+        for w in &mut self.windows {
+            w.pin_sequence(id);
+        }
+        Ok(())
+    }
+
+    /// Drops one pin of each listed block of `window_size`.
+    pub fn unpin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
+        let i = self.window_index(window_size)?;
+        self.windows[i].check_unpin(ids)?;
+        let now = self.now_ms();
+        self.windows[i].unpin(ids, now);
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! Allocation: the next free block (offloading cached content to the host tier on eviction),
+//! offload and onboard between tiers, and the queued block copies.
+
+use super::WindowBlockManager;
+use crate::error::{KvError, KvResult};
+use crate::events::WindowEvent;
+use crate::pool::Level;
+use crate::retention::{BlockRetention, DEFAULT_PRIORITY};
+use crate::transfer::RowCopy;
+
+/// Outcome of `WindowBlockManager::offload`.
+enum Offload {
+    /// Moved; the host block (now primary) is returned claimed.
+    Done(u32),
+    /// Nothing changed.
+    Skipped,
+    /// The host block was a distant ancestor: the block left the tree and is claimed.
+    Detached,
+}
+
+impl WindowBlockManager {
+    pub(super) fn flush_copies(&mut self) {
+        if !self.pending_copies.is_empty() {
+            self.engine.submit(&self.pending_copies);
+            self.pending_copies.clear();
+        }
+    }
+
+    pub(super) fn queue_copy(&mut self, src: u32, dst: u32, num_tokens: usize) {
+        self.pending_copies.push(RowCopy {
+            src: self.arena.row(src),
+            dst: self.arena.row(dst),
+            num_tokens: num_tokens as u32,
+        });
+    }
+
+    pub(super) fn evict_from_tree(&mut self, block: u32) {
+        let stats = &mut self.stats;
+        let mut events = self.events.as_mut();
+        self.tree.detach_subtree(block, |_, hash| {
+            stats.evicted_from_tree += 1;
+            if let Some(e) = events.as_mut() {
+                e.push(WindowEvent::Removed(hash));
+            }
+        });
+    }
+
+    /// Takes the next block to evict from the primary queue, offloading its content to the host
+    /// tier when its priority allows, and claims it with `retention`. Capacity must have been
+    /// checked by the caller.
+    pub(super) fn get_free_block(&mut self, retention: BlockRetention, now_ms: u64) -> u32 {
+        let (candidate, can_offload) = self
+            .queues
+            .peek(Level::Primary)
+            .expect("capacity is checked before allocation");
+        if !self.tree.has_key(candidate) {
+            self.stats.alloc_new += 1;
+        }
+        self.stats.alloc_total += 1;
+        // Only cached content is worth a host block: a private block's tokens are unreachable.
+        let offloaded = if self.tree.is_in_tree(candidate) && can_offload {
+            match self.offload(candidate, now_ms) {
+                Offload::Done(host_block) => Some(host_block),
+                Offload::Detached => Some(candidate),
+                Offload::Skipped => None,
+            }
+        } else {
+            None
+        };
+        let victim = offloaded.unwrap_or_else(|| {
+            self.queues.claim(candidate);
+            self.evict_from_tree(candidate);
+            candidate
+        });
+        self.finish_allocation(victim, retention)
+    }
+
+    /// Gives a claimed, tree-less block its retention and a new allocation epoch.
+    fn finish_allocation(&mut self, victim: u32, retention: BlockRetention) -> u32 {
+        self.queues.claim_with_retention(
+            victim,
+            BlockRetention {
+                priority: Some(retention.priority.unwrap_or(DEFAULT_PRIORITY)),
+                duration_ms: retention.duration_ms,
+            },
+        );
+        self.bump_epoch(victim);
+        victim
+    }
+
+    /// Marks a block's content as replaced: a sequence that detached it may no longer store it.
+    fn bump_epoch(&mut self, block: u32) {
+        self.alloc_epoch[block as usize] = self.alloc_epoch[block as usize].wrapping_add(1);
+    }
+
+    /// Moves the content of the free primary `block` into the next free host block. Both are
+    /// claimed before their rows are swapped (seed 004); the host block's cached content leaves
+    /// the tree; `block` keeps its tree position, priority and expiry and is queued at the host
+    /// level; the host block, now owning a primary row, is returned claimed. Skipped (nothing
+    /// changed) when offloading is off, no host block is free, or the host block is a near
+    /// ancestor of `block` (evicting it would detach `block`). A distant ancestor is only found
+    /// after its eviction: then `block` has left the tree with it and is returned claimed.
+    fn offload(&mut self, block: u32, now_ms: u64) -> Offload {
+        const ANCESTOR_STEPS: u32 = 16;
+        if !self.cfg.onboard_blocks {
+            return Offload::Skipped;
+        }
+        let Some((host_block, _)) = self.queues.peek(Level::Secondary) else {
+            return Offload::Skipped;
+        };
+        if self
+            .tree
+            .is_ancestor_within(host_block, block, ANCESTOR_STEPS)
+            == Some(true)
+        {
+            return Offload::Skipped;
+        }
+        let was_cached = self.tree.is_in_tree(block);
+        let expiry = self.queues.expiry(block);
+        self.queues.claim(block);
+        self.queues.claim(host_block);
+        self.evict_from_tree(host_block);
+        self.bump_epoch(host_block);
+        if was_cached && !self.tree.is_in_tree(block) {
+            self.queues
+                .release(host_block, Level::Secondary, false, now_ms);
+            return Offload::Detached;
+        }
+        self.queue_copy(block, host_block, 0);
+        self.arena.swap_rows(block, host_block);
+        self.queues.release(block, Level::Secondary, false, now_ms);
+        self.queues.restore_expiry(block, expiry);
+        self.stats.offloaded += 1;
+        self.record_level_change(block, Level::Primary, Level::Secondary);
+        Offload::Done(host_block)
+    }
+
+    /// Moves a claimed host block to the primary level (copy host → GPU, swap rows).
+    pub(super) fn onboard(&mut self, block: u32, now_ms: u64) {
+        if !self.cfg.onboard_blocks || self.arena.is_primary(block) {
+            return;
+        }
+        let fresh = self.get_free_block(BlockRetention::default(), now_ms);
+        self.queue_copy(block, fresh, 0);
+        self.arena.swap_rows(block, fresh);
+        self.queues
+            .release(fresh, self.arena.level(fresh), false, now_ms);
+        self.stats.onboarded += 1;
+        self.record_level_change(block, Level::Secondary, Level::Primary);
+    }
+
+    /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
+    /// Returns false when it was not moved: no free host block, offloading off, or the host
+    /// block is its ancestor.
+    pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
+        if block as usize >= self.arena.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "block id {block} out of range"
+            )));
+        }
+        if self.arena.ref_count(block) > 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block {block} is referenced; only free blocks can be offloaded"
+            )));
+        }
+        if !self.arena.is_primary(block) {
+            return Ok(false);
+        }
+        let moved = match self.offload(block, now_ms) {
+            Offload::Done(host_block) => {
+                self.queues
+                    .release(host_block, Level::Primary, false, now_ms);
+                true
+            }
+            Offload::Detached => {
+                self.queues.release(block, Level::Primary, false, now_ms);
+                false
+            }
+            Offload::Skipped => false,
+        };
+        self.flush_copies();
+        Ok(moved)
+    }
+}

@@ -1,0 +1,286 @@
+//! `WindowBlockManager`: the blocks of one attention-window size. Allocation through
+//! `get_free_block` (with offload-on-evict), admission (a read-only planning walk, then claims,
+//! then onboarding, copies and allocation), store for reuse, release, sliding-window detach and
+//! onboard/offload.
+//!
+//! Every mutating entry point checks capacity before it changes anything, so a failure leaves
+//! the window exactly as it was.
+//!
+//! This file holds the window's state, construction, event recording and accessors; each
+//! operation lives in its own file: `alloc` (free blocks, offload, onboard, copies), `plan`
+//! (admission phase 1, read-only), `admit` (admission phase 2), `tokens` (add/remove tokens,
+//! sliding-window detach), `store` (reuse-tree insertion and lookup), `release` (release, pins,
+//! retention refresh), `scheduling` (scheduling simulation) and `verify` (invariants).
+
+mod admit;
+mod alloc;
+mod plan;
+mod release;
+mod scheduling;
+mod store;
+#[cfg(test)]
+mod tests;
+mod tokens;
+mod verify;
+
+pub use admit::AdmitItem;
+pub use plan::{AdmissionPlan, PlannedReuse};
+
+use crate::events::WindowEvent;
+use crate::eviction::FreeQueues;
+use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
+use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::transfer::{CopyEngine, RowCopy};
+use crate::tree::{PremixedMap, ReuseTree};
+use plan::ClaimUse;
+
+/// Static configuration of one window.
+#[derive(Clone, Debug)]
+pub struct WindowConfig {
+    pub window_size: usize,
+    pub num_primary: usize,
+    pub num_secondary: usize,
+    pub tokens_per_block: usize,
+    /// Most tokens a sequence may hold in this window (`max(window, max_sequence_length)`).
+    pub max_token_num: usize,
+    pub max_blocks_per_seq: usize,
+    pub enable_reuse: bool,
+    pub enable_partial_reuse: bool,
+    pub copy_on_partial_reuse: bool,
+    pub onboard_blocks: bool,
+    pub offload_min_priority: u8,
+    pub geometry: PoolGeometry,
+}
+
+impl WindowConfig {
+    /// A window narrower than the maximum sequence length detaches out-of-window blocks.
+    pub fn is_swa(&self, max_sequence_length: usize) -> bool {
+        self.window_size < max_sequence_length
+    }
+}
+
+/// Cumulative allocation counters (reference §2.9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowStats {
+    pub alloc_total: u64,
+    pub alloc_new: u64,
+    pub reused: u64,
+    pub missed: u64,
+    pub offloaded: u64,
+    pub onboarded: u64,
+    pub evicted_from_tree: u64,
+}
+
+/// The tokens and key attributes of a sequence, from which block keys are cut.
+#[derive(Clone, Copy, Debug)]
+pub struct KeySource<'a> {
+    pub token_ids: &'a [i32],
+    pub extra_ids: Option<&'a [u64]>,
+    pub lora_task_id: Option<u64>,
+    pub cache_salt: Option<u64>,
+    pub mm_items: &'a [MultimodalItem],
+}
+
+impl<'a> KeySource<'a> {
+    /// The key of tokens `[start, end)`; multimodal keys are written into `scratch`.
+    pub fn key<'s>(
+        &'s self,
+        start: usize,
+        end: usize,
+        scratch: &'s mut Vec<MmKey>,
+    ) -> BlockKeyRef<'s> {
+        if self.mm_items.is_empty() {
+            scratch.clear();
+        } else {
+            multimodal_keys_for_range(self.mm_items, start as i32, end as i32, scratch);
+        }
+        BlockKeyRef {
+            token_ids: &self.token_ids[start..end],
+            extra_ids: self.extra_ids.map(|e| &e[start..end]),
+            lora_task_id: self.lora_task_id,
+            extra_keys: scratch,
+            cache_salt: self.cache_salt,
+        }
+    }
+}
+
+/// Per-sequence blocks in this window.
+#[derive(Clone, Debug)]
+struct SeqBlocks {
+    /// Block ids per beam, in token order (front-detached ids stay listed).
+    beams: Vec<Vec<u32>>,
+    front_removed: usize,
+    /// Allocation epoch of each front-detached block when it was detached: if a block has been
+    /// allocated again since, its content is someone else's and this sequence must not store.
+    detached_epochs: Vec<u32>,
+}
+
+/// The block manager of one attention-window size.
+pub struct WindowBlockManager {
+    cfg: WindowConfig,
+    arena: BlockArena,
+    queues: FreeQueues,
+    tree: ReuseTree,
+    engine: Box<dyn CopyEngine>,
+    seqs: PremixedMap<u64, SeqBlocks>,
+    /// Incremented every time a block is handed out by `get_free_block`.
+    alloc_epoch: Vec<u32>,
+    /// Batch claims (see `ClaimUse`), valid where `claim_epoch` equals `batch_epoch`.
+    claim_use: Vec<ClaimUse>,
+    claim_epoch: Vec<u32>,
+    batch_epoch: u32,
+    pending_copies: Vec<RowCopy>,
+    stats: WindowStats,
+    scheduling_free: usize,
+    mm_scratch: Vec<MmKey>,
+    /// Raw events of the running operation; `None` when events are off (costs nothing then).
+    events: Option<Vec<WindowEvent>>,
+}
+
+impl std::fmt::Debug for WindowBlockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowBlockManager")
+            .field("window_size", &self.cfg.window_size)
+            .field("free_primary", &self.queues.num_free(Level::Primary))
+            .field("free_secondary", &self.queues.num_free(Level::Secondary))
+            .finish()
+    }
+}
+
+impl WindowBlockManager {
+    pub fn new(cfg: WindowConfig, engine: Box<dyn CopyEngine>) -> Self {
+        let n = cfg.num_primary + cfg.num_secondary;
+        let arena = BlockArena::new(cfg.num_primary, cfg.num_secondary);
+        let mut queues = FreeQueues::new(n, cfg.offload_min_priority);
+        for b in 0..n as u32 {
+            queues.release(b, arena.level(b), false, 0);
+        }
+        WindowBlockManager {
+            tree: ReuseTree::new(n, cfg.tokens_per_block),
+            alloc_epoch: vec![0; n],
+            claim_use: vec![ClaimUse::default(); n],
+            claim_epoch: vec![0; n],
+            batch_epoch: 1,
+            scheduling_free: cfg.num_primary,
+            cfg,
+            arena,
+            queues,
+            engine,
+            seqs: PremixedMap::default(),
+            pending_copies: Vec::new(),
+            stats: WindowStats::default(),
+            mm_scratch: Vec::new(),
+            events: None,
+        }
+    }
+
+    /// Starts recording events (see `take_events`).
+    pub fn enable_events(&mut self) {
+        self.tree.track_hashes();
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<WindowEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record_level_change(&mut self, block: u32, from: Level, to: Level) {
+        if let Some(events) = &mut self.events {
+            if self.tree.is_in_tree(block) {
+                events.push(WindowEvent::Updated {
+                    block_hash: self.tree.hash(block),
+                    cache_level: Some((from, to)),
+                    priority: None,
+                });
+            }
+        }
+    }
+
+    fn record_priority_change(&mut self, block: u32, from: u8, to: u8) {
+        if let Some(events) = &mut self.events {
+            if from != to && self.tree.is_in_tree(block) {
+                events.push(WindowEvent::Updated {
+                    block_hash: self.tree.hash(block),
+                    cache_level: None,
+                    priority: Some((from, to)),
+                });
+            }
+        }
+    }
+
+    pub fn config(&self) -> &WindowConfig {
+        &self.cfg
+    }
+
+    pub fn window_size(&self) -> usize {
+        self.cfg.window_size
+    }
+
+    pub fn stats(&self) -> WindowStats {
+        self.stats
+    }
+
+    pub fn num_free(&self, level: Level) -> usize {
+        self.queues.num_free(level)
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.arena.len()
+    }
+
+    pub fn num_in_tree(&self) -> usize {
+        self.tree.num_in_tree()
+    }
+
+    pub fn arena(&self) -> &BlockArena {
+        &self.arena
+    }
+
+    pub fn tree(&self) -> &ReuseTree {
+        &self.tree
+    }
+
+    pub fn queues(&self) -> &FreeQueues {
+        &self.queues
+    }
+
+    pub fn engine(&self) -> &dyn CopyEngine {
+        self.engine.as_ref()
+    }
+
+    pub fn engine_mut(&mut self) -> &mut dyn CopyEngine {
+        self.engine.as_mut()
+    }
+
+    pub fn has_sequence(&self, id: u64) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    /// Block ids of one beam of a sequence (front-detached ids included).
+    pub fn block_ids(&self, id: u64, beam: usize) -> Option<&[u32]> {
+        self.seqs
+            .get(&id)
+            .and_then(|s| s.beams.get(beam))
+            .map(|v| &v[..])
+    }
+
+    pub fn front_blocks_removed(&self, id: u64) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.front_removed)
+    }
+
+    /// False once a block this sequence detached (sliding window) was allocated to someone
+    /// else: storing the sequence would then insert foreign content under its keys.
+    pub fn is_valid_for_store(&self, id: u64) -> bool {
+        self.seqs.get(&id).is_some_and(|s| {
+            s.detached_epochs
+                .iter()
+                .zip(&s.beams[0])
+                .all(|(&epoch, &b)| self.alloc_epoch[b as usize] == epoch)
+        })
+    }
+
+    pub fn priority(&self, block: u32) -> u8 {
+        self.queues.priority(block)
+    }
+}

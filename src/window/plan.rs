@@ -1,0 +1,248 @@
+//! Admission phase 1: a read-only planning walk over the reuse tree per request, against the
+//! claims of the requests planned before it in the same batch.
+
+use super::{KeySource, WindowBlockManager};
+#[cfg(test)]
+use crate::error::{KvError, KvResult};
+use crate::key::lookup_hash;
+use crate::pool::Level;
+
+/// What admission of one sequence will do in this window, decided without changing anything.
+#[derive(Clone, Debug, Default)]
+pub struct AdmissionPlan {
+    pub steps: Vec<PlannedReuse>,
+    /// Reused prompt tokens.
+    pub matched_tokens: usize,
+    pub num_context_blocks: usize,
+    /// Context blocks shared by all beams (the rest are per beam).
+    pub num_shared_blocks: usize,
+    /// Primary blocks admission takes from the free queue while it runs (allocations, claimed
+    /// free blocks, protected copy sources).
+    pub primary_blocks_needed: usize,
+    /// Blocks allocated through `get_free_block` (misses, per-beam blocks, copy destinations,
+    /// onboarding): the request's `alloc_total` delta.
+    pub allocations: usize,
+    /// Free primary copy sources claimed only while the copy is queued; they return afterwards.
+    pub protected_primary: usize,
+    /// Free primary blocks an earlier request of the batch only protected (as a copy source)
+    /// that this request keeps: they do not return to the free queue.
+    pub adopted_protected: usize,
+}
+
+impl AdmissionPlan {
+    /// Net free primary blocks this request consumes once the batch is admitted.
+    pub fn free_blocks_consumed(&self) -> usize {
+        self.primary_blocks_needed - self.protected_primary + self.adopted_protected
+    }
+}
+
+/// What the requests of the admission batch planned so far have claimed in this block (phase
+/// 1). Later requests plan against it: a claimed block is in use, a taken-over block is no longer
+/// shareable, and nothing is claimed or onboarded twice. Stored densely per block and valid
+/// while its epoch is the current batch's (starting a batch clears everything in O(1)).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ClaimUse {
+    taken_over: bool,
+    onboarded: bool,
+    /// Claimed from the primary free queue only to protect a copy source (so far).
+    protected_only: bool,
+}
+
+/// One reused context block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannedReuse {
+    /// Exact match of a full block: shared.
+    Share { block: u32 },
+    /// Partial match of an unreferenced leaf: it leaves the tree and becomes this sequence's.
+    TakeOver { block: u32, tokens: usize },
+    /// Partial match of a referenced or inner block: its first `tokens` tokens are copied.
+    Copy { source: u32, tokens: usize },
+}
+
+impl WindowBlockManager {
+    fn is_unused(&self, block: u32) -> bool {
+        self.arena.ref_count(block) == 0
+    }
+
+    /// Number of context blocks and of those shared among beams.
+    pub fn context_blocks(&self, input_length: usize, beam_width: usize) -> (usize, usize) {
+        let eff = input_length.min(self.cfg.max_token_num);
+        let n = eff.div_ceil(self.cfg.tokens_per_block);
+        let shared = if self.cfg.enable_reuse {
+            if beam_width > 1 {
+                n.saturating_sub(1)
+            } else {
+                n
+            }
+        } else if beam_width == 1 || eff % self.cfg.tokens_per_block == 0 {
+            n
+        } else {
+            n.saturating_sub(1)
+        };
+        (n, shared)
+    }
+
+    /// Plans the admission of a sequence without changing anything: walks the tree for the
+    /// reusable prefix (at most `cap_tokens` tokens, never the last prompt token) and counts
+    /// the primary blocks it will take.
+    pub fn plan_admission(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        beam_width: usize,
+        cap_tokens: usize,
+    ) -> AdmissionPlan {
+        let tpb = self.cfg.tokens_per_block;
+        let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
+        let mut plan = AdmissionPlan {
+            num_context_blocks: num_context,
+            num_shared_blocks: num_shared,
+            ..AdmissionPlan::default()
+        };
+        let mut claimed_free_primary = 0;
+        let mut new_blocks = 0;
+        let unused = |w: &Self, b: u32| w.is_unused(b) && w.claim_of(b).is_none();
+        if self.cfg.enable_reuse {
+            let reusable = input_length - 1;
+            let mut scratch = std::mem::take(&mut self.mm_scratch);
+            let mut parent = self.tree.root();
+            for bi in 0..num_shared {
+                let start = bi * tpb;
+                let end = ((bi + 1) * tpb).min(reusable);
+                if start >= end {
+                    break;
+                }
+                let key = src.key(start, end, &mut scratch);
+                let lookup = lookup_hash(&key);
+                let Some(m) = self.tree.find_match(
+                    parent,
+                    &key,
+                    lookup,
+                    self.cfg.enable_partial_reuse,
+                    self.cfg.copy_on_partial_reuse,
+                    |b| unused(self, b),
+                ) else {
+                    break;
+                };
+                let room = cap_tokens.saturating_sub(plan.matched_tokens);
+                if room == 0 {
+                    break;
+                }
+                let taken_over = self.claim_of(m.block).is_some_and(|c| c.taken_over);
+                let step = if !m.partial && m.num_tokens <= room && !taken_over {
+                    PlannedReuse::Share { block: m.block }
+                } else {
+                    let tokens = m.num_tokens.min(room);
+                    let capped = tokens < m.num_tokens;
+                    if capped && !self.cfg.enable_partial_reuse {
+                        break;
+                    }
+                    if !capped && unused(self, m.block) && self.tree.is_leaf(m.block) {
+                        PlannedReuse::TakeOver {
+                            block: m.block,
+                            tokens,
+                        }
+                    } else {
+                        PlannedReuse::Copy {
+                            source: m.block,
+                            tokens,
+                        }
+                    }
+                };
+                let (block, tokens) = match step {
+                    PlannedReuse::Share { block } => (block, m.num_tokens),
+                    PlannedReuse::TakeOver { block, tokens } => (block, tokens),
+                    PlannedReuse::Copy { source, tokens } => (source, tokens),
+                };
+                let earlier = self.claim_of(block);
+                let is_copy = matches!(step, PlannedReuse::Copy { .. });
+                if earlier.is_none() && self.queues.queued_level(block) == Some(Level::Primary) {
+                    claimed_free_primary += 1;
+                    if is_copy {
+                        plan.protected_primary += 1;
+                    }
+                }
+                if !is_copy && earlier.is_some_and(|c| c.protected_only) {
+                    plan.adopted_protected += 1;
+                }
+                let onboard_needed = !is_copy
+                    && self.cfg.onboard_blocks
+                    && !self.arena.is_primary(block)
+                    && !earlier.is_some_and(|c| c.onboarded);
+                if onboard_needed || is_copy {
+                    new_blocks += 1;
+                }
+                plan.matched_tokens += tokens;
+                plan.steps.push(step);
+                if !matches!(step, PlannedReuse::Share { .. }) {
+                    break;
+                }
+                parent = block;
+            }
+            self.mm_scratch = scratch;
+        }
+        new_blocks += num_shared - plan.steps.len();
+        new_blocks += (num_context - num_shared) * beam_width;
+        plan.allocations = new_blocks;
+        plan.primary_blocks_needed = new_blocks + claimed_free_primary;
+        plan
+    }
+
+    /// Starts planning a new batch: forgets the previous batch's claims.
+    pub fn begin_batch(&mut self) {
+        self.batch_epoch = self.batch_epoch.wrapping_add(1);
+        if self.batch_epoch == 0 {
+            self.claim_epoch.fill(0);
+            self.batch_epoch = 1;
+        }
+    }
+
+    fn claim_of(&self, block: u32) -> Option<ClaimUse> {
+        (self.claim_epoch[block as usize] == self.batch_epoch)
+            .then(|| self.claim_use[block as usize])
+    }
+
+    /// Records a planned request's claims so that later requests of the batch plan around them.
+    pub fn record_claims(&mut self, plan: &AdmissionPlan) {
+        for step in &plan.steps {
+            let (block, taken_over, onboarded, is_copy) = match *step {
+                PlannedReuse::Share { block } => (block, false, self.cfg.onboard_blocks, false),
+                PlannedReuse::TakeOver { block, .. } => {
+                    (block, true, self.cfg.onboard_blocks, false)
+                }
+                PlannedReuse::Copy { source, .. } => (source, false, false, true),
+            };
+            let i = block as usize;
+            let free_primary = self.queues.queued_level(block) == Some(Level::Primary);
+            if self.claim_epoch[i] != self.batch_epoch {
+                self.claim_epoch[i] = self.batch_epoch;
+                self.claim_use[i] = ClaimUse {
+                    taken_over,
+                    onboarded,
+                    protected_only: is_copy && free_primary,
+                };
+            } else {
+                let c = &mut self.claim_use[i];
+                c.taken_over |= taken_over;
+                c.onboarded |= onboarded;
+                if !is_copy {
+                    c.protected_only = false;
+                }
+            }
+        }
+    }
+
+    /// Fails with `OutOfBlocks` when one plan needs more primary blocks than are free.
+    #[cfg(test)]
+    pub(super) fn check_plan(&self, plan: &AdmissionPlan) -> KvResult<()> {
+        let available = self.queues.num_free(Level::Primary);
+        if plan.primary_blocks_needed > available {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed: plan.primary_blocks_needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+}

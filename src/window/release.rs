@@ -1,0 +1,78 @@
+//! Giving blocks back: releasing a sequence, pins, and expiring timed retentions.
+
+use std::collections::HashMap;
+
+use super::WindowBlockManager;
+use crate::error::{KvError, KvResult};
+use crate::retention::DEFAULT_PRIORITY;
+
+impl WindowBlockManager {
+    /// Releases every block of sequence `id`, last to first, and forgets the sequence.
+    pub fn release_sequence(&mut self, id: u64, now_ms: u64) {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return;
+        };
+        let len = seq.beams[0].len();
+        for idx in (seq.front_removed..len).rev() {
+            for beam in seq.beams.iter().rev() {
+                let b = beam[idx];
+                if self.arena.remove_ref(b) == 0 {
+                    self.queues.release(b, self.arena.level(b), false, now_ms);
+                }
+            }
+        }
+    }
+
+    /// Pins every listed (not detached) block of sequence `id`.
+    pub fn pin_sequence(&mut self, id: u64) {
+        let Some(seq) = self.seqs.get(&id) else {
+            return;
+        };
+        let mut blocks = Vec::new();
+        for beam in &seq.beams {
+            blocks.extend_from_slice(&beam[seq.front_removed..]);
+        }
+        for b in blocks {
+            self.arena.pin(b);
+        }
+    }
+
+    /// Checks that every id is a pinned block.
+    pub fn check_unpin(&self, ids: &[u32]) -> KvResult<()> {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &b in ids {
+            if b as usize >= self.arena.len() {
+                return Err(KvError::InvalidArgument(format!(
+                    "block id {b} out of range"
+                )));
+            }
+            let c = counts.entry(b).or_default();
+            *c += 1;
+            if *c > self.arena.pins(b) {
+                return Err(KvError::InvalidArgument(format!("block {b} is not pinned")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops one pin of each block, releasing blocks whose last reference it was.
+    pub fn unpin(&mut self, ids: &[u32], now_ms: u64) {
+        for &b in ids {
+            if self.arena.unpin(b) == 0 {
+                self.queues.release(b, self.arena.level(b), false, now_ms);
+            }
+        }
+    }
+
+    /// Expires timed retentions and waits for outstanding copies.
+    pub fn refresh(&mut self, now_ms: u64) {
+        let mut decayed = Vec::new();
+        self.queues
+            .refresh(now_ms, |block, old| decayed.push((block, old)));
+        for (block, old) in decayed {
+            self.record_priority_change(block, old, DEFAULT_PRIORITY);
+        }
+        self.flush_copies();
+        self.engine.sync();
+    }
+}

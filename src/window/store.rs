@@ -1,0 +1,148 @@
+//! The reuse tree seen from a sequence: storing its blocks for reuse, and counting the reusable
+//! prefix of a prompt.
+
+use super::{KeySource, WindowBlockManager};
+use crate::events::{StoredBlock, WindowEvent};
+use crate::key::lookup_hash;
+
+impl WindowBlockManager {
+    /// Stores the first `num_tokens` tokens of sequence `id` (beam 0 blocks) in the reuse tree.
+    /// Only full blocks unless `allow_partial`. Existing equal blocks are descended into and the
+    /// sequence's own copies stay private; with `pin`, every block on the path gets a pin.
+    /// Returns the ids of the newly stored blocks and of the pinned blocks.
+    pub fn store_blocks(
+        &mut self,
+        id: u64,
+        src: &KeySource<'_>,
+        num_tokens: usize,
+        allow_partial: bool,
+        pin: bool,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let tpb = self.cfg.tokens_per_block;
+        let mut stored = Vec::new();
+        let mut pinned = Vec::new();
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return (stored, pinned);
+        };
+        // Taken out for the walk (no copy); put back below.
+        let ids = std::mem::take(&mut seq.beams[0]);
+        let num_blocks = if allow_partial {
+            num_tokens.div_ceil(tpb)
+        } else {
+            num_tokens / tpb
+        }
+        .min(ids.len());
+        // Resume after the deepest block of ours already in the tree with a full-length key:
+        // the path to it spells our prefix (no need to walk it again, e.g. for every decode
+        // block). Pinning needs the whole path, so it walks from the root.
+        let mut first = 0;
+        let mut parent = self.tree.root();
+        if !pin {
+            if let Some(i) = (0..num_blocks).rev().find(|&i| {
+                let b = ids[i];
+                self.tree.is_in_tree(b)
+                    && self.tree.key(b).len() == ((i + 1) * tpb).min(num_tokens) - i * tpb
+            }) {
+                first = i + 1;
+                parent = ids[i];
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut matching = true;
+        for (i, &block) in ids.iter().enumerate().take(num_blocks).skip(first) {
+            let start = i * tpb;
+            let end = ((i + 1) * tpb).min(num_tokens);
+            let key = src.key(start, end, &mut scratch);
+            let lookup = lookup_hash(&key);
+            let existing = if matching {
+                let found = self.tree.find_exact(parent, &key, lookup);
+                matching = found.is_some();
+                found
+            } else {
+                None
+            };
+            let node = match existing {
+                Some(n) => n,
+                None => {
+                    if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
+                        break;
+                    }
+                    self.tree.set_key(block, &key);
+                    if !self.tree.insert_with_lookup(parent, block, lookup) {
+                        break;
+                    }
+                    stored.push(block);
+                    block
+                }
+            };
+            if pin {
+                self.arena.pin(node);
+                self.queues.claim(node);
+                pinned.push(node);
+            }
+            parent = node;
+        }
+        self.mm_scratch = scratch;
+        self.seqs.get_mut(&id).expect("exists").beams[0] = ids;
+        self.record_stored(&stored);
+        (stored, pinned)
+    }
+
+    fn record_stored(&mut self, stored: &[u32]) {
+        let (Some(events), Some(&first)) = (&mut self.events, stored.first()) else {
+            return;
+        };
+        let parent = self.tree.parent(first).expect("just stored");
+        let parent_hash = (parent != self.tree.root()).then(|| self.tree.hash(parent));
+        let blocks = stored
+            .iter()
+            .map(|&b| {
+                let key = self.tree.key(b);
+                StoredBlock {
+                    hash: self.tree.hash(b),
+                    token_ids: key.token_ids.to_vec(),
+                    extra_ids: key.extra_ids.map(|e| e.to_vec()),
+                    lora_task_id: key.lora_task_id,
+                    cache_level: self.arena.level(b),
+                    priority: self.queues.priority(b),
+                    mm_keys: key.extra_keys.to_vec(),
+                    cache_salt: key.cache_salt,
+                }
+            })
+            .collect();
+        events.push(WindowEvent::Stored {
+            parent_hash,
+            blocks,
+        });
+    }
+
+    /// Number of consecutive full prompt blocks found in the tree from the root (optionally only
+    /// those currently referenced).
+    pub fn count_reusable_blocks(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        only_allocated: bool,
+    ) -> usize {
+        if !self.cfg.enable_reuse || input_length == 0 {
+            return 0;
+        }
+        let tpb = self.cfg.tokens_per_block;
+        let full = (input_length - 1) / tpb;
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut parent = self.tree.root();
+        let mut count = 0;
+        for bi in 0..full {
+            let key = src.key(bi * tpb, (bi + 1) * tpb, &mut scratch);
+            let Some(b) = self.tree.find_exact(parent, &key, lookup_hash(&key)) else {
+                break;
+            };
+            if !only_allocated || self.arena.ref_count(b) > 0 {
+                count += 1;
+            }
+            parent = b;
+        }
+        self.mm_scratch = scratch;
+        count
+    }
+}

@@ -1,0 +1,178 @@
+//! Growing and shrinking a sequence: new last blocks, sliding-window detach of front blocks,
+//! and rewinding with copy on write.
+
+use super::{SeqBlocks, WindowBlockManager};
+use crate::error::{KvError, KvResult};
+use crate::pool::Level;
+use crate::retention::BlockRetention;
+
+impl WindowBlockManager {
+    /// Blocks `add_token` needs in this window when the sequence grows to `num_tokens`, and the
+    /// blocks it frees first by detaching out-of-window front blocks.
+    fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> (usize, usize, usize) {
+        let tpb = self.cfg.tokens_per_block;
+        let mut detach = 0;
+        let mut freed = 0;
+        if swa && seq.beams.len() == 1 {
+            let mut removed = seq.front_removed;
+            while num_tokens - removed * tpb >= self.cfg.window_size + tpb {
+                let b = seq.beams[0][removed];
+                if self.arena.ref_count(b) == 1 {
+                    freed += 1;
+                }
+                removed += 1;
+                detach += 1;
+            }
+        }
+        let new_blocks = if (num_tokens - 1) % tpb == 0 {
+            seq.beams.len()
+        } else {
+            0
+        };
+        (detach, freed, new_blocks)
+    }
+
+    /// Checks that growing sequence `id` to `num_tokens` tokens can be served.
+    pub fn check_add_token(&self, id: u64, num_tokens: usize, swa: bool) -> KvResult<()> {
+        let seq = &self.seqs[&id];
+        let (_, freed, needed) = self.token_needs(seq, num_tokens, swa);
+        let available = self.queues.num_free(Level::Primary) + freed;
+        if needed > available {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Grows sequence `id` to `num_tokens` tokens: detaches out-of-window blocks (SWA), then
+    /// allocates a new last block (per beam with beam search) when a block boundary is crossed.
+    pub fn add_token(
+        &mut self,
+        id: u64,
+        num_tokens: usize,
+        swa: bool,
+        decode: BlockRetention,
+        now_ms: u64,
+    ) {
+        let (detach, _, needed) = self.token_needs(&self.seqs[&id], num_tokens, swa);
+        for _ in 0..detach {
+            let seq = self.seqs.get_mut(&id).expect("sequence exists");
+            let b = seq.beams[0][seq.front_removed];
+            seq.front_removed += 1;
+            seq.detached_epochs.push(self.alloc_epoch[b as usize]);
+            if self.arena.remove_ref(b) == 0 {
+                self.queues.release(b, self.arena.level(b), false, now_ms);
+            }
+        }
+        if needed > 0 {
+            let beam_width = self.seqs[&id].beams.len();
+            if beam_width == 1 {
+                let b = self.get_free_block(decode, now_ms);
+                self.arena.add_refs(b, 1);
+                self.seqs.get_mut(&id).expect("exists").beams[0].push(b);
+            } else {
+                for beam in 0..beam_width {
+                    let b = self.get_free_block(decode, now_ms);
+                    self.arena.add_refs(b, 1);
+                    self.seqs.get_mut(&id).expect("exists").beams[beam].push(b);
+                }
+            }
+            self.flush_copies();
+        }
+    }
+
+    /// Number of listed blocks (front-detached included) a sequence of `num_tokens` needs.
+    pub fn blocks_for_tokens(&self, num_tokens: usize) -> usize {
+        num_tokens
+            .min(self.cfg.max_token_num)
+            .div_ceil(self.cfg.tokens_per_block)
+    }
+
+    /// Whether shrinking sequence `id` to `num_tokens` would release a front-detached block.
+    pub fn can_shrink_to(&self, id: u64, num_tokens: usize) -> bool {
+        let seq = &self.seqs[&id];
+        self.blocks_for_tokens(num_tokens) > seq.front_removed
+    }
+
+    /// The block a sequence shrunk to `num_tokens` tokens will write again from position
+    /// `num_tokens` on, with the tokens it keeps — when that block is cached or shared, so its
+    /// content must not change under the tree or another sequence.
+    fn rewritten_shared_block(&self, id: u64, num_tokens: usize) -> Option<(usize, u32, usize)> {
+        let tpb = self.cfg.tokens_per_block;
+        let kept = num_tokens % tpb;
+        if kept == 0 {
+            return None;
+        }
+        let index = num_tokens / tpb;
+        let block = *self.seqs[&id].beams[0].get(index)?;
+        (self.tree.is_in_tree(block) || self.arena.ref_count(block) > 1)
+            .then_some((index, block, kept))
+    }
+
+    /// Checks that shrinking sequence `id` to `num_tokens` tokens can be served: a shared block
+    /// that will be written again needs a fresh block for its copy.
+    pub fn check_remove_tokens(&self, id: u64, num_tokens: usize) -> KvResult<()> {
+        let Some((_, block, _)) = self.rewritten_shared_block(id, num_tokens) else {
+            return Ok(());
+        };
+        if self.arena.ref_count(block) == 1 {
+            return Ok(());
+        }
+        let seq = &self.seqs[&id];
+        let keep = self.blocks_for_tokens(num_tokens);
+        let freed = seq.beams[0][keep..]
+            .iter()
+            .filter(|&&b| self.arena.ref_count(b) == 1)
+            .count();
+        let available = self.queues.num_free(Level::Primary) + freed;
+        if available == 0 {
+            return Err(KvError::OutOfBlocks {
+                window_size: self.cfg.window_size,
+                needed: 1,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Shrinks sequence `id` to `num_tokens` tokens (beam width 1), releasing surplus last blocks
+    /// to the front of their queue (they are the next to evict). The new last block will be
+    /// written again past the kept tokens: if other sequences share it, it is copied into a fresh
+    /// block first (copy on write); if only the reuse tree holds it, it leaves the tree.
+    pub fn remove_tokens(
+        &mut self,
+        id: u64,
+        num_tokens: usize,
+        decode: BlockRetention,
+        now_ms: u64,
+    ) {
+        let keep = self.blocks_for_tokens(num_tokens);
+        let seq = self.seqs.get_mut(&id).expect("sequence exists");
+        let mut released = Vec::new();
+        for beam in seq.beams.iter_mut() {
+            while beam.len() > keep {
+                released.push(beam.pop().expect("non-empty"));
+            }
+        }
+        for b in released {
+            if self.arena.remove_ref(b) == 0 {
+                self.queues.release(b, self.arena.level(b), true, now_ms);
+            }
+        }
+        if let Some((index, block, kept)) = self.rewritten_shared_block(id, num_tokens) {
+            if self.arena.ref_count(block) > 1 {
+                let fresh = self.get_free_block(decode, now_ms);
+                self.queue_copy(block, fresh, kept);
+                self.arena.remove_ref(block);
+                self.arena.add_refs(fresh, 1);
+                self.seqs.get_mut(&id).expect("exists").beams[0][index] = fresh;
+                self.flush_copies();
+            } else {
+                self.evict_from_tree(block);
+            }
+        }
+    }
+}

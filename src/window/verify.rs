@@ -1,0 +1,93 @@
+//! The invariants of reference §10 for one window.
+
+use super::WindowBlockManager;
+use crate::pool::Level;
+
+impl WindowBlockManager {
+    /// Checks the invariants of reference §10 for this window. `tokens_of` gives each
+    /// sequence's (token count, input length).
+    pub fn verify(
+        &self,
+        tokens_of: impl Fn(u64) -> Option<(usize, usize)>,
+        max_sequence_length: usize,
+    ) -> Result<(), String> {
+        let w = self.cfg.window_size;
+        self.queues
+            .verify()
+            .map_err(|e| format!("window {w}: {e}"))?;
+        self.arena
+            .verify_rows()
+            .map_err(|e| format!("window {w}: {e}"))?;
+        self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
+        let n = self.arena.len();
+        let mut expected_refs = vec![0u32; n];
+        let swa = self.cfg.is_swa(max_sequence_length);
+        let tpb = self.cfg.tokens_per_block;
+        for (&id, seq) in &self.seqs {
+            let Some((num_tokens, input_length)) = tokens_of(id) else {
+                return Err(format!("window {w}: blocks held for unknown sequence {id}"));
+            };
+            for beam in &seq.beams {
+                if beam.len() != self.blocks_for_tokens(num_tokens) {
+                    return Err(format!(
+                        "window {w}: sequence {id} lists {} blocks for {num_tokens} tokens",
+                        beam.len()
+                    ));
+                }
+                for &b in &beam[seq.front_removed..] {
+                    expected_refs[b as usize] += 1;
+                    if !self.arena.is_primary(b) {
+                        return Err(format!(
+                            "window {w}: sequence {id} references non-primary block {b}"
+                        ));
+                    }
+                }
+            }
+            // The prompt is allocated whole; detaching starts with the first generated token.
+            let generating = num_tokens > input_length;
+            if swa
+                && generating
+                && seq.beams.len() == 1
+                && num_tokens - seq.front_removed * tpb >= w + tpb
+            {
+                return Err(format!(
+                    "window {w}: sequence {id} holds blocks outside its window"
+                ));
+            }
+        }
+        for b in 0..n as u32 {
+            let refs = self.arena.ref_count(b);
+            let want = expected_refs[b as usize] + self.arena.pins(b);
+            if refs != want {
+                return Err(format!(
+                    "window {w}: block {b} has {refs} references, sequences and pins account for {want}"
+                ));
+            }
+            match self.queues.queued_level(b) {
+                Some(level) if refs > 0 => {
+                    return Err(format!(
+                        "window {w}: block {b} is queued at {level:?} with {refs} references"
+                    ));
+                }
+                Some(level) if level != self.arena.level(b) => {
+                    return Err(format!(
+                        "window {w}: block {b} is queued at {level:?} but its row is {:?}",
+                        self.arena.level(b)
+                    ));
+                }
+                None if refs == 0 => {
+                    return Err(format!(
+                        "window {w}: block {b} is neither referenced nor free"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if self.queues.num_free(Level::Primary) > self.cfg.num_primary
+            || self.queues.num_free(Level::Secondary) > self.cfg.num_secondary
+        {
+            return Err(format!("window {w}: more free blocks than blocks"));
+        }
+        Ok(())
+    }
+}
