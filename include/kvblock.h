@@ -1047,9 +1047,12 @@ enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
 enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
 
 /**
- * Host address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of
- * one row; only with `KVB_COPY_BACKEND_HOST`. Row r starts at `*out_base + r * *out_row_bytes`;
- * a block's row is its `memory_index` (`kvb_manager_get_block_info`).
+ * Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
+ * host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
+ * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
+ * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
+ * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
+ * pool has no memory (no backend, an empty level, a pool not registered yet).
  */
 enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
                                                int32_t window_size,

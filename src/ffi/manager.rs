@@ -618,9 +618,12 @@ pub extern "C" fn kvb_manager_advance_time(manager: *mut kvb_manager_t, ms: i64)
     })
 }
 
-/// Host address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of
-/// one row; only with `KVB_COPY_BACKEND_HOST`. Row r starts at `*out_base + r * *out_row_bytes`;
-/// a block's row is its `memory_index` (`kvb_manager_get_block_info`).
+/// Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
+/// host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
+/// (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
+/// usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
+/// row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
+/// pool has no memory (no backend, an empty level, a pool not registered yet).
 #[no_mangle]
 pub extern "C" fn kvb_manager_get_pool_pointer(
     manager: *mut kvb_manager_t,
