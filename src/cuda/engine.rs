@@ -157,6 +157,8 @@ impl CudaCopyEngine {
         // The kernel reads the descriptors from host memory: make the writes visible first.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let stream = self.device.launch_stream()?;
+        // In flight from the first launch on: a failure after it must not free the buffer early.
+        buffer.in_flight = true;
         let mut slices = self.plan.slices_per_copy();
         let max_ctas = self.device.sm_count() * CTAS_PER_SM;
         for wave in &self.plan.waves {
@@ -196,7 +198,6 @@ impl CudaCopyEngine {
             unsafe { sys::cuEventRecord(buffer.done, stream) },
             "cuEventRecord",
         )?;
-        buffer.in_flight = true;
         self.device.copies_launched()
     }
 
@@ -422,6 +423,11 @@ impl Drop for CudaCopyEngine {
             return;
         };
         self.wait_idle();
+        if self.failure.is_some() {
+            // A launch may have been enqueued without its completion event: wait for the device.
+            // SAFETY: plain call with the context current.
+            unsafe { sys::cuCtxSynchronize() };
+        }
         for b in std::mem::take(&mut self.buffers) {
             free_buffer(b);
         }
