@@ -176,17 +176,7 @@ impl CudaDevice {
         if self.mode == TransferMode::EngineStream {
             return Ok(s.engine);
         }
-        // SAFETY: events and streams created in `load`; the engine stream is the caller's.
-        unsafe {
-            check(
-                sys::cuEventRecord(s.engine_ready, s.engine),
-                "cuEventRecord",
-            )?;
-            check(
-                sys::cuStreamWaitEvent(s.copy, s.engine_ready, 0),
-                "cuStreamWaitEvent",
-            )?;
-        }
+        order_after(s.engine_ready, s.engine, s.copy)?;
         Ok(s.copy)
     }
 
@@ -232,23 +222,14 @@ impl CudaDevice {
             return Ok(());
         }
         let _ctx = ContextGuard::enter(self.ctx)?;
-        // SAFETY: as in `launch_stream`; `new` is the caller's stream.
-        unsafe {
+        order_after(s.engine_ready, s.engine, new)?;
+        if s.unsynced_copies {
+            // SAFETY: our event; `new` is the caller's stream.
             check(
-                sys::cuEventRecord(s.engine_ready, s.engine),
-                "cuEventRecord",
-            )?;
-            check(
-                sys::cuStreamWaitEvent(new, s.engine_ready, 0),
+                unsafe { sys::cuStreamWaitEvent(new, s.copies_done, 0) },
                 "cuStreamWaitEvent",
             )?;
-            if s.unsynced_copies {
-                check(
-                    sys::cuStreamWaitEvent(new, s.copies_done, 0),
-                    "cuStreamWaitEvent",
-                )?;
-                s.unsynced_copies = false;
-            }
+            s.unsynced_copies = false;
         }
         s.engine = new;
         Ok(())
@@ -260,6 +241,15 @@ impl CudaDevice {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .engine as usize
+    }
+}
+
+/// Makes `later` wait (on the GPU) for the work enqueued on `earlier` so far, through `event`.
+fn order_after(event: CUevent, earlier: CUstream, later: CUstream) -> CudaResult<()> {
+    // SAFETY: an event of this device and two streams of its context (the caller's or ours).
+    unsafe {
+        check(sys::cuEventRecord(event, earlier), "cuEventRecord")?;
+        check(sys::cuStreamWaitEvent(later, event, 0), "cuStreamWaitEvent")
     }
 }
 
