@@ -11,3 +11,4 @@ pub mod manager;
 pub mod sizing;
 pub mod status;
 pub mod types;
+pub mod version;
