@@ -199,7 +199,7 @@ struct Manager {
     /// Destroys the handle now (later calls raise DestroyedError; a waiting drain returns).
     void close() {
         // The wrapper's destructor destroys again later, which the library answers with a status.
-        nogil([&] { return kvb_manager_destroy(h()); });
+        call([&] { return kvb_manager_destroy(h()); });
     }
 
     std::pair<int32_t, int32_t> dims() const {
@@ -501,7 +501,7 @@ void bind_request(nb::module_& m) {
                          std::memcpy(out.data(), r.tokens(), r.num_tokens() * sizeof(int32_t));
                          return out;
                      },
-                     "A copy of the tokens (numpy int32).")
+                     nb::rv_policy::automatic, "A copy of the tokens (numpy int32).")
         .def_prop_ro("num_tokens", &PyRequest::num_tokens)
         .def_prop_ro("input_length",
                      [](const PyRequest& r) {
