@@ -23,6 +23,12 @@
  * the manager handed out since the last sync. Work on other streams must be ordered by the engine
  * (an event on the engine stream). The host never waits for the GPU inside these calls; destroy
  * waits for the manager's copies before freeing its pools.
+ *
+ * Compatibility: the library's SONAME is libkvblock.so.N with N the ABI major version
+ * (kvb_version). Within one major version the ABI only grows: functions and enum values are added,
+ * structs passed in grow at their end only (struct_size tells the library which size the caller
+ * was built with), and nothing is removed or changes meaning. A program built against M.m runs
+ * with any library M.m' where m' >= m; a change that breaks this bumps the major version.
  */
 
 #ifndef KVBLOCK_H
@@ -1173,6 +1179,14 @@ const char *kvb_last_error_message(void);
  * this library does not define).
  */
 const char *kvb_status_string(int32_t status);
+
+/**
+ * The version of this library: its ABI major version (the `N` of the SONAME `libkvblock.so.N`),
+ * minor and patch. A program built against version `M.m.p` runs against any library of the same
+ * major `M` and a minor of at least `m`; compare with what the header was generated for when in
+ * doubt. Each out-parameter may be null when that part is not wanted.
+ */
+enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t *out_patch);
 
 #ifdef __cplusplus
 }  // extern "C"

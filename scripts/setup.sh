@@ -67,3 +67,34 @@ if [[ ! -e .tools/nvrtc.done ]] || [[ "$(cat .tools/nvrtc.done)" != "$NVRTC_WHEE
     echo "$NVRTC_WHEEL" > .tools/nvrtc.done
 fi
 echo "nvrtc: $NVRTC_WHEEL"
+
+# --- Python: a project virtual environment (.venv/, git-ignored) with the pinned build and test
+# dependencies of the Python module (python/requirements-dev.txt); scripts/test.sh installs the
+# module into it with `pip install --no-build-isolation .`.
+python_missing=()
+python3 -c 'import venv, ensurepip' 2>/dev/null || python_missing+=(python3-venv)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    2>/dev/null || python_missing+=(python3-dev)
+if ((${#python_missing[@]})); then apt_install "${python_missing[@]}"; else echo "python3-venv, python3-dev: present"; fi
+if [[ ! -x .venv/bin/python ]]; then
+    echo "+ python3 -m venv .venv"
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python - python/requirements-dev.txt <<'PY'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        try:
+            if version(name) != want:
+                sys.exit(1)
+        except PackageNotFoundError:
+            sys.exit(1)
+PY
+then
+    echo "+ .venv/bin/pip install -r python/requirements-dev.txt"
+    .venv/bin/pip install --quiet --disable-pip-version-check -r python/requirements-dev.txt
+fi
+.venv/bin/python -c 'import nanobind, scikit_build_core, numpy, pytest; print("python venv: nanobind", nanobind.__version__, "numpy", numpy.__version__, "pytest", pytest.__version__)'

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite: Rust lints and tests, header freshness, then the C++ tests through CMake.
+# The full test suite: Rust lints and tests, header freshness, the C++ tests through CMake (with the
+# install/consumer test), then the Python module: built, installed into .venv and tested with pytest.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,3 +27,12 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVBLOCK_BUILD_TESTS=ON -DKVBLOC
 cmake --build build -j2
 step "ctest"
 ctest --test-dir build --output-on-failure --no-tests=error -j2
+
+step "python: pip install --no-build-isolation . (into .venv)"
+# Make, as on a fresh machine (setup.sh installs no ninja); build-python/ keeps the build incremental.
+export CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=2
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation .
+step "python: pytest"
+# From outside the source tree, so `import kvblock` is the installed package.
+(cd /tmp && KVBLOCK_REPLAY="$OLDPWD/build/examples/replay" "$OLDPWD/.venv/bin/python" -m pytest -q \
+    -p no:cacheprovider "$OLDPWD/python/tests")

@@ -12,3 +12,4 @@ pub mod manager;
 pub mod sizing;
 pub mod status;
 pub mod types;
+pub mod version;

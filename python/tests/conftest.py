@@ -1,0 +1,29 @@
+"""Shared helpers of the kvblock pytest suite."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvblock
+
+TPB = 4  # tokens per block in the small managers of the tests
+
+
+def make_manager(primary: int = 16, secondary: int = 0, window: int = 256, **fields) -> kvblock.KVCacheManager:
+    """A one-window manager with `TPB` tokens per block; `fields` override ManagerConfig fields."""
+    fields.setdefault("tokens_per_block", TPB)
+    fields.setdefault("max_sequence_length", window)
+    config = kvblock.ManagerConfig([kvblock.WindowConfig(window, primary, secondary)], **fields)
+    return kvblock.KVCacheManager(config)
+
+
+def prompt(n: int, start: int = 1) -> np.ndarray:
+    """n distinct int32 tokens from `start`."""
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+@pytest.fixture
+def manager():
+    with make_manager() as m:
+        yield m
