@@ -28,7 +28,7 @@ namespace {
 
 // ---- errors ----------------------------------------------------------------------------------
 
-constexpr int kNumStatuses = KVB_STATUS_INTERNAL + 1;
+constexpr int kNumStatuses = KVB_STATUS_CUDA + 1;
 // Python exception type per status (index = status value); filled at import.
 PyObject* g_error_types[kNumStatuses] = {};
 
@@ -250,7 +250,9 @@ nb::ndarray<nb::numpy, int32_t> new_int32_array(std::initializer_list<size_t> sh
     X(secondary_offload_min_priority, int32_t) \
     X(bytes_per_element, int32_t)            \
     X(manual_clock, bool)                    \
-    X(max_kv_event_entries, int32_t)
+    X(max_kv_event_entries, int32_t)         \
+    X(cuda_device, int32_t)                  \
+    X(cuda_allocate_pools, bool)
 
 #define KVB_REQUEST_STATE_FIELDS(X) \
     X(prompt_len, int32_t)          \
@@ -278,6 +280,10 @@ void apply_config_kwargs(kvb::Config& c, const nb::kwargs& kwargs) {
 #undef X
         if (k == "copy_backend") {
             c.raw.copy_backend = static_cast<int32_t>(nb::cast<kvb_copy_backend_t>(value));
+        } else if (k == "cuda_transfer_mode") {
+            c.raw.cuda_transfer_mode = static_cast<int32_t>(nb::cast<kvb_cuda_transfer_mode_t>(value));
+        } else if (k == "cuda_stream") {
+            c.raw.cuda_stream = reinterpret_cast<void*>(nb::cast<uintptr_t>(value));
         } else if (k == "attention_dp_rank") {
             set_dp_rank(c, nb::cast<std::optional<int32_t>>(value));
         } else {
@@ -293,7 +299,10 @@ library's default (``kvb_manager_config_init``; ``repr(ManagerConfig())`` shows 
 ``tokens_per_block``, ``max_beam_width``, ``max_sequence_length``, ``enable_block_reuse``,
 ``enable_partial_reuse``, ``copy_on_partial_reuse``, ``onboard_blocks``,
 ``secondary_offload_min_priority``, ``bytes_per_element``, ``copy_backend`` (:class:`CopyBackend`),
-``manual_clock``, ``max_kv_event_entries`` (0 = events off), ``attention_dp_rank`` (None = none).)";
+``manual_clock``, ``max_kv_event_entries`` (0 = events off), ``attention_dp_rank`` (None = none);
+for ``CopyBackend.CUDA``: ``cuda_device``, ``cuda_stream`` (the engine's stream as an integer, e.g.
+``torch.cuda.current_stream().cuda_stream``), ``cuda_transfer_mode`` (:class:`CudaTransferMode`),
+``cuda_allocate_pools`` (False: register the engine's own memory with ``register_pool``).)";
 
 void bind_errors(nb::module_& m) {
     static const std::array<const char*, kNumStatuses> names = {
@@ -302,7 +311,8 @@ void bind_errors(nb::module_& m) {
         "DuplicateRequestError",     "TooFewTokensError",    "BeamWidthExceededError",
         "InvalidRetentionError",     "SequenceTooLongError", "OutOfBlocksError",
         "BufferTooSmallError",       "UnsupportedError",     "InvariantViolationError",
-        "DestroyedError",            "PoisonedError",        "InternalError"};
+        "DestroyedError",            "PoisonedError",        "InternalError",
+        "CudaError"};
     PyObject* base = PyErr_NewExceptionWithDoc(
         "kvblock.Error",
         "A failed kvblock call. ``status`` (a :class:`Status`) names the failure; the message is "
@@ -357,13 +367,22 @@ void bind_enums(nb::module_& m) {
         .value("INVARIANT_VIOLATION", KVB_STATUS_INVARIANT_VIOLATION)
         .value("DESTROYED", KVB_STATUS_DESTROYED)
         .value("POISONED", KVB_STATUS_POISONED)
-        .value("INTERNAL", KVB_STATUS_INTERNAL);
+        .value("INTERNAL", KVB_STATUS_INTERNAL)
+        .value("CUDA", KVB_STATUS_CUDA);
     nb::enum_<kvb_cache_level_t>(m, "CacheLevel", "Cache level of a block's memory row.")
         .value("PRIMARY", KVB_CACHE_LEVEL_PRIMARY, "GPU (primary) memory.")
         .value("SECONDARY", KVB_CACHE_LEVEL_SECONDARY, "Host (secondary) memory.");
     nb::enum_<kvb_copy_backend_t>(m, "CopyBackend", "Where the bytes of the KV pools live.")
         .value("NONE", KVB_COPY_BACKEND_NONE, "Bookkeeping only: no pool memory.")
-        .value("HOST", KVB_COPY_BACKEND_HOST, "Host buffers owned by the library; copies are memcpy.");
+        .value("HOST", KVB_COPY_BACKEND_HOST, "Host buffers owned by the library; copies are memcpy.")
+        .value("CUDA", KVB_COPY_BACKEND_CUDA,
+               "GPU pools and a pinned host tier; copies by one batched kernel on the engine's stream.");
+    nb::enum_<kvb_cuda_transfer_mode_t>(m, "CudaTransferMode",
+                                        "How CUDA copies are ordered against the engine's stream.")
+        .value("ENGINE_STREAM", KVB_CUDA_TRANSFER_ENGINE_STREAM,
+               "Copies are enqueued on the engine's stream (nothing to call).")
+        .value("COPY_STREAM", KVB_CUDA_TRANSFER_COPY_STREAM,
+               "Copies run on kvblock's stream; call ``sync_transfers`` before using handed-out blocks.");
     nb::enum_<kvb_event_type_t>(m, "EventType", "Type of a KV cache event.")
         .value("CREATED", KVB_EVENT_CREATED)
         .value("STORED", KVB_EVENT_STORED)
@@ -420,12 +439,22 @@ void bind_config(nb::module_& m) {
             "copy_backend", [](const kvb::Config& c) { return static_cast<kvb_copy_backend_t>(c.raw.copy_backend); },
             [](kvb::Config& c, kvb_copy_backend_t v) { c.raw.copy_backend = static_cast<int32_t>(v); },
             "Where the pool bytes live (:class:`CopyBackend`).")
+        .def_prop_rw(
+            "cuda_transfer_mode",
+            [](const kvb::Config& c) { return static_cast<kvb_cuda_transfer_mode_t>(c.raw.cuda_transfer_mode); },
+            [](kvb::Config& c, kvb_cuda_transfer_mode_t v) { c.raw.cuda_transfer_mode = static_cast<int32_t>(v); },
+            "How CUDA copies are ordered (:class:`CudaTransferMode`).")
+        .def_prop_rw(
+            "cuda_stream", [](const kvb::Config& c) { return reinterpret_cast<uintptr_t>(c.raw.cuda_stream); },
+            [](kvb::Config& c, uintptr_t v) { c.raw.cuda_stream = reinterpret_cast<void*>(v); },
+            "The engine's CUDA stream as an integer (0 = the legacy default stream).")
         .def_prop_rw("attention_dp_rank", &get_dp_rank, &set_dp_rank,
                      "Attention data-parallel rank carried by every event, or None.");
     add_repr(config, "ManagerConfig",
              {"windows", "tokens_per_block", "max_beam_width", "max_sequence_length", "enable_block_reuse",
               "enable_partial_reuse", "copy_on_partial_reuse", "onboard_blocks", "secondary_offload_min_priority",
-              "bytes_per_element", "copy_backend", "manual_clock", "max_kv_event_entries", "attention_dp_rank"});
+              "bytes_per_element", "copy_backend", "manual_clock", "max_kv_event_entries", "attention_dp_rank",
+              "cuda_device", "cuda_stream", "cuda_transfer_mode", "cuda_allocate_pools"});
 }
 
 void bind_request(nb::module_& m) {
@@ -885,8 +914,27 @@ void bind_manager(nb::module_& m) {
                  return std::make_pair(reinterpret_cast<uintptr_t>(base), row);
              },
              "window_size"_a, "cache_level"_a,
-             "``(address, row_bytes)`` of a window's pool (host copy backend); a block's row is its "
-             "``memory_index``.")
+             "``(address, row_bytes)`` of a window's pool: host memory (host backend) or the device "
+             "address (CUDA backend); a block's row is its ``memory_index``.")
+        .def("set_stream",
+             [](Manager& self, uintptr_t stream) {
+                 nogil([&] { self.m.setStream(reinterpret_cast<void*>(stream)); });
+             },
+             "stream"_a,
+             "CUDA backend: orders later copies with the engine stream ``stream`` (an integer handle, "
+             "e.g. ``torch.cuda.current_stream().cuda_stream``).")
+        .def("sync_transfers", [](Manager& self) { nogil([&] { self.m.syncTransfers(); }); },
+             "CUDA copy-stream ordering: the engine stream waits (on the GPU) for every copy so far; "
+             "a no-op otherwise.")
+        .def("register_pool",
+             [](Manager& self, int32_t w, kvb_cache_level_t level, uintptr_t pointer, size_t nbytes) {
+                 nogil([&] { self.m.registerPool(w, level, reinterpret_cast<void*>(pointer), nbytes); });
+             },
+             "window_size"_a, "cache_level"_a, "pointer"_a, "nbytes"_a,
+             "CUDA backend: the engine's memory (an address, e.g. ``tensor.data_ptr()``) as the pool of "
+             "a window and level; only before any data is held.")
+        .def_prop_ro("copy_launches", [](Manager& self) { return self.m.copyLaunches(); },
+                     "Batched copy submissions so far (CUDA kernel launches).")
 
         // -- scheduling and estimates
         .def("start_scheduling", [](Manager& self) { nogil([&] { self.m.startScheduling(); }); },
