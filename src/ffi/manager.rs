@@ -79,7 +79,7 @@ pub extern "C" fn kvb_manager_add_sequence(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         let req = self::request(request)?;
-        let admission = m.add_sequence_owned(req)?;
+        let admission = m.add_sequence_ref(&req.as_ref())?;
         if !out.is_null() {
             write_out(out, admission.into(), "out")?;
         }
@@ -110,7 +110,8 @@ pub extern "C" fn kvb_manager_add_sequence_batch(
         } else {
             Some(slice_arg_mut(results, num_requests, "results")?)
         };
-        let admitted = m.add_sequence_batch_owned(reqs, longest_prefix)?;
+        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
+        let admitted = m.add_sequence_batch_refs(&refs, longest_prefix)?;
         if let Some(out) = out {
             for (slot, a) in out.iter_mut().zip(&admitted) {
                 *slot = (*a).into();
@@ -134,7 +135,8 @@ pub extern "C" fn kvb_manager_estimate_batch(
     with_manager(manager, |m| {
         let reqs = requests_arg(requests, num_requests)?;
         let out = slice_arg_mut(out, num_requests, "out")?;
-        let estimates = m.estimate_batch(&reqs)?;
+        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
+        let estimates = m.estimate_batch_refs(&refs)?;
         for (slot, e) in out.iter_mut().zip(estimates) {
             *slot = e.into();
         }
@@ -142,10 +144,10 @@ pub extern "C" fn kvb_manager_estimate_batch(
     })
 }
 
-fn requests_arg(
+fn requests_arg<'a>(
     requests: *const kvb_request_t,
     n: usize,
-) -> Result<Vec<crate::manager::Request>, FfiError> {
+) -> Result<Vec<CRequest<'a>>, FfiError> {
     if n == 0 {
         return Err(invalid("a batch needs at least one request".into()));
     }
@@ -521,7 +523,7 @@ pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
         let req = if request.is_null() {
             None
         } else {
-            Some(self::request(request)?)
+            Some(self::request(request)?.to_request())
         };
         let n = m.needed_blocks_one_step(
             &st,
@@ -549,7 +551,7 @@ pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
         let req = if request.is_null() {
             None
         } else {
-            Some(self::request(request)?)
+            Some(self::request(request)?.to_request())
         };
         let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
         write_out(out, n as i32, "out")
@@ -568,7 +570,7 @@ pub extern "C" fn kvb_manager_count_reusable_blocks(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         require_out(out, "out")?;
-        let req = self::request(request)?;
+        let req = self::request(request)?.to_request();
         let n = m.count_reusable_blocks(&req, window_arg(window_size)?, only_allocated)?;
         write_out(out, n as i32, "out")
     })

@@ -19,7 +19,7 @@ impl KvCacheManager {
         for w in &self.windows {
             w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = num_tokens;
         seq.token_ids.push(token_id);
@@ -61,7 +61,7 @@ impl KvCacheManager {
         for w in &self.windows {
             w.check_remove_tokens(id, target)?;
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         let decode = seq.retention.decode_retention();
         for w in &mut self.windows {
             w.remove_tokens(id, target, decode, now);
@@ -166,7 +166,7 @@ impl KvCacheManager {
                 self.store_blocks_for_reuse(id, false, None)?;
             }
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         for w in &mut self.windows {
             w.release_sequence(id, now);
         }
@@ -187,7 +187,7 @@ impl KvCacheManager {
     pub fn unpin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
         let i = self.window_index(window_size)?;
         self.windows[i].check_unpin(ids)?;
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         self.windows[i].unpin(ids, now);
         Ok(())
     }

@@ -92,9 +92,27 @@ impl WindowBlockManager {
         beam_width: usize,
         cap_tokens: usize,
     ) -> AdmissionPlan {
+        let mut plan = AdmissionPlan::default();
+        self.plan_admission_into(src, input_length, beam_width, cap_tokens, &mut plan);
+        plan
+    }
+
+    /// `plan_admission` into an existing plan, reusing its step buffer (no allocation once the
+    /// buffer has grown to the longest reused prefix).
+    pub fn plan_admission_into(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        beam_width: usize,
+        cap_tokens: usize,
+        plan: &mut AdmissionPlan,
+    ) {
         let tpb = self.cfg.tokens_per_block;
         let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
-        let mut plan = AdmissionPlan {
+        let mut steps = std::mem::take(&mut plan.steps);
+        steps.clear();
+        *plan = AdmissionPlan {
+            steps,
             num_context_blocks: num_context,
             num_shared_blocks: num_shared,
             ..AdmissionPlan::default()
@@ -185,7 +203,6 @@ impl WindowBlockManager {
         new_blocks += (num_context - num_shared) * beam_width;
         plan.allocations = new_blocks;
         plan.primary_blocks_needed = new_blocks + claimed_free_primary;
-        plan
     }
 
     /// Starts planning a new batch: forgets the previous batch's claims.
