@@ -69,6 +69,9 @@ struct Node {
     /// Children are indexed in the child map (once wide, until detached).
     wide: bool,
     has_key: bool,
+    /// The key was written for the block's current holder and `lookup` is its lookup hash
+    /// (cleared when the block is handed to a new holder): storing it needs no rewrite.
+    key_current: bool,
     uses_extra_ids: bool,
     is_full: bool,
     in_tree: bool,
@@ -88,6 +91,7 @@ const EMPTY_NODE: Node = Node {
     num_children: 0,
     wide: false,
     has_key: false,
+    key_current: false,
     uses_extra_ids: false,
     is_full: false,
     in_tree: false,
@@ -216,9 +220,28 @@ impl ReuseTree {
         }
     }
 
-    /// Writes `key` into the block's slot (the block must not be in the tree).
+    /// Writes `key` into the block's slot (the block must not be in the tree) and records its
+    /// lookup hash for a later `insert_with_lookup` (see `current_lookup`).
     pub fn set_key(&mut self, block: u32, key: &BlockKeyRef<'_>) {
+        self.set_key_with_lookup(block, key, lookup_hash(key));
+    }
+
+    /// The lookup hash of the block's key when that key was written for its current holder and
+    /// is `len` tokens long: the holder's tokens for the block are already in the slot.
+    pub fn current_lookup(&self, block: u32, len: usize) -> Option<u64> {
+        let n = &self.nodes[block as usize];
+        (n.key_current && n.key_len as usize == len).then_some(n.lookup)
+    }
+
+    /// The block goes to a new holder: its slot no longer holds that holder's tokens.
+    pub fn disown_key(&mut self, block: u32) {
+        self.nodes[block as usize].key_current = false;
+    }
+
+    /// `set_key` when the caller already has the key's `lookup_hash`.
+    pub fn set_key_with_lookup(&mut self, block: u32, key: &BlockKeyRef<'_>, lookup: u64) {
         debug_assert!(!self.is_in_tree(block));
+        debug_assert_eq!(lookup, lookup_hash(key));
         debug_assert!(key.len() <= self.tokens_per_block);
         let start = block as usize * self.tokens_per_block;
         self.token_ids[start..start + key.len()].copy_from_slice(key.token_ids);
@@ -235,6 +258,8 @@ impl ReuseTree {
         }
         let n = &mut self.nodes[block as usize];
         n.key_len = key.len() as u32;
+        n.lookup = lookup;
+        n.key_current = true;
         n.has_key = true;
         n.uses_extra_ids = key.extra_ids.is_some();
         n.is_full = key.len() == self.tokens_per_block;

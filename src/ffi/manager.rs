@@ -171,6 +171,46 @@ pub extern "C" fn kvb_manager_add_token(
     with_manager(manager, |m| Ok(m.add_token(request_id, token_id)?))
 }
 
+/// One decode step for many sequences under one lock: for each `i < num_requests` in order,
+/// appends `token_ids[i]` to sequence `request_ids[i]` (`kvb_manager_add_token`) and, with
+/// `store_new_blocks`, stores the block it completed (`kvb_manager_store_new_block`). Each
+/// sequence's step is all or nothing. The call stops at the first sequence that fails: it
+/// returns that sequence's status (e.g. `KVB_STATUS_OUT_OF_BLOCKS`), that sequence and the ones
+/// after it are unchanged. `*out_done` receives how many sequences got their token (the index
+/// of the failing one); `statuses` (may be null, else `num_requests` entries) receives
+/// `KVB_OK` for those, the failure for the failing one, and is not written past it.
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_token_batch(
+    manager: *mut kvb_manager_t,
+    request_ids: *const u64,
+    token_ids: *const i32,
+    num_requests: usize,
+    store_new_blocks: bool,
+    statuses: *mut kvb_status_t,
+    out_done: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_done, "out_done")?;
+        let ids = slice_arg(request_ids, num_requests, "request_ids")?;
+        let tokens = slice_arg(token_ids, num_requests, "token_ids")?;
+        let statuses = if statuses.is_null() {
+            None
+        } else {
+            Some(slice_arg_mut(statuses, num_requests, "statuses")?)
+        };
+        let (done, result) = m.add_tokens(ids, tokens, store_new_blocks);
+        let result = result.map_err(FfiError::from);
+        if let Some(st) = statuses {
+            st[..done].fill(kvb_status_t::KVB_OK);
+            if let (Some(slot), Err(e)) = (st.get_mut(done), &result) {
+                *slot = e.0;
+            }
+        }
+        write_out(out_done, done, "out_done")?;
+        result
+    })
+}
+
 /// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
 #[no_mangle]
 pub extern "C" fn kvb_manager_remove_token(

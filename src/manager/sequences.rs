@@ -35,6 +35,28 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// One decode step for many sequences: `add_token` (then `store_new_block` when `store`)
+    /// for each `(id, token)` in order. Stops at the first sequence that fails, which is left
+    /// unchanged like the ones after it; returns how many sequences got their token, and the
+    /// failure.
+    pub fn add_tokens(
+        &mut self,
+        ids: &[u64],
+        tokens: &[i32],
+        store: bool,
+    ) -> (usize, KvResult<()>) {
+        for (i, (&id, &token)) in ids.iter().zip(tokens).enumerate() {
+            if let Err(e) = self.add_token(id, token) {
+                return (i, Err(e));
+            }
+            if store {
+                // Cannot fail: the sequence exists (add_token just found it).
+                self.store_new_block(id).expect("sequence exists");
+            }
+        }
+        (ids.len().min(tokens.len()), Ok(()))
+    }
+
     /// Removes the last `n` tokens (TensorRT-LLM `rewindKVCache`; `removeToken` is `n = 1`).
     /// Blocks no longer needed go to the front of their free queue. The new last block, which
     /// the sequence will write again, is copied first when other sequences share it and leaves
