@@ -50,9 +50,10 @@
 // PEER LOOP (`--loop peer`): the closed loop of the peer replay workload (the project's
 // replay-workload reference, vLLM v1 scheduler order), so kvblock is measured on the same work as
 // vLLM and SGLang. No chunked prefill, no token budget.
-//   A. Decode: for each running request in order, kvb_manager_add_token + store_new_block; when the
-//      manager cannot provide the slot, preempt the last running request (remove_sequence with
-//      store), push it to the front of waiting, retry; stop phase A if it was the request itself.
+//   A. Decode: for each running request in order, add_token + store_new_block, all in one
+//      kvb_manager_add_token_batch per step; when the manager cannot provide a request's slot,
+//      preempt the last running request (remove_sequence with store), push it to the front of
+//      waiting, retry from that request; stop phase A if it was the request itself.
 //   B. Admission, only if nothing was preempted: while a slot is free, the head request is admitted
 //      whole (kvb_manager_add_sequence of its current sequence, then store_context_blocks(id, n));
 //      if it does not fit, admission stops (head-of-line blocking); nothing running and the head
@@ -62,10 +63,13 @@
 //   events off. (Engine defaults: the same plus 30,000 host blocks, a budget of 8192, events on.) Refresh and flush are not called (the peers have no such hooks; with --events
 //   the flush is called and timed).
 //
-// METRICS. Only manager calls are timed, one steady_clock pair per call; token synthesis, trace
-// parsing and the loop are not. Kinds: lookup (always 0 here: kvblock looks up inside admission),
+// METRICS. Only manager calls are timed, one clock pair per call (the CPU's time-stamp counter on
+// x86-64, as the floor of the peer workload times its calls, converted to ns by its rate against
+// steady_clock over the loop; steady_clock elsewhere); token synthesis, trace parsing and the
+// loop are not. Kinds: lookup (always 0 here: kvblock looks up inside admission),
 // admit_alloc (add_sequence / add_sequence_batch, failed attempts included), admit_other
-// (store_context_blocks), decode_alloc (add_token + store_new_block), free (release at finish),
+// (store_context_blocks), decode_alloc (add_token + store_new_block; in the peer loop the step's
+// kvb_manager_add_token_batch calls), free (release at finish),
 // preempt, refresh, flush. hash_prompt / hash_decode are 0: kvblock hashes inside those calls.
 // Hit rate = reused prompt tokens (prepopulated lengths) / prompt tokens over first admissions
 // (`_all_admissions` includes re-admissions). ns per prompt block admission = (lookup +
@@ -94,6 +98,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "kvblock.h"
 #include "replay/report.hpp"
@@ -269,13 +277,36 @@ struct Timings {
     uint64_t step_admit_ns = 0;  // admission calls (admit_alloc + admit_other) of the current step
 };
 
-/// Runs one manager call between a pair of steady_clock reads and books it under `kind`.
+/// The clock that times manager calls: the CPU's time-stamp counter on x86-64 (a few ns per
+/// read, the floor's clock), else steady_clock in ns. Ticks become ns by the rate measured
+/// against steady_clock over the whole loop (TickCalibration).
+inline uint64_t ticks() {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+#endif
+}
+
+/// Measures ns per tick between construction and `ns_per_tick()`.
+struct TickCalibration {
+    Clock::time_point wall0 = Clock::now();
+    uint64_t tick0 = ticks();
+    double ns_per_tick() const {
+        const double ns = std::chrono::duration<double, std::nano>(Clock::now() - wall0).count();
+        const uint64_t dt = ticks() - tick0;
+        return dt > 0 ? ns / static_cast<double>(dt) : 1.0;
+    }
+};
+
+/// Runs one manager call between a pair of tick reads and books it under `kind` (in ticks until
+/// the loop converts its figures to ns, RunResult::to_ns).
 template <typename Call>
 kvb_status_t timed(Timings& t, Kind kind, Call&& call) {
-    auto t0 = Clock::now();
+    const uint64_t t0 = ticks();
     kvb_status_t status = call();
-    auto t1 = Clock::now();
-    uint64_t ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    const uint64_t ns = ticks() - t0;
     t.ns[kind] += ns;
     t.calls[kind] += 1;
     t.step_ns += ns;
@@ -444,6 +475,16 @@ struct RunResult {
     uint64_t blocks_before_step = 0;
     std::vector<replay::SeriesPoint> series;
     double loop_seconds = 0;
+
+    /// Converts the timed figures, booked in ticks, to ns.
+    void to_ns(double ns_per_tick) {
+        auto conv = [ns_per_tick](uint64_t& v) {
+            v = static_cast<uint64_t>(static_cast<double>(v) * ns_per_tick + 0.5);
+        };
+        for (uint64_t& v : t.ns) conv(v);
+        for (uint64_t& v : step_ns) conv(v);
+        for (uint64_t& v : block_ns) conv(v);
+    }
 };
 
 kvb_request_t c_request(const Req& q) {
@@ -519,6 +560,7 @@ public:
 
     RunResult run() {
         auto start = Clock::now();
+        TickCalibration calibration;
         size_t next_arrival = 0;
         const double t0_ms = reqs_.front().trace->timestamp_ms;
         if (!o_.realtime) {
@@ -540,6 +582,7 @@ public:
             step();
         }
         out_.loop_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        out_.to_ns(calibration.ns_per_tick());
         return std::move(out_);
     }
 
@@ -689,6 +732,7 @@ public:
 
     RunResult run() {
         auto start = Clock::now();
+        TickCalibration calibration;
         for (Req& q : reqs_) waiting_.push_back(&q);
         Counters& c = out_.c;
         std::vector<Req*> scheduled;
@@ -697,12 +741,7 @@ public:
             scheduled.clear();
             bool preempted = false;
             // A. Decode.
-            for (size_t i = 0; i < running_.size(); ++i) {
-                Req* q = running_[i];
-                c.decode_slots += 1;
-                if (!decode_slot(*q, preempted)) break;
-                scheduled.push_back(q);
-            }
+            decode(scheduled, preempted);
             // B. Admission, whole requests, head-of-line blocking.
             if (!preempted) {
                 while (!waiting_.empty() && running_.size() < static_cast<size_t>(o_.max_running)) {
@@ -722,16 +761,39 @@ public:
             finish_step(out_, m_, progress_);
         }
         out_.loop_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        out_.to_ns(calibration.ns_per_tick());
         return std::move(out_);
     }
 
 private:
-    bool decode_slot(Req& q, bool& preempted) {
-        const int32_t token = q.tokens.back();
-        while (true) {
-            kvb_status_t s = timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_add_token(m_, q.r, token); });
-            if (s == KVB_OK) break;
-            if (s != KVB_STATUS_OUT_OF_BLOCKS) check(s, "kvb_manager_add_token");
+    /// Phase A in one kvb_manager_add_token_batch per step (add_token + store_new_block for every
+    /// running request, in order). When the request at index i gets no block, the last running
+    /// request is preempted and the batch goes on from i; if i itself was preempted, phase A
+    /// stops. The same calls in the same order as one add_token + store_new_block per request.
+    void decode(std::vector<Req*>& scheduled, bool& preempted) {
+        size_t i = 0;
+        while (i < running_.size()) {
+            ids_.clear();
+            tokens_.clear();
+            for (size_t k = i; k < running_.size(); ++k) {
+                ids_.push_back(running_[k]->r);
+                tokens_.push_back(running_[k]->tokens.back());
+            }
+            size_t done = 0;
+            kvb_status_t s = timed(out_.t, kDecodeAlloc, [&] {
+                return kvb_manager_add_token_batch(m_, ids_.data(), tokens_.data(), ids_.size(), true, nullptr,
+                                                   &done);
+            });
+            for (size_t k = i; k < i + done; ++k) {
+                Req* q = running_[k];
+                out_.c.decode_slots += 1;
+                if ((q->tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0) out_.c.decode_new_blocks += 1;
+                scheduled.push_back(q);
+            }
+            i += done;
+            if (s == KVB_OK) return;
+            if (s != KVB_STATUS_OUT_OF_BLOCKS) check(s, "kvb_manager_add_token_batch");
+            Req* q = running_[i];
             Req* victim = running_.back();
             running_.pop_back();
             check(timed(out_.t, kPreempt, [&] { return kvb_manager_remove_sequence(m_, victim->r, true); }),
@@ -739,12 +801,11 @@ private:
             out_.c.preemptions += 1;
             waiting_.push_front(victim);
             preempted = true;
-            if (victim == &q) return false;
+            if (victim == q) {
+                out_.c.decode_slots += 1;  // its slot was requested
+                return;
+            }
         }
-        if ((q.tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0) out_.c.decode_new_blocks += 1;
-        check(timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_store_new_block(m_, q.r); }),
-              "kvb_manager_store_new_block");
-        return true;
     }
 
     /// Admits q's whole current sequence and caches its full blocks; false when it does not fit.
@@ -776,6 +837,8 @@ private:
     replay::Progress& progress_;
     std::deque<Req*> waiting_;
     std::vector<Req*> running_;
+    std::vector<uint64_t> ids_;    // decode batch
+    std::vector<int32_t> tokens_;  // decode batch
     RunResult out_;
 };
 

@@ -823,6 +823,24 @@ enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
                                         int32_t token_id);
 
 /**
+ * One decode step for many sequences under one lock: for each `i < num_requests` in order,
+ * appends `token_ids[i]` to sequence `request_ids[i]` (`kvb_manager_add_token`) and, with
+ * `store_new_blocks`, stores the block it completed (`kvb_manager_store_new_block`). Each
+ * sequence's step is all or nothing. The call stops at the first sequence that fails: it
+ * returns that sequence's status (e.g. `KVB_STATUS_OUT_OF_BLOCKS`), that sequence and the ones
+ * after it are unchanged. `*out_done` receives how many sequences got their token (the index
+ * of the failing one); `statuses` (may be null, else `num_requests` entries) receives
+ * `KVB_OK` for those, the failure for the failing one, and is not written past it.
+ */
+enum kvb_status_t kvb_manager_add_token_batch(struct kvb_manager_t *manager,
+                                              const uint64_t *request_ids,
+                                              const int32_t *token_ids,
+                                              size_t num_requests,
+                                              bool store_new_blocks,
+                                              enum kvb_status_t *statuses,
+                                              size_t *out_done);
+
+/**
  * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
  */
 enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);

@@ -215,6 +215,18 @@ public:
         return out;
     }
     void addToken(uint64_t id, int32_t token) { check(kvb_manager_add_token(handle_, id, token)); }
+    /// One decode step for many sequences (kvb_manager_add_token_batch): returns how many got
+    /// their token; the sequence at that index (if any) lacked blocks and is unchanged. Any
+    /// other failure throws.
+    size_t addTokenBatch(const std::vector<uint64_t>& ids, const std::vector<int32_t>& tokens,
+                         bool storeNewBlocks = true) {
+        if (ids.size() != tokens.size()) throw std::invalid_argument("addTokenBatch: ids and tokens differ in size");
+        size_t done = 0;
+        kvb_status_t s = kvb_manager_add_token_batch(handle_, ids.data(), tokens.data(), ids.size(),
+                                                     storeNewBlocks, nullptr, &done);
+        if (s != KVB_STATUS_OUT_OF_BLOCKS) check(s);
+        return done;
+    }
     void removeToken(uint64_t id) { check(kvb_manager_remove_token(handle_, id)); }
     void rewindKVCache(uint64_t id, int32_t n) { check(kvb_manager_rewind_kv_cache(handle_, id, n)); }
     void storeContextBlocks(uint64_t id, int32_t position) {

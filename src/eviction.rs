@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 
 use crate::pool::Level;
+use crate::premixed::PremixedMap;
 use crate::retention::{BlockRetention, DEFAULT_PRIORITY, MAX_PRIORITY};
 
 const NIL: u32 = u32::MAX;
@@ -22,17 +23,21 @@ struct QueueSlot {
     priority: u8,
 }
 
+/// A block's queue links and priority: 12 bytes. Durations and expiries, which only timed
+/// retentions have, live in a side table (`Timed`).
 #[derive(Clone, Copy, Debug)]
 struct Link {
     prev: u32,
     next: u32,
     slot: Option<QueueSlot>,
+    priority: u8,
 }
 
-/// Retention state of one block as the policy sees it.
-#[derive(Clone, Copy, Debug)]
-struct RetentionState {
-    priority: u8,
+const _: () = assert!(std::mem::size_of::<Link>() == 12);
+
+/// The timed part of a block's retention (present only when it has some).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Timed {
     duration_ms: Option<u64>,
     expires_at_ms: Option<u64>,
 }
@@ -48,7 +53,7 @@ struct List {
 #[derive(Clone, Debug)]
 pub struct FreeQueues {
     links: Vec<Link>,
-    state: Vec<RetentionState>,
+    timed: PremixedMap<u32, Timed>,
     lists: [[List; NUM_PRIORITIES]; 2],
     non_empty: [u128; 2],
     free: [usize; 2],
@@ -69,18 +74,12 @@ impl FreeQueues {
                 Link {
                     prev: NIL,
                     next: NIL,
-                    slot: None
-                };
-                num_blocks
-            ],
-            state: vec![
-                RetentionState {
+                    slot: None,
                     priority: DEFAULT_PRIORITY,
-                    duration_ms: None,
-                    expires_at_ms: None
                 };
                 num_blocks
             ],
+            timed: PremixedMap::default(),
             lists: [[empty; NUM_PRIORITIES]; 2],
             non_empty: [0; 2],
             free: [0; 2],
@@ -103,11 +102,28 @@ impl FreeQueues {
     }
 
     pub fn priority(&self, block: u32) -> u8 {
-        self.state[block as usize].priority
+        self.links[block as usize].priority
     }
 
     pub fn duration_ms(&self, block: u32) -> Option<u64> {
-        self.state[block as usize].duration_ms
+        self.timed(block).duration_ms
+    }
+
+    fn timed(&self, block: u32) -> Timed {
+        if self.timed.is_empty() {
+            return Timed::default();
+        }
+        self.timed.get(&block).copied().unwrap_or_default()
+    }
+
+    fn set_timed(&mut self, block: u32, t: Timed) {
+        if t == Timed::default() {
+            if !self.timed.is_empty() {
+                self.timed.remove(&block);
+            }
+        } else {
+            self.timed.insert(block, t);
+        }
     }
 
     pub fn offload_min_priority(&self) -> u8 {
@@ -134,8 +150,10 @@ impl FreeQueues {
             return false;
         };
         self.unlink(block, slot);
-        if let Some(at) = self.state[block as usize].expires_at_ms.take() {
+        let mut t = self.timed(block);
+        if let Some(at) = t.expires_at_ms.take() {
             self.expiring.remove(&(at, block));
+            self.set_timed(block, t);
         }
         true
     }
@@ -144,23 +162,41 @@ impl FreeQueues {
     /// priority changes only when given; the duration always becomes the given one.
     pub fn claim_with_retention(&mut self, block: u32, retention: BlockRetention) {
         self.claim(block);
-        let st = &mut self.state[block as usize];
         if let Some(p) = retention.priority {
-            st.priority = p;
+            self.links[block as usize].priority = p;
         }
-        st.duration_ms = retention.duration_ms;
+        let t = self.timed(block);
+        if t.duration_ms != retention.duration_ms {
+            self.set_timed(
+                block,
+                Timed {
+                    duration_ms: retention.duration_ms,
+                    ..t
+                },
+            );
+        }
     }
 
     /// Appends (or prepends) `block` to the queue of `level` and its current priority. A block
     /// with a duration and a non-default priority gets an expiry `now + duration`.
     pub fn release(&mut self, block: u32, level: Level, to_front: bool, now_ms: u64) {
         debug_assert!(!self.is_queued(block), "block {block} released twice");
-        let st = self.state[block as usize];
-        self.link(block, level, st.priority, to_front);
-        if let Some(d) = st.duration_ms {
-            if st.priority != DEFAULT_PRIORITY {
+        let priority = self.links[block as usize].priority;
+        self.link(block, level, priority, to_front);
+        if self.timed.is_empty() {
+            return;
+        }
+        let t = self.timed(block);
+        if let Some(d) = t.duration_ms {
+            if priority != DEFAULT_PRIORITY {
                 let at = now_ms.saturating_add(d);
-                self.state[block as usize].expires_at_ms = Some(at);
+                self.set_timed(
+                    block,
+                    Timed {
+                        expires_at_ms: Some(at),
+                        ..t
+                    },
+                );
                 self.expiring.insert((at, block));
             }
         }
@@ -168,18 +204,20 @@ impl FreeQueues {
 
     /// Returns the expiry of a block so it can survive a claim/release pair (offload).
     pub fn expiry(&self, block: u32) -> Option<u64> {
-        self.state[block as usize].expires_at_ms
+        self.timed(block).expires_at_ms
     }
 
     /// Re-arms a saved expiry on a queued block.
     pub fn restore_expiry(&mut self, block: u32, at: Option<u64>) {
-        if let Some(old) = self.state[block as usize].expires_at_ms.take() {
+        let mut t = self.timed(block);
+        if let Some(old) = t.expires_at_ms.take() {
             self.expiring.remove(&(old, block));
         }
         if let Some(at) = at {
-            self.state[block as usize].expires_at_ms = Some(at);
+            t.expires_at_ms = Some(at);
             self.expiring.insert((at, block));
         }
+        self.set_timed(block, t);
     }
 
     /// Expires timed retentions: every queued block whose expiry is due moves to the back of the
@@ -192,11 +230,9 @@ impl FreeQueues {
                 break;
             }
             self.expiring.pop_first();
-            on_expired(block, self.state[block as usize].priority);
-            let st = &mut self.state[block as usize];
-            st.expires_at_ms = None;
-            st.priority = DEFAULT_PRIORITY;
-            st.duration_ms = None;
+            on_expired(block, self.links[block as usize].priority);
+            self.links[block as usize].priority = DEFAULT_PRIORITY;
+            self.set_timed(block, Timed::default());
             if let Some(slot) = self.links[block as usize].slot {
                 self.unlink(block, slot);
                 self.link(block, slot.level, DEFAULT_PRIORITY, false);
@@ -250,7 +286,7 @@ impl FreeQueues {
             }
         }
         for &(at, b) in &self.expiring {
-            if self.state[b as usize].expires_at_ms != Some(at) || !self.is_queued(b) {
+            if self.timed(b).expires_at_ms != Some(at) || !self.is_queued(b) {
                 return Err(format!("expiry entry of block {b} is stale"));
             }
         }
@@ -306,11 +342,10 @@ impl FreeQueues {
             self.non_empty[l] &= !(1u128 << p);
         }
         self.free[l] -= 1;
-        self.links[block as usize] = Link {
-            prev: NIL,
-            next: NIL,
-            slot: None,
-        };
+        let link = &mut self.links[block as usize];
+        link.prev = NIL;
+        link.next = NIL;
+        link.slot = None;
     }
 }
 

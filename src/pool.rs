@@ -1,6 +1,8 @@
 //! The block arena of one window: for every block, the memory row it owns (level and row index)
 //! and its reference counts. Rows move between levels only by swapping two blocks' rows.
 
+use crate::premixed::PremixedMap;
+
 /// Cache level of a memory row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
@@ -52,15 +54,46 @@ impl PoolGeometry {
     }
 }
 
-/// Per-block rows and reference counts.
+/// A `MemRow` in 4 bytes: the level in the top bit, the row index below.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PackedRow(u32);
+
+const SECONDARY_BIT: u32 = 1 << 31;
+
+impl PackedRow {
+    fn new(row: MemRow) -> Self {
+        debug_assert!(row.index < SECONDARY_BIT);
+        PackedRow(
+            row.index
+                | if row.level == Level::Secondary {
+                    SECONDARY_BIT
+                } else {
+                    0
+                },
+        )
+    }
+    fn get(self) -> MemRow {
+        MemRow {
+            level: if self.0 & SECONDARY_BIT != 0 {
+                Level::Secondary
+            } else {
+                Level::Primary
+            },
+            index: self.0 & !SECONDARY_BIT,
+        }
+    }
+}
+
+/// Per-block rows and reference counts: 8 bytes per block. Pins and the scheduling
+/// simulation's counts, which touch few blocks, are kept in side tables.
 #[derive(Clone, Debug)]
 pub struct BlockArena {
-    rows: Vec<MemRow>,
+    rows: Vec<PackedRow>,
     ref_count: Vec<u32>,
-    pins: Vec<u32>,
-    scheduling_ref: Vec<u32>,
-    scheduling_epoch: Vec<u32>,
-    epoch: u32,
+    /// Pins per pinned block.
+    pins: PremixedMap<u32, u32>,
+    /// Scheduling references of the blocks the current simulation touched.
+    scheduling_ref: PremixedMap<u32, u32>,
     num_primary: usize,
 }
 
@@ -76,15 +109,14 @@ impl BlockArena {
                 level: Level::Secondary,
                 index: i as u32,
             }))
+            .map(PackedRow::new)
             .collect();
         let n = num_primary + num_secondary;
         BlockArena {
             rows,
             ref_count: vec![0; n],
-            pins: vec![0; n],
-            scheduling_ref: vec![0; n],
-            scheduling_epoch: vec![0; n],
-            epoch: 0,
+            pins: PremixedMap::default(),
+            scheduling_ref: PremixedMap::default(),
             num_primary,
         }
     }
@@ -106,11 +138,11 @@ impl BlockArena {
     }
 
     pub fn row(&self, block: u32) -> MemRow {
-        self.rows[block as usize]
+        self.rows[block as usize].get()
     }
 
     pub fn level(&self, block: u32) -> Level {
-        self.rows[block as usize].level
+        self.row(block).level
     }
 
     pub fn is_primary(&self, block: u32) -> bool {
@@ -139,37 +171,38 @@ impl BlockArena {
     }
 
     pub fn pins(&self, block: u32) -> u32 {
-        self.pins[block as usize]
+        self.pins.get(&block).copied().unwrap_or(0)
     }
 
     pub fn pin(&mut self, block: u32) {
-        self.pins[block as usize] += 1;
+        *self.pins.entry(block).or_insert(0) += 1;
         self.ref_count[block as usize] += 1;
     }
 
     /// Drops a pin and its reference; returns the remaining reference count.
     pub fn unpin(&mut self, block: u32) -> u32 {
-        self.pins[block as usize] -= 1;
+        let pins = self.pins.get_mut(&block).expect("block is pinned");
+        *pins -= 1;
+        if *pins == 0 {
+            self.pins.remove(&block);
+        }
         self.remove_ref(block)
     }
 
     /// Starts a scheduling simulation: every block's scheduling refs become its refs (lazily).
     pub fn start_scheduling(&mut self) {
-        self.epoch = self.epoch.wrapping_add(1);
+        self.scheduling_ref.clear();
     }
 
     /// Drops one scheduling reference; returns whether the block would become free.
     pub fn scheduling_remove_ref(&mut self, block: u32) -> bool {
-        let i = block as usize;
-        if self.scheduling_epoch[i] != self.epoch {
-            self.scheduling_epoch[i] = self.epoch;
-            self.scheduling_ref[i] = self.ref_count[i];
-        }
-        if self.scheduling_ref[i] == 0 {
+        let refs = self.ref_count[block as usize];
+        let r = self.scheduling_ref.entry(block).or_insert(refs);
+        if *r == 0 {
             return false;
         }
-        self.scheduling_ref[i] -= 1;
-        self.scheduling_ref[i] == 0
+        *r -= 1;
+        *r == 0
     }
 
     /// Checks that rows form a permutation: `P` primary and `S` secondary distinct rows.
@@ -178,7 +211,7 @@ impl BlockArena {
             vec![false; self.num_primary],
             vec![false; self.num_secondary()],
         ];
-        for (b, row) in self.rows.iter().enumerate() {
+        for (b, row) in self.rows.iter().map(|r| r.get()).enumerate() {
             let slot = seen[row.level as usize].get_mut(row.index as usize);
             match slot {
                 Some(s) if !*s => *s = true,

@@ -144,6 +144,11 @@ impl RetentionConfig {
             .collect()
     }
 
+    /// Whether any of its retentions expires (a duration on a range or on decode blocks).
+    pub fn has_duration(&self) -> bool {
+        self.decode_duration_ms.is_some() || self.ranges.iter().any(|r| r.duration_ms.is_some())
+    }
+
     pub fn is_default(&self) -> bool {
         self.ranges.is_empty()
             && self.decode_priority == DEFAULT_PRIORITY

@@ -14,34 +14,12 @@
 //! when `track_hashes` is on (events need it), and otherwise on demand by walking the path.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::key::{block_hash, lookup_hash, BlockKeyRef, MmKey};
 
 pub const NIL: u32 = u32::MAX;
 
-/// Hasher for keys that are already well-mixed 64-bit hashes.
-#[derive(Default)]
-pub struct PremixedHasher(u64);
-
-impl Hasher for PremixedHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = (self.0 ^ u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-pub type PremixedMap<K, V> = HashMap<K, V, BuildHasherDefault<PremixedHasher>>;
+pub use crate::premixed::{PremixedHasher, PremixedMap};
 
 /// Above this many children a node's children are indexed in the child map.
 const WIDE_CHILDREN: u32 = 8;
@@ -52,10 +30,11 @@ fn child_key(parent: u32, lookup: u64) -> u64 {
     lookup ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// One block's place in the tree: 40 bytes. What few keys carry (LoRA id, cache salt,
+/// multimodal keys, extra ids) and the TensorRT-LLM hashes (only tracked for events) live in side
+/// tables, so the common block costs only this.
 #[derive(Clone, Copy, Debug)]
 struct Node {
-    /// TensorRT-LLM chained hash; valid for nodes in the tree when hashes are tracked.
-    hash: u64,
     /// `lookup_hash` of the key, the child-map key.
     lookup: u64,
     parent: u32,
@@ -63,36 +42,44 @@ struct Node {
     next_sibling: u32,
     prev_sibling: u32,
     key_len: u32,
-    /// Distance from the root (first-level blocks: 1), while in the tree.
-    depth: u32,
     num_children: u32,
     /// Children are indexed in the child map (once wide, until detached).
     wide: bool,
     has_key: bool,
+    /// The key was written for the block's current holder and `lookup` is its lookup hash
+    /// (cleared when the block is handed to a new holder): storing it needs no rewrite.
+    key_current: bool,
     uses_extra_ids: bool,
     is_full: bool,
     in_tree: bool,
+    /// The key has a LoRA id or a cache salt (in `key_attrs`).
+    has_attrs: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Node>() == 40);
+
+/// Key fields few requests use, kept apart from `Node`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct KeyAttrs {
     lora_task_id: Option<u64>,
     cache_salt: Option<u64>,
 }
 
 const EMPTY_NODE: Node = Node {
-    hash: 0,
     lookup: 0,
     parent: NIL,
     first_child: NIL,
     next_sibling: NIL,
     prev_sibling: NIL,
     key_len: 0,
-    depth: 0,
     num_children: 0,
     wide: false,
     has_key: false,
+    key_current: false,
     uses_extra_ids: false,
     is_full: false,
     in_tree: false,
-    lora_task_id: None,
-    cache_salt: None,
+    has_attrs: false,
 };
 
 /// Result of matching one key under a node.
@@ -113,6 +100,11 @@ pub struct ReuseTree {
     /// Extra ids per token slot; allocated the first time a key uses them.
     extra_ids: Vec<u64>,
     mm_keys: HashMap<u32, Box<[MmKey]>>,
+    /// LoRA ids and cache salts of the keys that have them.
+    key_attrs: PremixedMap<u32, KeyAttrs>,
+    /// TensorRT-LLM chained hash per block (valid for blocks in the tree, kept after they
+    /// leave it for their removal events); empty unless hashes are tracked.
+    hashes: Vec<u64>,
     /// `child_key(parent, lookup hash)` → child, for the children of wide nodes.
     children: PremixedMap<u64, u32>,
     root: u32,
@@ -133,6 +125,8 @@ impl ReuseTree {
             token_ids: vec![0; num_blocks * tokens_per_block],
             extra_ids: Vec::new(),
             mm_keys: HashMap::new(),
+            key_attrs: PremixedMap::default(),
+            hashes: Vec::new(),
             children: PremixedMap::default(),
             root: num_blocks as u32,
             num_in_tree: 0,
@@ -145,6 +139,7 @@ impl ReuseTree {
     pub fn track_hashes(&mut self) {
         debug_assert_eq!(self.num_in_tree, 0);
         self.track_hashes = true;
+        self.hashes = vec![0; self.nodes.len()];
     }
 
     /// The root node id (not a block).
@@ -175,15 +170,14 @@ impl ReuseTree {
     /// TensorRT-LLM hash of a block in the tree (0 for the root): stored when hashes are
     /// tracked, otherwise computed along the path from the root.
     pub fn hash(&self, node: u32) -> u64 {
-        if node == self.root || !self.nodes[node as usize].in_tree {
-            return if node == self.root {
-                0
-            } else {
-                self.nodes[node as usize].hash
-            };
+        if node == self.root {
+            return 0;
         }
         if self.track_hashes {
-            return self.nodes[node as usize].hash;
+            return self.hashes[node as usize];
+        }
+        if !self.nodes[node as usize].in_tree {
+            return 0;
         }
         let mut path = Vec::new();
         let mut n = node;
@@ -207,18 +201,46 @@ impl ReuseTree {
         let n = &self.nodes[block as usize];
         let start = block as usize * self.tokens_per_block;
         let end = start + n.key_len as usize;
+        let attrs = if n.has_attrs {
+            self.key_attrs[&block]
+        } else {
+            KeyAttrs::default()
+        };
         BlockKeyRef {
             token_ids: &self.token_ids[start..end],
             extra_ids: n.uses_extra_ids.then(|| &self.extra_ids[start..end]),
-            lora_task_id: n.lora_task_id,
-            extra_keys: self.mm_keys.get(&block).map_or(&[], |k| &k[..]),
-            cache_salt: n.cache_salt,
+            lora_task_id: attrs.lora_task_id,
+            extra_keys: if self.mm_keys.is_empty() {
+                &[]
+            } else {
+                self.mm_keys.get(&block).map_or(&[], |k| &k[..])
+            },
+            cache_salt: attrs.cache_salt,
         }
     }
 
-    /// Writes `key` into the block's slot (the block must not be in the tree).
+    /// Writes `key` into the block's slot (the block must not be in the tree) and records its
+    /// lookup hash for a later `insert_with_lookup` (see `current_lookup`).
     pub fn set_key(&mut self, block: u32, key: &BlockKeyRef<'_>) {
+        self.set_key_with_lookup(block, key, lookup_hash(key));
+    }
+
+    /// The lookup hash of the block's key when that key was written for its current holder and
+    /// is `len` tokens long: the holder's tokens for the block are already in the slot.
+    pub fn current_lookup(&self, block: u32, len: usize) -> Option<u64> {
+        let n = &self.nodes[block as usize];
+        (n.key_current && n.key_len as usize == len).then_some(n.lookup)
+    }
+
+    /// The block goes to a new holder: its slot no longer holds that holder's tokens.
+    pub fn disown_key(&mut self, block: u32) {
+        self.nodes[block as usize].key_current = false;
+    }
+
+    /// `set_key` when the caller already has the key's `lookup_hash`.
+    pub fn set_key_with_lookup(&mut self, block: u32, key: &BlockKeyRef<'_>, lookup: u64) {
         debug_assert!(!self.is_in_tree(block));
+        debug_assert_eq!(lookup, lookup_hash(key));
         debug_assert!(key.len() <= self.tokens_per_block);
         let start = block as usize * self.tokens_per_block;
         self.token_ids[start..start + key.len()].copy_from_slice(key.token_ids);
@@ -235,11 +257,22 @@ impl ReuseTree {
         }
         let n = &mut self.nodes[block as usize];
         n.key_len = key.len() as u32;
+        n.lookup = lookup;
+        n.key_current = true;
         n.has_key = true;
         n.uses_extra_ids = key.extra_ids.is_some();
         n.is_full = key.len() == self.tokens_per_block;
-        n.lora_task_id = key.lora_task_id;
-        n.cache_salt = key.cache_salt;
+        let attrs = KeyAttrs {
+            lora_task_id: key.lora_task_id,
+            cache_salt: key.cache_salt,
+        };
+        let had_attrs = n.has_attrs;
+        n.has_attrs = attrs != KeyAttrs::default();
+        if n.has_attrs {
+            self.key_attrs.insert(block, attrs);
+        } else if had_attrs {
+            self.key_attrs.remove(&block);
+        }
     }
 
     /// The child of `parent` whose key equals `key` (`lookup` = `lookup_hash(key)`).
@@ -339,11 +372,11 @@ impl ReuseTree {
             self.nodes[old_first as usize].prev_sibling = block;
         }
         self.nodes[parent as usize].first_child = block;
-        let depth = self.nodes[parent as usize].depth + 1;
+        if self.track_hashes {
+            self.hashes[block as usize] = hash;
+        }
         let n = &mut self.nodes[block as usize];
-        n.hash = hash;
         n.lookup = lookup;
-        n.depth = depth;
         n.parent = parent;
         n.next_sibling = old_first;
         n.prev_sibling = NIL;
@@ -397,7 +430,7 @@ impl ReuseTree {
             n.next_sibling = NIL;
             n.prev_sibling = NIL;
             self.num_in_tree -= 1;
-            on_removed(b, self.nodes[b as usize].hash);
+            on_removed(b, self.hash(b));
         }
         self.stack = stack;
     }
@@ -426,26 +459,22 @@ impl ReuseTree {
     }
 
     /// Whether `ancestor` is a strict ancestor of `block` in the tree, deciding in at most
-    /// `max_steps` parent steps (depths rule most cases out at once); `None` when undecided.
+    /// `max_steps` parent steps; `None` when undecided.
     pub fn is_ancestor_within(&self, ancestor: u32, block: u32, max_steps: u32) -> Option<bool> {
         if !self.is_in_tree(ancestor) || !self.is_in_tree(block) || self.is_leaf(ancestor) {
             return Some(false);
         }
-        let (da, db) = (
-            self.nodes[ancestor as usize].depth,
-            self.nodes[block as usize].depth,
-        );
-        if da >= db {
-            return Some(false);
-        }
-        if db - da > max_steps {
-            return None;
-        }
         let mut node = block;
-        for _ in 0..db - da {
+        for _ in 0..max_steps {
             node = self.nodes[node as usize].parent;
+            if node == ancestor {
+                return Some(true);
+            }
+            if node == self.root {
+                return Some(false);
+            }
         }
-        Some(node == ancestor)
+        None
     }
 
     /// Checks tree invariants (reference §10.7): every node's hash is H(key, parent hash), the
@@ -464,14 +493,11 @@ impl ReuseTree {
             if !parent.in_tree {
                 return Err(format!("block {b} is in the tree under a detached parent"));
             }
-            if self.track_hashes && block_hash(&self.key(b), self.hash(n.parent)) != n.hash {
+            if self.track_hashes && block_hash(&self.key(b), self.hash(n.parent)) != self.hash(b) {
                 return Err(format!("block {b} hash does not match its key and parent"));
             }
             if lookup_hash(&self.key(b)) != n.lookup {
                 return Err(format!("block {b} lookup hash does not match its key"));
-            }
-            if n.depth != parent.depth + 1 {
-                return Err(format!("block {b} depth is not its parent's + 1"));
             }
             if self.child_with_lookup(n.parent, n.lookup) != Some(b) {
                 return Err(format!("block {b} is not found under its parent"));

@@ -79,7 +79,7 @@ pub extern "C" fn kvb_manager_add_sequence(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         let req = self::request(request)?;
-        let admission = m.add_sequence_owned(req)?;
+        let admission = m.add_sequence_ref(&req.as_ref())?;
         if !out.is_null() {
             write_out(out, admission.into(), "out")?;
         }
@@ -110,7 +110,8 @@ pub extern "C" fn kvb_manager_add_sequence_batch(
         } else {
             Some(slice_arg_mut(results, num_requests, "results")?)
         };
-        let admitted = m.add_sequence_batch_owned(reqs, longest_prefix)?;
+        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
+        let admitted = m.add_sequence_batch_refs(&refs, longest_prefix)?;
         if let Some(out) = out {
             for (slot, a) in out.iter_mut().zip(&admitted) {
                 *slot = (*a).into();
@@ -134,7 +135,8 @@ pub extern "C" fn kvb_manager_estimate_batch(
     with_manager(manager, |m| {
         let reqs = requests_arg(requests, num_requests)?;
         let out = slice_arg_mut(out, num_requests, "out")?;
-        let estimates = m.estimate_batch(&reqs)?;
+        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
+        let estimates = m.estimate_batch_refs(&refs)?;
         for (slot, e) in out.iter_mut().zip(estimates) {
             *slot = e.into();
         }
@@ -142,10 +144,10 @@ pub extern "C" fn kvb_manager_estimate_batch(
     })
 }
 
-fn requests_arg(
+fn requests_arg<'a>(
     requests: *const kvb_request_t,
     n: usize,
-) -> Result<Vec<crate::manager::Request>, FfiError> {
+) -> Result<Vec<CRequest<'a>>, FfiError> {
     if n == 0 {
         return Err(invalid("a batch needs at least one request".into()));
     }
@@ -167,6 +169,46 @@ pub extern "C" fn kvb_manager_add_token(
     token_id: i32,
 ) -> kvb_status_t {
     with_manager(manager, |m| Ok(m.add_token(request_id, token_id)?))
+}
+
+/// One decode step for many sequences under one lock: for each `i < num_requests` in order,
+/// appends `token_ids[i]` to sequence `request_ids[i]` (`kvb_manager_add_token`) and, with
+/// `store_new_blocks`, stores the block it completed (`kvb_manager_store_new_block`). Each
+/// sequence's step is all or nothing. The call stops at the first sequence that fails: it
+/// returns that sequence's status (e.g. `KVB_STATUS_OUT_OF_BLOCKS`), that sequence and the ones
+/// after it are unchanged. `*out_done` receives how many sequences got their token (the index
+/// of the failing one); `statuses` (may be null, else `num_requests` entries) receives
+/// `KVB_OK` for those, the failure for the failing one, and is not written past it.
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_token_batch(
+    manager: *mut kvb_manager_t,
+    request_ids: *const u64,
+    token_ids: *const i32,
+    num_requests: usize,
+    store_new_blocks: bool,
+    statuses: *mut kvb_status_t,
+    out_done: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_done, "out_done")?;
+        let ids = slice_arg(request_ids, num_requests, "request_ids")?;
+        let tokens = slice_arg(token_ids, num_requests, "token_ids")?;
+        let statuses = if statuses.is_null() {
+            None
+        } else {
+            Some(slice_arg_mut(statuses, num_requests, "statuses")?)
+        };
+        let (done, result) = m.add_tokens(ids, tokens, store_new_blocks);
+        let result = result.map_err(FfiError::from);
+        if let Some(st) = statuses {
+            st[..done].fill(kvb_status_t::KVB_OK);
+            if let (Some(slot), Err(e)) = (st.get_mut(done), &result) {
+                *slot = e.0;
+            }
+        }
+        write_out(out_done, done, "out_done")?;
+        result
+    })
 }
 
 /// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
@@ -521,7 +563,7 @@ pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
         let req = if request.is_null() {
             None
         } else {
-            Some(self::request(request)?)
+            Some(self::request(request)?.to_request())
         };
         let n = m.needed_blocks_one_step(
             &st,
@@ -549,7 +591,7 @@ pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
         let req = if request.is_null() {
             None
         } else {
-            Some(self::request(request)?)
+            Some(self::request(request)?.to_request())
         };
         let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
         write_out(out, n as i32, "out")
@@ -568,7 +610,7 @@ pub extern "C" fn kvb_manager_count_reusable_blocks(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         require_out(out, "out")?;
-        let req = self::request(request)?;
+        let req = self::request(request)?.to_request();
         let n = m.count_reusable_blocks(&req, window_arg(window_size)?, only_allocated)?;
         write_out(out, n as i32, "out")
     })

@@ -9,7 +9,7 @@ use crate::cuda::{CudaConfig, TransferMode};
 use crate::key::MultimodalItem;
 use crate::manager::{
     Admission, BlockInfo, CopyBackend, KvCacheStats, ManagerConfig, Request, RequestPhase,
-    RequestState, RequestStats, WindowSpec,
+    RequestRef, RequestState, RequestStats, WindowSpec,
 };
 use crate::pool::Level;
 use crate::retention::{RetentionConfig, TokenRangeRetention};
@@ -493,8 +493,54 @@ pub(crate) fn retention_config(r: &kvb_retention_config_t) -> FfiResult<Retentio
     )?)
 }
 
-/// Converts a C request (copying its arrays). Size checks that need the manager happen there.
-pub(crate) fn request(r: *const kvb_request_t) -> FfiResult<Request> {
+/// A C request's fields, its token arrays borrowed from the caller for the call's duration.
+pub(crate) struct CRequest<'a> {
+    id: u64,
+    input_length: usize,
+    beam_width: usize,
+    tokens: &'a [i32],
+    extra_ids: Option<&'a [u64]>,
+    lora_task_id: Option<u64>,
+    cache_salt: Option<u64>,
+    mm_items: Vec<MultimodalItem>,
+    retention: RetentionConfig,
+}
+
+impl CRequest<'_> {
+    /// The request as admission takes it (nothing copied).
+    pub(crate) fn as_ref(&self) -> RequestRef<'_> {
+        RequestRef {
+            id: self.id,
+            input_length: self.input_length,
+            beam_width: self.beam_width,
+            token_ids: self.tokens,
+            extra_ids: self.extra_ids,
+            lora_task_id: self.lora_task_id,
+            cache_salt: self.cache_salt,
+            mm_items: &self.mm_items,
+            retention: &self.retention,
+        }
+    }
+
+    /// An owned copy, for the calls that keep or take whole requests.
+    pub(crate) fn to_request(&self) -> Request {
+        Request {
+            id: self.id,
+            input_length: self.input_length,
+            beam_width: self.beam_width,
+            token_ids: self.tokens.to_vec(),
+            extra_ids: self.extra_ids.map(<[u64]>::to_vec),
+            lora_task_id: self.lora_task_id,
+            cache_salt: self.cache_salt,
+            mm_items: self.mm_items.clone(),
+            retention: self.retention.clone(),
+        }
+    }
+}
+
+/// Reads a C request without copying its token arrays (multimodal items and a retention config,
+/// when given, are converted). Size checks that need the manager happen there.
+pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {
     // SAFETY: caller passes a valid pointer or null (checked).
     let r = unsafe { r.as_ref() }.ok_or_else(|| null_error("request"))?;
     check_struct_size(
@@ -508,7 +554,11 @@ pub(crate) fn request(r: *const kvb_request_t) -> FfiResult<Request> {
     let extra_ids = if r.token_extra_ids.is_null() {
         None
     } else {
-        Some(slice_arg(r.token_extra_ids, r.num_tokens, "token_extra_ids")?.to_vec())
+        Some(slice_arg(
+            r.token_extra_ids,
+            r.num_tokens,
+            "token_extra_ids",
+        )?)
     };
     let mm_items = slice_arg(r.mm_items, r.num_mm_items, "mm_items")?
         .iter()
@@ -523,11 +573,11 @@ pub(crate) fn request(r: *const kvb_request_t) -> FfiResult<Request> {
         Some(ret) => retention_config(ret)?,
         None => RetentionConfig::default(),
     };
-    Ok(Request {
+    Ok(CRequest {
         id: r.request_id,
         input_length,
         beam_width,
-        token_ids: tokens.to_vec(),
+        tokens,
         extra_ids,
         lora_task_id: r.has_lora_task_id.then_some(r.lora_task_id),
         cache_salt: r.has_cache_salt.then_some(r.cache_salt),

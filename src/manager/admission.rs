@@ -1,7 +1,7 @@
 //! Batch admission: validation, planning in every window (phase 1), the scheduler's estimate,
 //! and execution (phase 2).
 
-use super::{absorb, Admission, KvCacheManager, Request, RequestStats, Sequence};
+use super::{absorb, Admission, KvCacheManager, Request, RequestRef, RequestStats, Sequence};
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
 use crate::window::{AdmissionPlan, AdmitItem};
@@ -24,14 +24,14 @@ pub struct BatchEstimate {
 }
 
 /// A request's plan in every window.
-#[derive(Clone, Debug)]
-struct RequestPlan {
+#[derive(Clone, Debug, Default)]
+pub(super) struct RequestPlan {
     matched_tokens: usize,
     windows: Vec<AdmissionPlan>,
 }
 
 impl KvCacheManager {
-    fn validate_request(&self, req: &Request) -> KvResult<()> {
+    fn validate_request(&self, req: &RequestRef<'_>) -> KvResult<()> {
         if self.sequences.contains_key(&req.id) {
             return Err(KvError::DuplicateRequest(req.id));
         }
@@ -63,7 +63,7 @@ impl KvCacheManager {
                 max: self.cfg.max_sequence_length,
             });
         }
-        if let Some(extra) = &req.extra_ids {
+        if let Some(extra) = req.extra_ids {
             if extra.len() < req.input_length {
                 return Err(KvError::InvalidArgument(format!(
                     "{} token extra ids for input length {}",
@@ -72,7 +72,7 @@ impl KvCacheManager {
                 )));
             }
         }
-        for item in &req.mm_items {
+        for item in req.mm_items {
             if item.position < 0 || item.length <= 0 {
                 return Err(KvError::InvalidArgument(format!(
                     "multimodal item at position {} with length {} is invalid",
@@ -83,85 +83,108 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Plans a batch in order (phase 1, read-only): each request is planned in every window
-    /// against the claims of the requests before it. Reuse is capped so that every window
-    /// reuses the same number of tokens (the minimum over windows): the engine recomputes from
-    /// there, and no window holds reused blocks that the engine would write again.
-    fn plan_batch(&mut self, reqs: &[Request]) -> KvResult<Vec<RequestPlan>> {
-        let mut ids = std::collections::HashSet::with_capacity(reqs.len());
-        for req in reqs {
+    /// Plans a batch in order (phase 1, read-only) into `self.plans` (its buffers are reused:
+    /// planning allocates nothing once they have grown): each request is planned in every
+    /// window against the claims of the requests before it. Reuse is capped so that every
+    /// window reuses the same number of tokens (the minimum over windows): the engine recomputes
+    /// from there, and no window holds reused blocks that the engine would write again.
+    fn plan_batch(&mut self, reqs: &[RequestRef<'_>]) -> KvResult<()> {
+        for (i, req) in reqs.iter().enumerate() {
             self.validate_request(req)?;
-            if !ids.insert(req.id) {
+            // Quadratic only in the batch size, and without allocating.
+            if reqs[..i].iter().any(|r| r.id == req.id) {
                 return Err(KvError::DuplicateRequest(req.id));
             }
         }
         for w in &mut self.windows {
             w.begin_batch();
         }
-        let mut plans = Vec::with_capacity(reqs.len());
-        for req in reqs {
+        let nw = self.windows.len();
+        let mut plans = std::mem::take(&mut self.plans);
+        if plans.len() < reqs.len() {
+            plans.resize_with(reqs.len(), RequestPlan::default);
+        }
+        for (ri, req) in reqs.iter().enumerate() {
             let src = req.key_source();
+            let plan = &mut plans[ri];
+            plan.windows.resize_with(nw, AdmissionPlan::default);
             let mut cap = usize::MAX;
-            let per_window = loop {
-                let p: Vec<AdmissionPlan> = self
+            loop {
+                for (w, p) in self.windows.iter_mut().zip(plan.windows.iter_mut()) {
+                    w.plan_admission_into(&src, req.input_length, req.beam_width, cap, p);
+                }
+                let min = plan
                     .windows
-                    .iter_mut()
-                    .map(|w| w.plan_admission(&src, req.input_length, req.beam_width, cap))
-                    .collect();
-                let min = p.iter().map(|x| x.matched_tokens).min().unwrap_or(0);
-                if p.iter().all(|x| x.matched_tokens == min) {
-                    break p;
+                    .iter()
+                    .map(|x| x.matched_tokens)
+                    .min()
+                    .unwrap_or(0);
+                if plan.windows.iter().all(|x| x.matched_tokens == min) {
+                    break;
                 }
                 cap = min;
-            };
+            }
             // The last request's claims constrain nobody.
-            if plans.len() + 1 < reqs.len() {
-                for (w, plan) in self.windows.iter_mut().zip(&per_window) {
-                    w.record_claims(plan);
+            if ri + 1 < reqs.len() {
+                for (w, p) in self.windows.iter_mut().zip(&plan.windows) {
+                    w.record_claims(p);
                 }
             }
-            plans.push(RequestPlan {
-                matched_tokens: per_window[0].matched_tokens,
-                windows: per_window,
-            });
+            plan.matched_tokens = plan.windows[0].matched_tokens;
         }
-        Ok(plans)
+        self.plans = plans;
+        Ok(())
     }
 
-    /// How many requests of a planned batch fit: all of them, or none, or (with
+    /// How many of the first `n` planned requests fit: all of them, or none, or (with
     /// `longest_prefix`) the longest prefix whose blocks are free in every window.
-    fn fitting_prefix(&self, plans: &[RequestPlan], longest_prefix: bool) -> KvResult<usize> {
-        let mut needed = vec![0usize; self.windows.len()];
-        for (i, plan) in plans.iter().enumerate() {
-            for (wi, w) in self.windows.iter().enumerate() {
-                needed[wi] += plan.windows[wi].primary_blocks_needed;
-                let available = w.num_free(Level::Primary);
-                if needed[wi] > available {
-                    if longest_prefix {
-                        return Ok(i);
+    fn fitting_prefix(&self, n: usize, longest_prefix: bool) -> KvResult<usize> {
+        let plans = &self.plans[..n];
+        // The first request that does not fit, over windows (the lowest window on a tie).
+        let mut first_short: Option<(usize, usize)> = None;
+        for (wi, w) in self.windows.iter().enumerate() {
+            let available = w.num_free(Level::Primary);
+            let mut needed = 0;
+            for (i, plan) in plans.iter().enumerate() {
+                needed += plan.windows[wi].primary_blocks_needed;
+                if needed > available {
+                    if first_short.is_none_or(|(j, _)| i < j) {
+                        first_short = Some((i, wi));
                     }
-                    let total: usize = plans
-                        .iter()
-                        .map(|p| p.windows[wi].primary_blocks_needed)
-                        .sum();
-                    return Err(KvError::OutOfBlocks {
-                        window_size: w.window_size(),
-                        needed: total,
-                        available,
-                    });
+                    break;
                 }
             }
         }
-        Ok(plans.len())
+        let Some((i, wi)) = first_short else {
+            return Ok(n);
+        };
+        if longest_prefix {
+            return Ok(i);
+        }
+        let total: usize = plans
+            .iter()
+            .map(|p| p.windows[wi].primary_blocks_needed)
+            .sum();
+        Err(KvError::OutOfBlocks {
+            window_size: self.windows[wi].window_size(),
+            needed: total,
+            available: self.windows[wi].num_free(Level::Primary),
+        })
     }
 
     /// What admitting `reqs` in this order would deliver, request by request, without changing
     /// anything: the scheduler's estimate. `add_sequence_batch` on the same state delivers
     /// exactly this (same reused tokens, allocations and free blocks consumed).
     pub fn estimate_batch(&mut self, reqs: &[Request]) -> KvResult<Vec<BatchEstimate>> {
-        let plans = self.plan_batch(reqs)?;
-        let fitting = self.fitting_prefix(&plans, true)?;
-        Ok(plans
+        let refs: Vec<RequestRef<'_>> = reqs.iter().map(Request::as_ref).collect();
+        self.estimate_batch_refs(&refs)
+    }
+
+    /// `estimate_batch` over borrowed requests.
+    pub fn estimate_batch_refs(&mut self, reqs: &[RequestRef<'_>]) -> KvResult<Vec<BatchEstimate>> {
+        self.plan_batch(reqs)?;
+        let fitting = self.fitting_prefix(reqs.len(), true)?;
+        Ok(self.plans[..reqs.len()]
             .iter()
             .enumerate()
             .map(|(i, p)| {
@@ -192,33 +215,43 @@ impl KvCacheManager {
         reqs: &[Request],
         longest_prefix: bool,
     ) -> KvResult<Vec<Admission>> {
-        self.add_sequence_batch_owned(reqs.to_vec(), longest_prefix)
+        let refs: Vec<RequestRef<'_>> = reqs.iter().map(Request::as_ref).collect();
+        self.add_sequence_batch_refs(&refs, longest_prefix)
     }
 
-    /// `add_sequence_batch` taking the requests by value: their token vectors become the
-    /// sequences' (no copy of the prompts).
+    /// `add_sequence_batch` taking the requests by value.
     pub fn add_sequence_batch_owned(
         &mut self,
-        mut reqs: Vec<Request>,
+        reqs: Vec<Request>,
         longest_prefix: bool,
     ) -> KvResult<Vec<Admission>> {
-        self.require_pools()?;
-        let plans = self.plan_batch(&reqs)?;
-        let n = self.fitting_prefix(&plans, longest_prefix)?;
-        reqs.truncate(n);
-        let plans = &plans[..n];
-        let now = self.now_ms();
+        self.add_sequence_batch(&reqs, longest_prefix)
+    }
+
+    /// `add_sequence_batch` over borrowed requests: the tokens of each admitted request are
+    /// copied once, into its sequence; nothing is copied or allocated for a batch that does not
+    /// fit (once the planning buffers have grown).
+    pub fn add_sequence_batch_refs(
+        &mut self,
+        reqs: &[RequestRef<'_>],
+        longest_prefix: bool,
+    ) -> KvResult<Vec<Admission>> {
+        let n = self.plan_fitting(reqs, longest_prefix)?;
+        let reqs = &reqs[..n];
+        self.note_retentions(reqs);
+        let now = self.op_now_ms();
+        let plans = std::mem::take(&mut self.plans);
         let mut alloc_new = vec![0u64; n];
         for (wi, w) in self.windows.iter_mut().enumerate() {
             let items: Vec<AdmitItem<'_>> = reqs
                 .iter()
-                .zip(plans)
+                .zip(&plans)
                 .map(|(r, p)| AdmitItem {
                     id: r.id,
                     src: r.key_source(),
                     input_length: r.input_length,
                     beam_width: r.beam_width,
-                    retention: &r.retention,
+                    retention: r.retention,
                     plan: &p.windows[wi],
                 })
                 .collect();
@@ -227,60 +260,98 @@ impl KvCacheManager {
             }
             absorb(&mut self.events, w);
         }
-        let admissions: Vec<Admission> = plans
+        let admissions = reqs
             .iter()
-            .zip(&alloc_new)
-            .map(|(plan, &new)| {
-                let mut stats = RequestStats {
-                    alloc_new_blocks: new,
-                    ..RequestStats::default()
-                };
-                for wp in &plan.windows {
-                    stats.reused_blocks += wp.steps.len() as u64;
-                    stats.missed_blocks += (wp.num_context_blocks - wp.steps.len()) as u64;
-                    stats.alloc_total_blocks += wp.allocations as u64;
-                }
-                Admission {
-                    prepopulated_prompt_len: plan.matched_tokens,
-                    stats,
-                }
-            })
+            .zip(&plans)
+            .zip(alloc_new)
+            .map(|((req, plan), new)| self.record_sequence(req, plan, new))
             .collect();
-        for (mut req, admission) in reqs.into_iter().zip(&admissions) {
-            let input = req.input_length;
-            req.token_ids.truncate(input);
-            if let Some(extra) = &mut req.extra_ids {
-                extra.truncate(input);
-            }
-            self.sequences.insert(
-                req.id,
-                Sequence {
-                    input_length: input,
-                    beam_width: req.beam_width,
-                    token_ids: req.token_ids,
-                    extra_ids: req.extra_ids,
-                    lora_task_id: req.lora_task_id,
-                    cache_salt: req.cache_salt,
-                    mm_items: req.mm_items,
-                    retention: req.retention,
-                    num_tokens: input,
-                    admission: *admission,
-                },
-            );
-        }
+        self.plans = plans;
         Ok(admissions)
+    }
+
+    /// Validates and plans `reqs` and returns how many of them fit (see `add_sequence_batch`).
+    fn plan_fitting(&mut self, reqs: &[RequestRef<'_>], longest_prefix: bool) -> KvResult<usize> {
+        self.require_pools()?;
+        self.plan_batch(reqs)?;
+        self.fitting_prefix(reqs.len(), longest_prefix)
+    }
+
+    /// Records the sequence of an admitted request (its tokens copied once, with room for the
+    /// generated ones) and returns its admission figures.
+    fn record_sequence(
+        &mut self,
+        req: &RequestRef<'_>,
+        plan: &RequestPlan,
+        alloc_new: u64,
+    ) -> Admission {
+        let mut stats = RequestStats {
+            alloc_new_blocks: alloc_new,
+            ..RequestStats::default()
+        };
+        for wp in &plan.windows {
+            stats.reused_blocks += wp.steps.len() as u64;
+            stats.missed_blocks += (wp.num_context_blocks - wp.steps.len()) as u64;
+            stats.alloc_total_blocks += wp.allocations as u64;
+        }
+        let admission = Admission {
+            prepopulated_prompt_len: plan.matched_tokens,
+            stats,
+        };
+        let input = req.input_length;
+        // Room for the generated tokens, so that decoding does not copy the prompt again.
+        let reserve = self.token_reserve(input);
+        let mut token_ids = Vec::with_capacity(input + reserve);
+        token_ids.extend_from_slice(&req.token_ids[..input]);
+        let extra_ids = req.extra_ids.map(|e| {
+            let mut v = Vec::with_capacity(input + reserve);
+            v.extend_from_slice(&e[..input]);
+            v
+        });
+        self.sequences.insert(
+            req.id,
+            Sequence {
+                input_length: input,
+                beam_width: req.beam_width,
+                token_ids,
+                extra_ids,
+                lora_task_id: req.lora_task_id,
+                cache_salt: req.cache_salt,
+                mm_items: req.mm_items.to_vec(),
+                retention: req.retention.clone(),
+                num_tokens: input,
+                admission,
+            },
+        );
+        admission
     }
 
     /// Admits one request (TensorRT-LLM `addSequence`): a batch of one. Reuses what the tree
     /// holds, onboards host blocks, copies partial matches and allocates the rest. Fails with
     /// `OutOfBlocks` (nothing changed) when any window lacks blocks.
     pub fn add_sequence(&mut self, req: &Request) -> KvResult<Admission> {
-        self.add_sequence_owned(req.clone())
+        self.add_sequence_ref(&req.as_ref())
     }
 
-    /// `add_sequence` taking the request by value (its tokens are not copied).
+    /// `add_sequence` taking the request by value.
     pub fn add_sequence_owned(&mut self, req: Request) -> KvResult<Admission> {
-        let mut admitted = self.add_sequence_batch_owned(vec![req], false)?;
+        self.add_sequence(&req)
+    }
+
+    /// `add_sequence` over a borrowed request: its tokens are copied once, into the sequence,
+    /// and only when it is admitted. A request that does not fit costs one planning walk over
+    /// its reusable prefix and allocates nothing.
+    pub fn add_sequence_ref(&mut self, req: &RequestRef<'_>) -> KvResult<Admission> {
+        let mut admitted = self.add_sequence_batch_refs(std::slice::from_ref(req), false)?;
         Ok(admitted.pop().expect("a batch of one admitted"))
+    }
+
+    /// Tokens reserved past the prompt in a new sequence: enough for a typical generation
+    /// (an eighth of the prompt, at least four blocks), never beyond the longest sequence.
+    fn token_reserve(&self, input: usize) -> usize {
+        let tpb = self.cfg.tokens_per_block;
+        (input / 8)
+            .max(4 * tpb)
+            .min(self.cfg.max_sequence_length.saturating_sub(input))
     }
 }

@@ -188,6 +188,8 @@ impl KvCacheManager {
             windows,
             sequences: PremixedMap::default(),
             clock,
+            timed_retention: false,
+            plans: Vec::new(),
             events,
             delivery,
             cuda,

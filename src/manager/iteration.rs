@@ -10,7 +10,7 @@ use crate::events::{EventDelivery, KvCacheEvent};
 impl KvCacheManager {
     /// Expires timed retentions and syncs transfers (once per iteration).
     pub fn refresh_blocks(&mut self) {
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         for w in &mut self.windows {
             w.refresh(now);
             absorb(&mut self.events, w);
@@ -19,7 +19,7 @@ impl KvCacheManager {
 
     /// Offloads a free primary block of one window to the host tier.
     pub fn offload_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         let i = self.window_index(window_size)?;
         let done = self.windows[i].offload_block(block, now)?;
         absorb(&mut self.events, &mut self.windows[i]);

@@ -27,7 +27,7 @@ mod transfers;
 pub use admission::BatchEstimate;
 pub use config::{CopyBackend, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
-pub use request::{Admission, Request, RequestStats};
+pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};
 pub use stats::KvCacheStats;
 pub use tables::NO_BLOCK_OFFSET;
@@ -89,6 +89,11 @@ pub struct KvCacheManager {
     windows: Vec<WindowBlockManager>,
     sequences: PremixedMap<u64, Sequence>,
     clock: Clock,
+    /// Some admitted request had a retention with a duration: operations read the clock (until
+    /// then no block can expire, so they skip it).
+    timed_retention: bool,
+    /// Planning buffers of admission, reused from call to call.
+    plans: Vec<admission::RequestPlan>,
     /// The iteration's events (`None` when events are off).
     events: Option<EventQueue>,
     delivery: Arc<EventDelivery>,
@@ -121,6 +126,23 @@ impl KvCacheManager {
 
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// The time an operation stamps expiries with. Only blocks with a timed retention ever
+    /// expire, so until a request brought one the clock is not read (0 is never used then).
+    fn op_now_ms(&self) -> u64 {
+        if self.timed_retention || self.clock.manual_ms.is_some() {
+            self.now_ms()
+        } else {
+            0
+        }
+    }
+
+    /// Notes timed retentions of requests about to be admitted (see `op_now_ms`).
+    fn note_retentions(&mut self, reqs: &[RequestRef<'_>]) {
+        if !self.timed_retention {
+            self.timed_retention = reqs.iter().any(|r| r.retention.has_duration());
+        }
     }
 
     /// Moves the manual clock forward.

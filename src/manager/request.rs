@@ -31,12 +31,49 @@ impl Request {
     }
 
     pub(super) fn key_source(&self) -> KeySource<'_> {
-        KeySource {
+        self.as_ref().key_source()
+    }
+
+    /// The request's fields borrowed, as admission takes them.
+    pub fn as_ref(&self) -> RequestRef<'_> {
+        RequestRef {
+            id: self.id,
+            input_length: self.input_length,
+            beam_width: self.beam_width,
             token_ids: &self.token_ids,
             extra_ids: self.extra_ids.as_deref(),
             lora_task_id: self.lora_task_id,
             cache_salt: self.cache_salt,
             mm_items: &self.mm_items,
+            retention: &self.retention,
+        }
+    }
+}
+
+/// A request whose arrays are borrowed from the caller for the duration of one call: admission
+/// plans against the caller's tokens and copies them (once) only into a sequence it admits, so
+/// an admission that does not fit copies nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestRef<'a> {
+    pub id: u64,
+    pub input_length: usize,
+    pub beam_width: usize,
+    pub token_ids: &'a [i32],
+    pub extra_ids: Option<&'a [u64]>,
+    pub lora_task_id: Option<u64>,
+    pub cache_salt: Option<u64>,
+    pub mm_items: &'a [MultimodalItem],
+    pub retention: &'a RetentionConfig,
+}
+
+impl<'a> RequestRef<'a> {
+    pub(super) fn key_source(&self) -> KeySource<'a> {
+        KeySource {
+            token_ids: self.token_ids,
+            extra_ids: self.extra_ids,
+            lora_task_id: self.lora_task_id,
+            cache_salt: self.cache_salt,
+            mm_items: self.mm_items,
         }
     }
 }

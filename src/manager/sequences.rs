@@ -19,7 +19,7 @@ impl KvCacheManager {
         for w in &self.windows {
             w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = num_tokens;
         seq.token_ids.push(token_id);
@@ -33,6 +33,28 @@ impl KvCacheManager {
             absorb(&mut self.events, w);
         }
         Ok(())
+    }
+
+    /// One decode step for many sequences: `add_token` (then `store_new_block` when `store`)
+    /// for each `(id, token)` in order. Stops at the first sequence that fails, which is left
+    /// unchanged like the ones after it; returns how many sequences got their token, and the
+    /// failure.
+    pub fn add_tokens(
+        &mut self,
+        ids: &[u64],
+        tokens: &[i32],
+        store: bool,
+    ) -> (usize, KvResult<()>) {
+        for (i, (&id, &token)) in ids.iter().zip(tokens).enumerate() {
+            if let Err(e) = self.add_token(id, token) {
+                return (i, Err(e));
+            }
+            if store {
+                // Cannot fail: the sequence exists (add_token just found it).
+                self.store_new_block(id).expect("sequence exists");
+            }
+        }
+        (ids.len().min(tokens.len()), Ok(()))
     }
 
     /// Removes the last `n` tokens (TensorRT-LLM `rewindKVCache`; `removeToken` is `n = 1`).
@@ -61,7 +83,7 @@ impl KvCacheManager {
         for w in &self.windows {
             w.check_remove_tokens(id, target)?;
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         let decode = seq.retention.decode_retention();
         for w in &mut self.windows {
             w.remove_tokens(id, target, decode, now);
@@ -166,7 +188,7 @@ impl KvCacheManager {
                 self.store_blocks_for_reuse(id, false, None)?;
             }
         }
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         for w in &mut self.windows {
             w.release_sequence(id, now);
         }
@@ -187,7 +209,7 @@ impl KvCacheManager {
     pub fn unpin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
         let i = self.window_index(window_size)?;
         self.windows[i].check_unpin(ids)?;
-        let now = self.now_ms();
+        let now = self.op_now_ms();
         self.windows[i].unpin(ids, now);
         Ok(())
     }

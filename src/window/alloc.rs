@@ -85,6 +85,7 @@ impl WindowBlockManager {
             },
         );
         self.bump_epoch(victim);
+        self.tree.disown_key(victim);
         victim
     }
 

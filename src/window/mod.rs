@@ -125,10 +125,8 @@ pub struct WindowBlockManager {
     seqs: PremixedMap<u64, SeqBlocks>,
     /// Incremented every time a block is handed out by `get_free_block`.
     alloc_epoch: Vec<u32>,
-    /// Batch claims (see `ClaimUse`), valid where `claim_epoch` equals `batch_epoch`.
-    claim_use: Vec<ClaimUse>,
-    claim_epoch: Vec<u32>,
-    batch_epoch: u32,
+    /// Claims of the admission batch being planned (see `ClaimUse`).
+    claims: PremixedMap<u32, ClaimUse>,
     pending_copies: Vec<RowCopy>,
     stats: WindowStats,
     scheduling_free: usize,
@@ -158,9 +156,7 @@ impl WindowBlockManager {
         WindowBlockManager {
             tree: ReuseTree::new(n, cfg.tokens_per_block),
             alloc_epoch: vec![0; n],
-            claim_use: vec![ClaimUse::default(); n],
-            claim_epoch: vec![0; n],
-            batch_epoch: 1,
+            claims: PremixedMap::default(),
             scheduling_free: cfg.num_primary,
             cfg,
             arena,

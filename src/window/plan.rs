@@ -38,8 +38,8 @@ impl AdmissionPlan {
 
 /// What the requests of the admission batch planned so far have claimed in this block (phase
 /// 1). Later requests plan against it: a claimed block is in use, a taken-over block is no longer
-/// shareable, and nothing is claimed or onboarded twice. Stored densely per block and valid
-/// while its epoch is the current batch's (starting a batch clears everything in O(1)).
+/// shareable, and nothing is claimed or onboarded twice. Kept in a map of the claimed blocks
+/// only, cleared when a batch starts (a batch of one records nothing).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ClaimUse {
     taken_over: bool,
@@ -92,9 +92,27 @@ impl WindowBlockManager {
         beam_width: usize,
         cap_tokens: usize,
     ) -> AdmissionPlan {
+        let mut plan = AdmissionPlan::default();
+        self.plan_admission_into(src, input_length, beam_width, cap_tokens, &mut plan);
+        plan
+    }
+
+    /// `plan_admission` into an existing plan, reusing its step buffer (no allocation once the
+    /// buffer has grown to the longest reused prefix).
+    pub fn plan_admission_into(
+        &mut self,
+        src: &KeySource<'_>,
+        input_length: usize,
+        beam_width: usize,
+        cap_tokens: usize,
+        plan: &mut AdmissionPlan,
+    ) {
         let tpb = self.cfg.tokens_per_block;
         let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
-        let mut plan = AdmissionPlan {
+        let mut steps = std::mem::take(&mut plan.steps);
+        steps.clear();
+        *plan = AdmissionPlan {
+            steps,
             num_context_blocks: num_context,
             num_shared_blocks: num_shared,
             ..AdmissionPlan::default()
@@ -185,21 +203,18 @@ impl WindowBlockManager {
         new_blocks += (num_context - num_shared) * beam_width;
         plan.allocations = new_blocks;
         plan.primary_blocks_needed = new_blocks + claimed_free_primary;
-        plan
     }
 
     /// Starts planning a new batch: forgets the previous batch's claims.
     pub fn begin_batch(&mut self) {
-        self.batch_epoch = self.batch_epoch.wrapping_add(1);
-        if self.batch_epoch == 0 {
-            self.claim_epoch.fill(0);
-            self.batch_epoch = 1;
-        }
+        self.claims.clear();
     }
 
     fn claim_of(&self, block: u32) -> Option<ClaimUse> {
-        (self.claim_epoch[block as usize] == self.batch_epoch)
-            .then(|| self.claim_use[block as usize])
+        if self.claims.is_empty() {
+            return None;
+        }
+        self.claims.get(&block).copied()
     }
 
     /// Records a planned request's claims so that later requests of the batch plan around them.
@@ -212,21 +227,22 @@ impl WindowBlockManager {
                 }
                 PlannedReuse::Copy { source, .. } => (source, false, false, true),
             };
-            let i = block as usize;
             let free_primary = self.queues.queued_level(block) == Some(Level::Primary);
-            if self.claim_epoch[i] != self.batch_epoch {
-                self.claim_epoch[i] = self.batch_epoch;
-                self.claim_use[i] = ClaimUse {
-                    taken_over,
-                    onboarded,
-                    protected_only: is_copy && free_primary,
-                };
-            } else {
-                let c = &mut self.claim_use[i];
-                c.taken_over |= taken_over;
-                c.onboarded |= onboarded;
-                if !is_copy {
-                    c.protected_only = false;
+            match self.claims.entry(block) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(ClaimUse {
+                        taken_over,
+                        onboarded,
+                        protected_only: is_copy && free_primary,
+                    });
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    let c = o.get_mut();
+                    c.taken_over |= taken_over;
+                    c.onboarded |= onboarded;
+                    if !is_copy {
+                        c.protected_only = false;
+                    }
                 }
             }
         }

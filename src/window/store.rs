@@ -53,7 +53,9 @@ impl WindowBlockManager {
             let start = i * tpb;
             let end = ((i + 1) * tpb).min(num_tokens);
             let key = src.key(start, end, &mut scratch);
-            let lookup = lookup_hash(&key);
+            // Admission wrote the key of a prompt block and hashed it: neither again here.
+            let current = self.tree.current_lookup(block, end - start);
+            let lookup = current.unwrap_or_else(|| lookup_hash(&key));
             let existing = if matching {
                 let found = self.tree.find_exact(parent, &key, lookup);
                 matching = found.is_some();
@@ -67,7 +69,9 @@ impl WindowBlockManager {
                     if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
                         break;
                     }
-                    self.tree.set_key(block, &key);
+                    if current.is_none() {
+                        self.tree.set_key_with_lookup(block, &key, lookup);
+                    }
                     if !self.tree.insert_with_lookup(parent, block, lookup) {
                         break;
                     }

@@ -172,6 +172,8 @@ impl WindowBlockManager {
                 self.flush_copies();
             } else {
                 self.evict_from_tree(block);
+                // Its tokens past `kept` will change: the key is no longer the sequence's.
+                self.tree.disown_key(block);
             }
         }
     }
