@@ -212,11 +212,24 @@ typedef enum kvb_status_t {
      */
     KVB_STATUS_INTERNAL = 17,
     /**
-     * A CUDA call failed (the message names it and the driver's error). When it failed after
-     * the bookkeeping of the call had changed (a copy launch), the handle is poisoned: the
+     * A CUDA call failed (the message names it and the driver's error). A copy launch that
+     * failed before anything of the call was enqueued is rolled back like
+     * `KVB_STATUS_COPY_FAILED` (the manager is unchanged and keeps working); a failure after
+     * copies of the call were enqueued, or of a later synchronization, poisons the handle: the
      * bytes in the pools can no longer be trusted.
      */
     KVB_STATUS_CUDA = 18,
+    /**
+     * Memory for the pools could not be allocated (or their size overflows); nothing was
+     * created.
+     */
+    KVB_STATUS_OUT_OF_MEMORY = 19,
+    /**
+     * The copy backend refused a batch of block copies; the call was rolled back: every block
+     * stays where its bytes are, the counters are as before, and the manager keeps working.
+     * Blocks whose rows the call had already overwritten leave the reuse tree.
+     */
+    KVB_STATUS_COPY_FAILED = 20,
 } kvb_status_t;
 
 /**

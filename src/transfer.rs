@@ -5,6 +5,7 @@
 //! wrote). `num_tokens == 0` copies whole rows; otherwise only the first `num_tokens` tokens of
 //! every (layer, K|V, head) slab are copied (partial reuse).
 
+use crate::error::{KvError, KvResult};
 use crate::pool::{Level, MemRow, PoolGeometry};
 
 /// One row copy.
@@ -62,13 +63,53 @@ pub struct HostMemoryEngine {
     pools: [Vec<u8>; 2],
 }
 
+/// A zeroed byte buffer of `bytes`, or `KvError::OutOfMemory` (instead of aborting the host
+/// process) when the allocator refuses.
+pub fn try_zeroed_buffer(bytes: usize, what: &str) -> KvResult<Vec<u8>> {
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(bytes)
+        .map_err(|_| KvError::OutOfMemory(format!("{what}: {bytes} bytes is too large")))?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(KvError::OutOfMemory(format!(
+            "{what}: {bytes} bytes could not be allocated"
+        )));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; bytes]`,
+    // and all `bytes` bytes are initialised (zeroed).
+    Ok(unsafe { Vec::from_raw_parts(ptr, bytes, bytes) })
+}
+
 impl HostMemoryEngine {
+    /// Host pools of `num_primary` and `num_secondary` rows; panics when they cannot be
+    /// allocated (tests). The manager uses `try_new`.
     pub fn new(geometry: PoolGeometry, num_primary: usize, num_secondary: usize) -> Self {
-        let row = geometry.row_bytes();
-        HostMemoryEngine {
+        Self::try_new(geometry, num_primary, num_secondary).expect("host pools")
+    }
+
+    /// Host pools of `num_primary` and `num_secondary` rows; `KvError::OutOfMemory` when their
+    /// size overflows or the allocator refuses.
+    pub fn try_new(
+        geometry: PoolGeometry,
+        num_primary: usize,
+        num_secondary: usize,
+    ) -> KvResult<Self> {
+        let bytes = |rows: usize| {
+            geometry
+                .checked_row_bytes()
+                .and_then(|r| r.checked_mul(rows))
+                .ok_or_else(|| KvError::OutOfMemory("the pool size overflows".into()))
+        };
+        Ok(HostMemoryEngine {
             geometry,
-            pools: [vec![0; row * num_primary], vec![0; row * num_secondary]],
-        }
+            pools: [
+                try_zeroed_buffer(bytes(num_primary)?, "primary pool")?,
+                try_zeroed_buffer(bytes(num_secondary)?, "secondary pool")?,
+            ],
+        })
     }
 
     pub fn row_bytes(&self) -> usize {

@@ -2,8 +2,9 @@
 //! `KvCacheManager` method under the handle's lock.
 
 use super::handle::{
-    copy_out, count_arg, destroy_handle, guard, invalid, kvb_manager_t, new_handle, null_error,
-    positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, write_out, FfiError,
+    copy_out, count_arg, destroy_handle, guard, i32_result, invalid, kvb_manager_t, new_handle,
+    null_error, positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, write_out,
+    FfiError,
 };
 use super::status::kvb_status_t;
 use super::types::*;
@@ -529,7 +530,7 @@ pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
             two_steps_look_ahead,
             window_arg(window_size)?,
         )?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -552,7 +553,7 @@ pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
             Some(self::request(request)?)
         };
         let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -570,7 +571,7 @@ pub extern "C" fn kvb_manager_count_reusable_blocks(
         require_out(out, "out")?;
         let req = self::request(request)?;
         let n = m.count_reusable_blocks(&req, window_arg(window_size)?, only_allocated)?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -587,7 +588,11 @@ pub extern "C" fn kvb_manager_get_max_capacity_batch_size(
         require_out(out, "out")?;
         let i = count_arg(input_length, "input_length")?;
         let o = count_arg(output_length, "output_length")?;
-        write_out(out, m.max_capacity_batch_size(i, o) as i32, "out")
+        write_out(
+            out,
+            i32_result(m.max_capacity_batch_size(i, o), "the batch size")?,
+            "out",
+        )
     })
 }
 

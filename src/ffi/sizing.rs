@@ -1,7 +1,8 @@
 //! C entry points of the static sizing helpers (reference §7).
 
 use super::handle::{
-    count_arg, guard, positive_arg, require_out, slice_arg, slice_arg_mut, write_out, FfiResult,
+    count_arg, guard, i32_result, positive_arg, require_out, slice_arg, slice_arg_mut, write_out,
+    FfiResult,
 };
 use super::status::kvb_status_t;
 use crate::sizing;
@@ -22,7 +23,7 @@ pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
             positive_arg(window_size, "window_size")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -46,7 +47,7 @@ pub extern "C" fn kvb_calculate_max_block_requirements(
             positive_arg(beam_width, "beam_width")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -70,7 +71,7 @@ pub extern "C" fn kvb_calculate_max_attention_window(
             positive_arg(beam_width, "beam_width")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 

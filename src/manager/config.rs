@@ -90,6 +90,63 @@ fn positive(v: usize, what: &str) -> KvResult<()> {
     }
 }
 
+/// An upper bound of the bytes each block costs in the window's bookkeeping.
+const BOOKKEEPING_BYTES_PER_BLOCK: usize = 256;
+
+/// Pool sizes come from products of the caller's numbers: each must fit, and all pools
+/// together must stay below `isize::MAX` bytes (the most one process can address), so that no
+/// size, offset or statistic derived from them wraps.
+fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
+    let mut total: usize = 0;
+    for spec in &cfg.windows {
+        let geometry = PoolGeometry {
+            num_layers: spec.num_layers,
+            kv_factor: 2,
+            num_kv_heads: spec.num_kv_heads,
+            size_per_head: spec.size_per_head,
+            tokens_per_block: cfg.tokens_per_block,
+            bytes_per_element: cfg.bytes_per_element,
+        };
+        let window_bytes = geometry.checked_row_bytes().and_then(|row| {
+            let blocks = spec.primary_blocks.checked_add(spec.secondary_blocks)?;
+            row.checked_mul(blocks)
+        });
+        // The bookkeeping of the blocks (arena, queues, tree): refuse what the allocator
+        // cannot give instead of aborting the process half-way through construction.
+        let blocks = spec.primary_blocks.saturating_add(spec.secondary_blocks);
+        if blocks > i32::MAX as usize {
+            // Block ids are int32_t in the C ABI.
+            return Err(KvError::InvalidConfig(
+                "too many blocks in one window (at most INT32_MAX)".into(),
+            ));
+        }
+        let bookkeeping = blocks.saturating_mul(BOOKKEEPING_BYTES_PER_BLOCK);
+        if Vec::<u8>::new().try_reserve_exact(bookkeeping).is_err() {
+            return Err(KvError::OutOfMemory(format!(
+                "the bookkeeping of {blocks} blocks in window {} cannot be allocated",
+                spec.window_size
+            )));
+        }
+        total = match window_bytes.and_then(|b| total.checked_add(b)) {
+            Some(t) if t <= isize::MAX as usize => t,
+            _ => {
+                return Err(KvError::InvalidConfig(format!(
+                    "the pools of window {} overflow the address space (layers {} x 2 x heads \
+                     {} x tokens per block {} x head size {} x {} bytes x {} blocks)",
+                    spec.window_size,
+                    spec.num_layers,
+                    spec.num_kv_heads,
+                    cfg.tokens_per_block,
+                    spec.size_per_head,
+                    cfg.bytes_per_element,
+                    spec.primary_blocks.saturating_add(spec.secondary_blocks)
+                )))
+            }
+        };
+    }
+    Ok(())
+}
+
 impl KvCacheManager {
     /// Creates a manager; validates the config.
     pub fn new(mut cfg: ManagerConfig) -> KvResult<Self> {
@@ -121,14 +178,16 @@ impl KvCacheManager {
                 )));
             }
         }
+        check_pool_sizes(&cfg)?;
         let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
         let mut windows = Vec::with_capacity(cfg.windows.len());
         for spec in &cfg.windows {
             positive(spec.window_size, "window_size")?;
             positive(spec.primary_blocks, "primary_blocks")?;
-            if spec.primary_blocks + spec.secondary_blocks >= u32::MAX as usize {
+            // Block ids are int32_t in the C ABI.
+            if spec.primary_blocks.saturating_add(spec.secondary_blocks) > i32::MAX as usize {
                 return Err(KvError::InvalidConfig(
-                    "too many blocks in one window".into(),
+                    "too many blocks in one window (at most INT32_MAX)".into(),
                 ));
             }
             let geometry = PoolGeometry {
