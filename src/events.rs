@@ -82,7 +82,7 @@ pub enum WindowEvent {
 }
 
 /// The iteration's events, with removals pending per window.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct EventQueue {
     attention_dp_rank: Option<i32>,
     next_id: u64,

@@ -17,10 +17,26 @@ pub struct RowCopy {
     pub num_tokens: u32,
 }
 
+/// A batch of copies that a backend could not execute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyFailure {
+    /// How many copies of the batch, from its start, were executed (or enqueued) before the
+    /// failure; the others moved nothing.
+    pub completed: usize,
+    /// What went wrong (`KvError::CopyFailed`, or `KvError::Cuda` for the CUDA backend).
+    pub error: KvError,
+}
+
 /// Moves the bytes of blocks between memory rows of a window's pools.
 pub trait CopyEngine: Send {
-    /// Executes (or enqueues, for asynchronous backends) `copies` in order.
-    fn submit(&mut self, copies: &[RowCopy]);
+    /// Executes (or enqueues, for asynchronous backends) `copies` in order. On failure the
+    /// manager rolls the call back (see `KvCacheManager::transact`) when `can_fail` said so.
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure>;
+    /// Whether `submit` may fail: the manager then snapshots its bookkeeping before each call
+    /// that may copy, so a failure can be rolled back.
+    fn can_fail(&self) -> bool {
+        false
+    }
     /// Waits until every submitted copy is visible to the engine's compute work.
     fn sync(&mut self) {}
     /// Base address of the pool of `level`: host memory for the host backend, the
@@ -50,8 +66,9 @@ pub struct NullEngine {
 }
 
 impl CopyEngine for NullEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         self.copies_submitted += copies.len() as u64;
+        Ok(())
     }
 }
 
@@ -168,10 +185,11 @@ impl HostMemoryEngine {
 }
 
 impl CopyEngine for HostMemoryEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         for c in copies {
             self.copy_one(c);
         }
+        Ok(())
     }
 
     fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
@@ -208,7 +226,7 @@ mod tests {
         let mut e = HostMemoryEngine::new(geometry(), 2, 1);
         e.row_mut(row(Level::Primary, 1))
             .copy_from_slice(&[1u8; 16]);
-        e.submit(&[RowCopy {
+        let _ = e.submit(&[RowCopy {
             src: row(Level::Primary, 1),
             dst: row(Level::Secondary, 0),
             num_tokens: 0,
@@ -222,7 +240,7 @@ mod tests {
         let mut e = HostMemoryEngine::new(geometry(), 2, 0);
         let src: Vec<u8> = (1..=16).collect();
         e.row_mut(row(Level::Primary, 0)).copy_from_slice(&src);
-        e.submit(&[RowCopy {
+        let _ = e.submit(&[RowCopy {
             src: row(Level::Primary, 0),
             dst: row(Level::Primary, 1),
             num_tokens: 3,
@@ -237,7 +255,7 @@ mod tests {
     fn copies_run_in_submission_order() {
         let mut e = HostMemoryEngine::new(geometry(), 1, 1);
         e.row_mut(row(Level::Primary, 0)).fill(7);
-        e.submit(&[
+        let _ = e.submit(&[
             RowCopy {
                 src: row(Level::Primary, 0),
                 dst: row(Level::Secondary, 0),

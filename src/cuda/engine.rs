@@ -16,8 +16,9 @@ use cudarc::driver::sys::{
 use super::device::CudaDevice;
 use super::driver::{check, ContextGuard, CudaError, CudaResult};
 use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
+use crate::error::KvError;
 use crate::pool::{Level, PoolGeometry};
-use crate::transfer::{CopyEngine, RowCopy};
+use crate::transfer::{CopyEngine, CopyFailure, RowCopy};
 
 const THREADS_PER_CTA: u32 = 256;
 /// Resident CTAs per SM the grid asks for (the grid strides over the rest).
@@ -380,13 +381,27 @@ fn free_buffer(b: DescriptorBuffer) {
 }
 
 impl CopyEngine for CudaCopyEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    /// A launch that fails before any kernel of the batch was enqueued is reported as a
+    /// `CopyFailure` (the manager rolls the call back); one that fails after is sticky.
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         if self.failure.is_some() || copies.is_empty() {
-            return;
+            return Ok(());
         }
+        let launches_before = self.launches;
         if let Err(e) = self.launch(copies) {
+            if self.launches == launches_before {
+                return Err(CopyFailure {
+                    completed: 0,
+                    error: KvError::Cuda(e.to_string()),
+                });
+            }
             self.failure = Some(e.to_string());
         }
+        Ok(())
+    }
+
+    fn can_fail(&self) -> bool {
+        true
     }
 
     /// Orders the copies before the engine's next work on the GPU (no host wait).

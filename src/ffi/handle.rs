@@ -134,7 +134,10 @@ pub(crate) fn with_manager(
         let mut state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
             HandleState::Live(m) => match catch_unwind(AssertUnwindSafe(|| f(m))) {
-                Ok(result) => match m.copy_failure() {
+                Ok(result) => match m
+                    .copy_failure()
+                    .or_else(|| m.take_untransacted_copy_error().map(|e| e.to_string()))
+                {
                     None => result,
                     // Bookkeeping moved on but the bytes did not: nothing can be trusted.
                     Some(message) => {
@@ -166,6 +169,23 @@ pub(crate) fn with_manager(
             )),
         }
     })
+}
+
+/// `with_manager` for the calls that may submit copies: transactional (see
+/// `KvCacheManager::transact`), so a copy backend's failure rolls the call back and returns its
+/// status instead of poisoning the handle.
+pub(crate) fn with_manager_tx(
+    mgr: *const kvb_manager_t,
+    f: impl FnOnce(&mut KvCacheManager) -> FfiResult,
+) -> kvb_status_t {
+    with_manager(mgr, |m| m.transact(f))
+}
+
+/// Wraps a manager made by the Rust API (e.g. with a test copy backend) in a C handle, to
+/// drive it through the C ABI. Free it with `kvb_manager_destroy`.
+#[doc(hidden)]
+pub fn handle_from_manager(m: KvCacheManager) -> *mut kvb_manager_t {
+    new_handle(m)
 }
 
 fn poison(state: &mut HandleState) {

@@ -3,8 +3,8 @@
 
 use super::handle::{
     copy_out, count_arg, destroy_handle, guard, i32_result, invalid, kvb_manager_t, new_handle,
-    null_error, positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, write_out,
-    FfiError,
+    null_error, positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, with_manager_tx,
+    write_out, FfiError,
 };
 use super::status::kvb_status_t;
 use super::types::*;
@@ -78,7 +78,7 @@ pub extern "C" fn kvb_manager_add_sequence(
     request: *const kvb_request_t,
     out: *mut kvb_admission_t,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         let req = self::request(request)?;
         let admission = m.add_sequence_owned(req)?;
         if !out.is_null() {
@@ -103,7 +103,7 @@ pub extern "C" fn kvb_manager_add_sequence_batch(
     results: *mut kvb_admission_t,
     out_admitted: *mut usize,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         require_out(out_admitted, "out_admitted")?;
         let reqs = requests_arg(requests, num_requests)?;
         let out = if results.is_null() {
@@ -167,7 +167,7 @@ pub extern "C" fn kvb_manager_add_token(
     request_id: u64,
     token_id: i32,
 ) -> kvb_status_t {
-    with_manager(manager, |m| Ok(m.add_token(request_id, token_id)?))
+    with_manager_tx(manager, |m| Ok(m.add_token(request_id, token_id)?))
 }
 
 /// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
@@ -176,7 +176,7 @@ pub extern "C" fn kvb_manager_remove_token(
     manager: *mut kvb_manager_t,
     request_id: u64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| Ok(m.rewind(request_id, 1)?))
+    with_manager_tx(manager, |m| Ok(m.rewind(request_id, 1)?))
 }
 
 /// Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
@@ -187,7 +187,7 @@ pub extern "C" fn kvb_manager_rewind_kv_cache(
     request_id: u64,
     num_tokens: i32,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         let n = count_arg(num_tokens, "num_tokens")?;
         Ok(m.rewind(request_id, n)?)
     })
@@ -600,7 +600,7 @@ pub extern "C" fn kvb_manager_get_max_capacity_batch_size(
 /// (TensorRT-LLM `refreshBlocks`).
 #[no_mangle]
 pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         m.refresh_blocks();
         Ok(())
     })
@@ -673,7 +673,7 @@ pub extern "C" fn kvb_manager_offload_block(
     block_id: i32,
     out_offloaded: *mut bool,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         require_out(out_offloaded, "out_offloaded")?;
         let b = u32::try_from(block_id)
             .map_err(|_| invalid(format!("block id {block_id} is negative")))?;

@@ -9,6 +9,7 @@ use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
 use crate::pool::PoolGeometry;
+use crate::transfer::CopyEngine;
 use crate::tree::PremixedMap;
 use crate::window::{WindowBlockManager, WindowConfig};
 
@@ -147,9 +148,20 @@ fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
     Ok(())
 }
 
+/// Makes the copy engine of a window instead of the config's backend (`None` = the backend's
+/// own): fault-injection and other test backends.
+pub type EngineFactory<'a> =
+    dyn FnMut(&WindowSpec, PoolGeometry) -> Option<KvResult<Box<dyn CopyEngine>>> + 'a;
+
 impl KvCacheManager {
     /// Creates a manager; validates the config.
-    pub fn new(mut cfg: ManagerConfig) -> KvResult<Self> {
+    pub fn new(cfg: ManagerConfig) -> KvResult<Self> {
+        Self::with_engines(cfg, &mut |_, _| None)
+    }
+
+    /// Creates a manager whose windows' copy engines come from `engines` where it returns one
+    /// (its error fails the creation, nothing leaks); the others use the config's backend.
+    pub fn with_engines(mut cfg: ManagerConfig, engines: &mut EngineFactory<'_>) -> KvResult<Self> {
         positive(cfg.tokens_per_block, "tokens_per_block")?;
         positive(cfg.max_beam_width, "max_beam_width")?;
         positive(cfg.max_sequence_length, "max_sequence_length")?;
@@ -198,13 +210,16 @@ impl KvCacheManager {
                 tokens_per_block: cfg.tokens_per_block,
                 bytes_per_element: cfg.bytes_per_element,
             };
-            let engine = transfers::window_engine(
-                cfg.copy_backend,
-                cuda.as_ref(),
-                cfg.cuda.allocate_pools,
-                spec,
-                geometry,
-            )?;
+            let engine = match engines(spec, geometry) {
+                Some(engine) => engine?,
+                None => transfers::window_engine(
+                    cfg.copy_backend,
+                    cuda.as_ref(),
+                    cfg.cuda.allocate_pools,
+                    spec,
+                    geometry,
+                )?,
+            };
             let max_token_num = spec.window_size.max(cfg.max_sequence_length);
             let wc = WindowConfig {
                 window_size: spec.window_size,
