@@ -240,11 +240,7 @@ fn run(
     let mut pinned: Vec<(usize, u32)> = Vec::new();
     let mut next_id = 1u64;
     let prompts: Vec<Vec<i32>> = (0..6)
-        .map(|p| {
-            (0..4 + 6 * p)
-                .map(|t| (p % 3) * 100 + t)
-                .collect()
-        })
+        .map(|p| (0..4 + 6 * p).map(|t| (p % 3) * 100 + t).collect())
         .collect();
     let log = |s: String| {
         let mut t = trace.lock().unwrap();

@@ -9,6 +9,7 @@ use crate::sizing;
 
 /// Blocks one beam needs for `sequence_length` tokens under `window_size`
 /// (TensorRT-LLM `calculateMaxBlockRequirementsPerBeam`, no sink tokens).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
     sequence_length: i32,
@@ -29,6 +30,7 @@ pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
 
 /// Blocks a request of `input_length + output_length` tokens with `beam_width` beams needs
 /// (TensorRT-LLM `calculateMaxBlockRequirements`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_block_requirements(
     input_length: i32,
@@ -53,6 +55,7 @@ pub extern "C" fn kvb_calculate_max_block_requirements(
 
 /// The largest attention window that `capacity_blocks` allow for one request
 /// (TensorRT-LLM `calculateMaxAttentionWindow`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_attention_window(
     input_length: i32,
