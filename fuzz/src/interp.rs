@@ -87,29 +87,22 @@ struct RequestBuf {
     raw: kvb_request_t,
 }
 
+/// The array's address, or null when it is empty (as a C caller would pass it).
+fn ptr_or_null<T>(v: &[T]) -> *const T {
+    if v.is_empty() {
+        null()
+    } else {
+        v.as_ptr()
+    }
+}
+
 impl RequestBuf {
     /// Fixes the pointers after the buffer stops moving.
     fn fix(&mut self) {
-        self.raw.tokens = if self.tokens.is_empty() {
-            null()
-        } else {
-            self.tokens.as_ptr()
-        };
-        self.raw.token_extra_ids = if self.extra.is_empty() {
-            null()
-        } else {
-            self.extra.as_ptr()
-        };
-        self.raw.mm_items = if self.mm.is_empty() {
-            null()
-        } else {
-            self.mm.as_ptr()
-        };
-        self.retention.ranges = if self.ranges.is_empty() {
-            null()
-        } else {
-            self.ranges.as_ptr()
-        };
+        self.raw.tokens = ptr_or_null(&self.tokens);
+        self.raw.token_extra_ids = ptr_or_null(&self.extra);
+        self.raw.mm_items = ptr_or_null(&self.mm);
+        self.retention.ranges = ptr_or_null(&self.ranges);
         self.retention.num_ranges = self.ranges.len();
         self.raw.retention = if self.has_retention {
             &self.retention

@@ -91,6 +91,19 @@ fn positive(v: usize, what: &str) -> KvResult<()> {
     }
 }
 
+/// The pool geometry of a window: one row per block of `layers × K|V × heads × tokens per block
+/// × head size` elements.
+fn pool_geometry(cfg: &ManagerConfig, spec: &WindowSpec) -> PoolGeometry {
+    PoolGeometry {
+        num_layers: spec.num_layers,
+        kv_factor: 2,
+        num_kv_heads: spec.num_kv_heads,
+        size_per_head: spec.size_per_head,
+        tokens_per_block: cfg.tokens_per_block,
+        bytes_per_element: cfg.bytes_per_element,
+    }
+}
+
 /// An upper bound of the bytes each block costs in the window's bookkeeping.
 const BOOKKEEPING_BYTES_PER_BLOCK: usize = 256;
 
@@ -100,14 +113,7 @@ const BOOKKEEPING_BYTES_PER_BLOCK: usize = 256;
 fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
     let mut total: usize = 0;
     for spec in &cfg.windows {
-        let geometry = PoolGeometry {
-            num_layers: spec.num_layers,
-            kv_factor: 2,
-            num_kv_heads: spec.num_kv_heads,
-            size_per_head: spec.size_per_head,
-            tokens_per_block: cfg.tokens_per_block,
-            bytes_per_element: cfg.bytes_per_element,
-        };
+        let geometry = pool_geometry(cfg, spec);
         let window_bytes = geometry.checked_row_bytes().and_then(|row| {
             let blocks = spec.primary_blocks.checked_add(spec.secondary_blocks)?;
             row.checked_mul(blocks)
@@ -196,20 +202,7 @@ impl KvCacheManager {
         for spec in &cfg.windows {
             positive(spec.window_size, "window_size")?;
             positive(spec.primary_blocks, "primary_blocks")?;
-            // Block ids are int32_t in the C ABI.
-            if spec.primary_blocks.saturating_add(spec.secondary_blocks) > i32::MAX as usize {
-                return Err(KvError::InvalidConfig(
-                    "too many blocks in one window (at most INT32_MAX)".into(),
-                ));
-            }
-            let geometry = PoolGeometry {
-                num_layers: spec.num_layers,
-                kv_factor: 2,
-                num_kv_heads: spec.num_kv_heads,
-                size_per_head: spec.size_per_head,
-                tokens_per_block: cfg.tokens_per_block,
-                bytes_per_element: cfg.bytes_per_element,
-            };
+            let geometry = pool_geometry(&cfg, spec);
             let engine = match engines(spec, geometry) {
                 Some(engine) => engine?,
                 None => transfers::window_engine(
