@@ -187,11 +187,11 @@ fn main() {
             )
         };
         let h2d = time_ms(stream, || copy(primary, host, bytes));
-        let on = time_ms(stream, || engine.submit(&onboard));
+        let on = time_ms(stream, || engine.submit(&onboard).expect("copy launch"));
         let d2h = time_ms(stream, || copy(host, primary, bytes));
-        let off = time_ms(stream, || engine.submit(&offload));
+        let off = time_ms(stream, || engine.submit(&offload).expect("copy launch"));
         let d2d = time_ms(stream, || copy(primary + bytes as u64, primary, bytes / 2));
-        let part = time_ms(stream, || engine.submit(&partial));
+        let part = time_ms(stream, || engine.submit(&partial).expect("copy launch"));
         assert!(engine.failure().is_none(), "{:?}", engine.failure());
         let cell = |b: usize, ms: f64, reference: Option<f64>| match reference {
             None => format!("{:.1}", gbps(b, ms)),

@@ -23,7 +23,7 @@ namespace {
 constexpr int32_t kTpb = 4;
 constexpr int32_t kWindow = 32;
 constexpr int32_t kMaxSeqLen = 32;
-constexpr uint64_t kLive = 1;      // a live sequence of the fixture (11 tokens, 3 blocks)
+constexpr uint64_t kLive = 1;       // a live sequence of the fixture (11 tokens, 3 blocks)
 constexpr uint64_t kUnknown = 999;  // never admitted
 
 using kvb_test::statusOf;
@@ -96,16 +96,16 @@ void expectSameSnapshot(const Snapshot& a, const Snapshot& b) {
 // Runs `call` on manager `handle` (configured with window `window`; `fixture` says whether it holds
 // the fixture's live sequence) and checks: the status is `want`, the last-error message is not
 // empty, nothing observable changed, and the invariants hold.
-#define EXPECT_REJECTED_ON(handle, window, fixture, call, want)                               \
-    do {                                                                                      \
-        SCOPED_TRACE(#call);                                                                  \
-        const Snapshot before_ = takeSnapshot((handle), (window), (fixture));                 \
-        const kvb_status_t status_ = (call);                                                  \
-        const std::string message_ = kvb_last_error_message();                                \
-        EXPECT_EQ(status_, (want)) << kvb_status_string(status_) << ": " << message_;         \
-        EXPECT_FALSE(message_.empty());                                                       \
-        expectSameSnapshot(before_, takeSnapshot((handle), (window), (fixture)));             \
-        EXPECT_EQ(kvb_manager_check_invariants(handle), KVB_OK) << kvb_last_error_message();  \
+#define EXPECT_REJECTED_ON(handle, window, fixture, call, want)                              \
+    do {                                                                                     \
+        SCOPED_TRACE(#call);                                                                 \
+        const Snapshot before_ = takeSnapshot((handle), (window), (fixture));                \
+        const kvb_status_t status_ = (call);                                                 \
+        const std::string message_ = kvb_last_error_message();                               \
+        EXPECT_EQ(status_, (want)) << kvb_status_string(status_) << ": " << message_;        \
+        EXPECT_FALSE(message_.empty());                                                      \
+        expectSameSnapshot(before_, takeSnapshot((handle), (window), (fixture)));            \
+        EXPECT_EQ(kvb_manager_check_invariants(handle), KVB_OK) << kvb_last_error_message(); \
     } while (0)
 
 // On the fixture's manager.
@@ -219,7 +219,7 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
 // host blocks, beam up to 2, manual clock) holding a live sequence (id 1: 10 prompt tokens plus
 // one generated token, 3 blocks) and a stored, released prompt (tokens 50..58).
 class BadInputTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         manager = std::make_unique<kvb::Manager>(smallConfig(16, 4));
         manager->addSequence(kvb::Request(kLive, tokenRun(0, 10)));
@@ -237,7 +237,8 @@ protected:
 
     // add_sequence with a C view of `r` (no exception), writing the admission to `out`.
     kvb_status_t addRaw(const kvb::Request& r, kvb_admission_t* out = nullptr) {
-        return r.withC([&](const kvb_request_t* c) { return kvb_manager_add_sequence(h(), c, out); });
+        return r.withC(
+            [&](const kvb_request_t* c) { return kvb_manager_add_sequence(h(), c, out); });
     }
 
     std::unique_ptr<kvb::Manager> manager;
@@ -276,10 +277,12 @@ TEST_F(BadInputTest, NullRequestIsRejected) {
               KVB_OK);
     EXPECT_EQ(n, 2);
     // A null scheduler state is not optional.
-    EXPECT_REJECTED(kvb_manager_get_needed_blocks_one_step(h(), nullptr, nullptr, false, kWindow, &n),
-                    KVB_STATUS_NULL_POINTER);
-    EXPECT_REJECTED(kvb_manager_get_remaining_blocks_to_completion(h(), nullptr, nullptr, kWindow, &n),
-                    KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step(h(), nullptr, nullptr, false, kWindow, &n),
+        KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(
+        kvb_manager_get_remaining_blocks_to_completion(h(), nullptr, nullptr, kWindow, &n),
+        KVB_STATUS_NULL_POINTER);
 }
 
 // A request whose token array is null while it claims tokens is rejected.
@@ -366,9 +369,9 @@ TEST_F(BadInputTest, NullRequiredOutPointerIsRejectedAndChangesNothing) {
 
     EXPECT_REJECTED(kvb_manager_offload_block(h(), kWindow, freeBlock, nullptr),
                     KVB_STATUS_NULL_POINTER);
-    EXPECT_REJECTED(kvb_manager_store_blocks_for_reuse(h(), kLive, true, 0, ids.data(), ids.size(),
-                                                       nullptr),
-                    KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(
+        kvb_manager_store_blocks_for_reuse(h(), kLive, true, 0, ids.data(), ids.size(), nullptr),
+        KVB_STATUS_NULL_POINTER);
     // Pinning with a capacity but no id buffer.
     EXPECT_REJECTED(kvb_manager_store_blocks_for_reuse(h(), kLive, true, 0, nullptr, 4, &count),
                     KVB_STATUS_NULL_POINTER);
@@ -417,9 +420,9 @@ TEST_F(BadInputTest, NullRequiredOutPointerIsRejectedAndChangesNothing) {
                     KVB_STATUS_NULL_POINTER);
     EXPECT_REJECTED(kvb_manager_get_max_capacity_batch_size(h(), 8, 8, nullptr),
                     KVB_STATUS_NULL_POINTER);
-    EXPECT_REJECTED(kvb_manager_get_pool_pointer(h(), kWindow, KVB_CACHE_LEVEL_PRIMARY, nullptr,
-                                                 &rowBytes),
-                    KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(
+        kvb_manager_get_pool_pointer(h(), kWindow, KVB_CACHE_LEVEL_PRIMARY, nullptr, &rowBytes),
+        KVB_STATUS_NULL_POINTER);
     EXPECT_REJECTED(
         kvb_manager_get_pool_pointer(h(), kWindow, KVB_CACHE_LEVEL_PRIMARY, &base, nullptr),
         KVB_STATUS_NULL_POINTER);
@@ -466,10 +469,12 @@ TEST_F(BadInputTest, RequestStructSizeMismatchIsRejected) {
     kvb_request_state_init(&state);
     state.prompt_len = 8;
     state.struct_size = 0;
-    EXPECT_REJECTED(kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &n),
-                    KVB_STATUS_STRUCT_SIZE);
-    EXPECT_REJECTED(kvb_manager_get_remaining_blocks_to_completion(h(), &state, nullptr, kWindow, &n),
-                    KVB_STATUS_STRUCT_SIZE);
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &n),
+        KVB_STATUS_STRUCT_SIZE);
+    EXPECT_REJECTED(
+        kvb_manager_get_remaining_blocks_to_completion(h(), &state, nullptr, kWindow, &n),
+        KVB_STATUS_STRUCT_SIZE);
     EXPECT_EQ(manager->getNumTokens(kLive), 11);
 }
 
@@ -478,9 +483,9 @@ TEST_F(BadInputTest, RequestStructSizeMismatchIsRejected) {
 
 // Creates a manager from smallConfig(4, 2) after `edit` and checks it fails with `want`, a
 // message, and a null out-handle.
-void expectCreateRejected(const std::function<void(kvb_manager_config_t&,
-                                                   std::vector<kvb_window_config_t>&)>& edit,
-                          kvb_status_t want) {
+void expectCreateRejected(
+    const std::function<void(kvb_manager_config_t&, std::vector<kvb_window_config_t>&)>& edit,
+    kvb_status_t want) {
     kvb::Config c = smallConfig(4, 2);
     std::vector<kvb_window_config_t> windows = c.windows;
     kvb_manager_config_t raw = c.raw;
@@ -508,12 +513,14 @@ TEST(BadInputConfigTest, BaseConfigIsValid) {
 // Zero tokens per block cannot form blocks.
 TEST(BadInputConfigTest, ZeroTokensPerBlockIsInvalid) {
     expectCreateRejected([](auto& c, auto&) { c.tokens_per_block = 0; }, KVB_STATUS_INVALID_CONFIG);
-    expectCreateRejected([](auto& c, auto&) { c.tokens_per_block = -4; }, KVB_STATUS_INVALID_CONFIG);
+    expectCreateRejected([](auto& c, auto&) { c.tokens_per_block = -4; },
+                         KVB_STATUS_INVALID_CONFIG);
 }
 
 // A window without primary blocks cannot hold any sequence.
 TEST(BadInputConfigTest, ZeroPrimaryBlocksIsInvalid) {
-    expectCreateRejected([](auto&, auto& w) { w[0].primary_blocks = 0; }, KVB_STATUS_INVALID_CONFIG);
+    expectCreateRejected([](auto&, auto& w) { w[0].primary_blocks = 0; },
+                         KVB_STATUS_INVALID_CONFIG);
     expectCreateRejected([](auto&, auto& w) { w[0].primary_blocks = -1; },
                          KVB_STATUS_INVALID_CONFIG);
 }
@@ -586,9 +593,9 @@ TEST_F(BadInputTest, NegativeOrUnknownWindowSizeIsInvalidArgument) {
     size_t rowBytes = 0;
     for (int32_t w : {-1, -kWindow, 7}) {
         SCOPED_TRACE(w);
-        EXPECT_REJECTED(kvb_manager_get_cache_block_ids(h(), kLive, w, 0, ids.data(), ids.size(),
-                                                        &count),
-                        KVB_STATUS_INVALID_ARGUMENT);
+        EXPECT_REJECTED(
+            kvb_manager_get_cache_block_ids(h(), kLive, w, 0, ids.data(), ids.size(), &count),
+            KVB_STATUS_INVALID_ARGUMENT);
         EXPECT_REJECTED(kvb_manager_get_num_free_blocks_per_window_size(h(), w, &p, &s),
                         KVB_STATUS_INVALID_ARGUMENT);
         EXPECT_REJECTED(kvb_manager_get_block_info(h(), w, 0, &info), KVB_STATUS_INVALID_ARGUMENT);
@@ -597,12 +604,12 @@ TEST_F(BadInputTest, NegativeOrUnknownWindowSizeIsInvalidArgument) {
                         KVB_STATUS_INVALID_ARGUMENT);
         EXPECT_REJECTED(kvb_manager_scheduling_has_free_blocks(h(), 1, w, &flag),
                         KVB_STATUS_INVALID_ARGUMENT);
-        EXPECT_REJECTED(kvb_manager_get_pool_pointer(h(), w, KVB_CACHE_LEVEL_PRIMARY, &base,
-                                                     &rowBytes),
-                        KVB_STATUS_INVALID_ARGUMENT);
-        EXPECT_REJECTED(kvb_manager_store_blocks_for_reuse(h(), kLive, true, w, ids.data(),
-                                                           ids.size(), &count),
-                        KVB_STATUS_INVALID_ARGUMENT);
+        EXPECT_REJECTED(
+            kvb_manager_get_pool_pointer(h(), w, KVB_CACHE_LEVEL_PRIMARY, &base, &rowBytes),
+            KVB_STATUS_INVALID_ARGUMENT);
+        EXPECT_REJECTED(
+            kvb_manager_store_blocks_for_reuse(h(), kLive, true, w, ids.data(), ids.size(), &count),
+            KVB_STATUS_INVALID_ARGUMENT);
         const int32_t none = 0;
         EXPECT_REJECTED(kvb_manager_unpin_blocks_by_id(h(), w, &none, 0),
                         KVB_STATUS_INVALID_ARGUMENT);
@@ -654,10 +661,12 @@ TEST_F(BadInputTest, OtherOutOfRangeArgumentsAreInvalidArgument) {
 
     kvb_block_info_t info{};
     bool flag = false;
-    EXPECT_REJECTED(kvb_manager_get_block_info(h(), kWindow, -1, &info), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_REJECTED(kvb_manager_get_block_info(h(), kWindow, -1, &info),
+                    KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_REJECTED(kvb_manager_get_block_info(h(), kWindow, 1000, &info),
                     KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_REJECTED(kvb_manager_offload_block(h(), kWindow, -1, &flag), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_REJECTED(kvb_manager_offload_block(h(), kWindow, -1, &flag),
+                    KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_REJECTED(kvb_manager_offload_block(h(), kWindow, 1000, &flag),
                     KVB_STATUS_INVALID_ARGUMENT);
     // A block the live sequence references cannot be offloaded.
@@ -697,12 +706,14 @@ TEST_F(BadInputTest, OtherOutOfRangeArgumentsAreInvalidArgument) {
     kvb_request_state_t state;
     kvb_request_state_init(&state);
     state.prompt_len = -8;
-    EXPECT_REJECTED(kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
-                    KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
+        KVB_STATUS_INVALID_ARGUMENT);
     state.prompt_len = 8;
     state.phase = 9;
-    EXPECT_REJECTED(kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
-                    KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
+        KVB_STATUS_INVALID_ARGUMENT);
 
     kvb_multimodal_item_t item{};
     item.position = -1;
@@ -760,8 +771,9 @@ TEST_F(BadInputTest, UnknownRequestIdIsRejectedByEveryPerRequestCall) {
     state.phase = KVB_PHASE_GENERATION;
     state.prompt_len = 8;
     state.max_new_tokens = 8;
-    EXPECT_REJECTED(kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
-                    KVB_STATUS_UNKNOWN_REQUEST);
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step(h(), &state, nullptr, false, kWindow, &i32),
+        KVB_STATUS_UNKNOWN_REQUEST);
 }
 
 // A removed sequence is gone: removing it again is an unknown request.
@@ -820,7 +832,8 @@ TEST_F(BadInputTest, BadRequestInBatchAdmitsNothing) {
     EXPECT_REJECTED(kvb_manager_estimate_batch(h(), reqs, 2, nullptr), KVB_STATUS_NULL_POINTER);
     EXPECT_EQ(admitted, 99u);
     // The same batch, now valid, is admitted whole.
-    ASSERT_EQ(kvb_manager_estimate_batch(h(), reqs, 2, estimates), KVB_OK) << kvb_last_error_message();
+    ASSERT_EQ(kvb_manager_estimate_batch(h(), reqs, 2, estimates), KVB_OK)
+        << kvb_last_error_message();
     ASSERT_EQ(kvb_manager_add_sequence_batch(h(), reqs, 2, false, results, &admitted), KVB_OK)
         << kvb_last_error_message();
     EXPECT_EQ(admitted, 2u);
@@ -941,8 +954,9 @@ TEST_F(BadInputTest, StoreBlocksForReusePinBufferTooSmallChangesNothing) {
         EXPECT_FALSE(manager->getBlockInfo(kWindow, b).in_reuse_tree) << b;
     }
     ids.assign(count, -7);
-    ASSERT_EQ(kvb_manager_store_blocks_for_reuse(h(), kLive, true, 0, ids.data(), ids.size(), &count),
-              KVB_OK)
+    ASSERT_EQ(
+        kvb_manager_store_blocks_for_reuse(h(), kLive, true, 0, ids.data(), ids.size(), &count),
+        KVB_OK)
         << kvb_last_error_message();
     ids.resize(count);
     EXPECT_EQ(ids, manager->getCacheBlockIds(kLive, kWindow));
@@ -954,7 +968,7 @@ TEST_F(BadInputTest, StoreBlocksForReusePinBufferTooSmallChangesNothing) {
 
 // A manager with 4 primary blocks and no host tier, full with two 8-token sequences.
 class BadInputOutOfBlocksTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         kvb::Config c = smallConfig(4, 0);
         manager = std::make_unique<kvb::Manager>(c);
@@ -1062,19 +1076,19 @@ TEST(BadInputHandleTest, PoisoningIsPerHandle) {
 // Status strings, unsupported operations, the C++ wrapper
 
 // Every status has its own non-empty name; values the library does not define are "unknown
-// status" (never null). KVB_STATUS_CUDA is the last defined status.
+// status" (never null). KVB_STATUS_COPY_FAILED is the last defined status.
 TEST(BadInputStatusTest, EveryStatusHasADistinctName) {
     std::set<std::string> names;
-    for (int32_t s = 0; s <= static_cast<int32_t>(KVB_STATUS_CUDA); ++s) {
+    for (int32_t s = 0; s <= static_cast<int32_t>(KVB_STATUS_COPY_FAILED); ++s) {
         const char* name = kvb_status_string(s);
         ASSERT_NE(name, nullptr) << s;
         EXPECT_STRNE(name, "") << s;
         EXPECT_STRNE(name, "unknown status") << s;
         names.insert(name);
     }
-    EXPECT_EQ(names.size(), static_cast<size_t>(KVB_STATUS_CUDA) + 1);
-    for (int32_t s : {-1, static_cast<int32_t>(KVB_STATUS_CUDA) + 1, 1000, INT32_MIN,
-                      INT32_MAX}) {
+    EXPECT_EQ(names.size(), static_cast<size_t>(KVB_STATUS_COPY_FAILED) + 1);
+    for (int32_t s :
+         {-1, static_cast<int32_t>(KVB_STATUS_COPY_FAILED) + 1, 1000, INT32_MIN, INT32_MAX}) {
         const char* name = kvb_status_string(s);
         ASSERT_NE(name, nullptr) << s;
         EXPECT_STREQ(name, "unknown status") << s;
@@ -1104,14 +1118,14 @@ TEST(BadInputUnsupportedTest, PoolPointerWithoutHostBackendIsUnsupported) {
     kvb::Manager m(smallConfig(4, 2));
     uint8_t* base = nullptr;
     size_t rowBytes = 0;
-    EXPECT_REJECTED_ON(m.get(), kWindow, false,
-                       kvb_manager_get_pool_pointer(m.get(), kWindow, KVB_CACHE_LEVEL_PRIMARY, &base,
-                                                    &rowBytes),
-                       KVB_STATUS_UNSUPPORTED);
-    EXPECT_REJECTED_ON(m.get(), kWindow, false,
-                       kvb_manager_get_pool_pointer(m.get(), kWindow, KVB_CACHE_LEVEL_SECONDARY,
-                                                    &base, &rowBytes),
-                       KVB_STATUS_UNSUPPORTED);
+    EXPECT_REJECTED_ON(
+        m.get(), kWindow, false,
+        kvb_manager_get_pool_pointer(m.get(), kWindow, KVB_CACHE_LEVEL_PRIMARY, &base, &rowBytes),
+        KVB_STATUS_UNSUPPORTED);
+    EXPECT_REJECTED_ON(
+        m.get(), kWindow, false,
+        kvb_manager_get_pool_pointer(m.get(), kWindow, KVB_CACHE_LEVEL_SECONDARY, &base, &rowBytes),
+        KVB_STATUS_UNSUPPORTED);
     EXPECT_EQ(base, nullptr);
     // With the host backend the same call succeeds.
     kvb::Config host = smallConfig(4, 2);
@@ -1154,8 +1168,9 @@ TEST(BadInputWrapperTest, ErrorCarriesStatusAndMessage) {
               KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 40))); }),
               KVB_STATUS_SEQUENCE_TOO_LONG);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 5)).withRange(0, 4, 101)); }),
-              KVB_STATUS_INVALID_RETENTION);
+    EXPECT_EQ(
+        statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(0, 5)).withRange(0, 4, 101)); }),
+        KVB_STATUS_INVALID_RETENTION);
     EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(100, 20))); }),
               KVB_STATUS_OUT_OF_BLOCKS);
     EXPECT_EQ(statusOf([&] { m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY); }),

@@ -75,14 +75,16 @@ using kvb_test::tokenRun;
 
 // Admits `request`, then removes it storing its blocks for reuse; returns its block ids (window
 // `window`) as they were while it ran.
-std::vector<int32_t> storeForReuse(kvb::Manager& m, const kvb::Request& request, int32_t window = kFull) {
+std::vector<int32_t> storeForReuse(kvb::Manager& m, const kvb::Request& request,
+                                   int32_t window = kFull) {
     m.addSequence(request);
     std::vector<int32_t> ids = m.getCacheBlockIds(request.id, window);
     m.removeSequence(request.id, true);
     return ids;
 }
 
-void expectSameBlock(const kvb_block_info_t& a, const kvb_block_info_t& b, const std::string& what) {
+void expectSameBlock(const kvb_block_info_t& a, const kvb_block_info_t& b,
+                     const std::string& what) {
     EXPECT_EQ(a.cache_level, b.cache_level) << what;
     EXPECT_EQ(a.memory_index, b.memory_index) << what;
     EXPECT_EQ(a.ref_count, b.ref_count) << what;
@@ -103,7 +105,8 @@ struct Snapshot {
     std::vector<std::vector<kvb_block_info_t>> blocks;  // per window, every block id
 };
 
-Snapshot snapshot(const kvb::Manager& m, const std::vector<int32_t>& windows, int32_t blocksPerWindow) {
+Snapshot snapshot(const kvb::Manager& m, const std::vector<int32_t>& windows,
+                  int32_t blocksPerWindow) {
     Snapshot s;
     s.stats = m.getKvCacheStats();
     s.numFree = m.getNumFreeBlocks();
@@ -123,8 +126,9 @@ void expectSameSnapshot(const Snapshot& a, const Snapshot& b, const std::vector<
     for (size_t w = 0; w < a.freePerWindow.size(); ++w) {
         EXPECT_EQ(a.freePerWindow[w], b.freePerWindow[w]) << "window " << windows[w];
         for (size_t blk = 0; blk < a.blocks[w].size(); ++blk) {
-            expectSameBlock(a.blocks[w][blk], b.blocks[w][blk],
-                            "window " + std::to_string(windows[w]) + " block " + std::to_string(blk));
+            expectSameBlock(
+                a.blocks[w][blk], b.blocks[w][blk],
+                "window " + std::to_string(windows[w]) + " block " + std::to_string(blk));
         }
     }
 }
@@ -132,7 +136,8 @@ void expectSameSnapshot(const Snapshot& a, const Snapshot& b, const std::vector<
 // Estimates `batch`, admits it, and checks that every figure of the estimate was delivered:
 // reused tokens, allocations, reused/missed blocks per request, the whole-manager counters and
 // the drop in free primary blocks.
-std::vector<kvb_admission_t> admitAsEstimated(kvb::Manager& m, const std::vector<kvb::Request>& batch) {
+std::vector<kvb_admission_t> admitAsEstimated(kvb::Manager& m,
+                                              const std::vector<kvb::Request>& batch) {
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch(batch);
     const kvb_kv_cache_stats_t before = m.getKvCacheStats();
     const std::vector<kvb_admission_t> res = m.addSequenceBatch(batch);
@@ -143,7 +148,8 @@ std::vector<kvb_admission_t> admitAsEstimated(kvb::Manager& m, const std::vector
         const std::string what = "request " + std::to_string(batch[i].id);
         EXPECT_TRUE(est[i].fits) << what;
         EXPECT_EQ(est[i].reusable_tokens, res[i].prepopulated_prompt_len) << what;
-        EXPECT_EQ(static_cast<uint64_t>(est[i].allocated_blocks), res[i].stats.alloc_total_blocks) << what;
+        EXPECT_EQ(static_cast<uint64_t>(est[i].allocated_blocks), res[i].stats.alloc_total_blocks)
+            << what;
         EXPECT_EQ(static_cast<uint64_t>(est[i].reused_blocks), res[i].stats.reused_blocks) << what;
         EXPECT_EQ(static_cast<uint64_t>(est[i].missed_blocks), res[i].stats.missed_blocks) << what;
         allocated += static_cast<uint64_t>(est[i].allocated_blocks);
@@ -177,7 +183,8 @@ void fillRow(kvb::Manager& m, int32_t block, uint8_t seed) {
 bool rowStartsWith(kvb::Manager& m, int32_t block, uint8_t seed, int32_t tokens) {
     const uint8_t* row = rowOf(m, block);
     for (size_t s = 0; s < kSlabs; ++s) {
-        for (size_t i = s * kSlabBytes; i < s * kSlabBytes + static_cast<size_t>(tokens) * kTokenBytes; ++i) {
+        for (size_t i = s * kSlabBytes;
+             i < s * kSlabBytes + static_cast<size_t>(tokens) * kTokenBytes; ++i) {
             if (row[i] != static_cast<uint8_t>(seed + i * 7)) return false;
         }
     }
@@ -267,7 +274,8 @@ TEST(AddSequenceBatchSeedRegression, OnboardingEvictsHostBlockOfLaterRequestOnly
     const int32_t standalone = seq.estimateBatch({b})[0].reusable_tokens;
     EXPECT_EQ(standalone, 4);
     EXPECT_EQ(seq.addSequence(a).prepopulated_prompt_len, 4);
-    EXPECT_FALSE(seq.getBlockInfo(kFull, s[1]).in_reuse_tree) << "A's onboarding evicted B's host block";
+    EXPECT_FALSE(seq.getBlockInfo(kFull, s[1]).in_reuse_tree)
+        << "A's onboarding evicted B's host block";
     const kvb_admission_t bSequential = seq.addSequence(b);
     EXPECT_LT(bSequential.prepopulated_prompt_len, standalone);
     EXPECT_EQ(bSequential.prepopulated_prompt_len, 0);
@@ -299,12 +307,12 @@ TEST(AddSequenceBatchSeedRegression, OnboardingEvictsHostBlockOfLaterRequestOnly
 // a beam-search request sharing blocks another request of the batch claimed, and plain misses.
 TEST(AddSequenceBatchEstimateTest, EstimatesEqualDelivery) {
     kvb::Manager m(batchConfig(24, 4));
-    storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));                    // 3 full blocks
-    storeForReuse(m, kvb::Request(2, tokenRun(100, 11)));                  // 2 full + leaf [108,109]
+    storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));    // 3 full blocks
+    storeForReuse(m, kvb::Request(2, tokenRun(100, 11)));  // 2 full + leaf [108,109]
     const std::vector<int32_t> h = storeForReuse(m, kvb::Request(3, tokenRun(200, 9)));
     EXPECT_TRUE(m.offloadBlock(kFull, h[1]));
     EXPECT_TRUE(m.offloadBlock(kFull, h[0]));
-    m.addSequence(kvb::Request(4, tokenRun(300, 9)));                      // running, blocks stored
+    m.addSequence(kvb::Request(4, tokenRun(300, 9)));  // running, blocks stored
     m.storeContextBlocks(4, 9);
 
     const std::vector<kvb::Request> batch = {
@@ -370,7 +378,8 @@ TEST(AddSequenceBatchEstimateTest, WindowsWithDifferentPrefixesReuseTheSameLengt
     const int32_t x2 = m.getCacheBlockIds(1, kFull)[2];
     m.removeSequence(1, true);  // x0, x1, x2
     m.removeSequence(2, true);  // L = [8, 9] under x1
-    m.addSequence(kvb::Request(3, tokenRun(1000, 20)));  // evicts x2: dropped in 32, offloaded in 64
+    m.addSequence(
+        kvb::Request(3, tokenRun(1000, 20)));  // evicts x2: dropped in 32, offloaded in 64
     m.removeSequence(3, false);
     ASSERT_FALSE(m.getBlockInfo(kSliding, x2).in_reuse_tree);
     ASSERT_TRUE(m.getBlockInfo(kFull, x2).in_reuse_tree);
@@ -449,8 +458,9 @@ TEST(AddSequenceBatchSharingTest, LeafTakenOverByOneRequestIsCopiedByALaterOne) 
     ASSERT_EQ(m.getBlockInfo(kFull, leaf).num_tokens, 2);
     fillRow(m, leaf, 0x31);
 
-    const kvb::Request a(10, concatTokens(tokenRun(0, 9), {50, 51}));      // key [8, 50]: 1 token of L
-    const kvb::Request b(11, concatTokens(tokenRun(0, 10), {60, 61}));     // key [8, 9, 60]: 2 tokens of L
+    const kvb::Request a(10, concatTokens(tokenRun(0, 9), {50, 51}));  // key [8, 50]: 1 token of L
+    const kvb::Request b(11,
+                         concatTokens(tokenRun(0, 10), {60, 61}));  // key [8, 9, 60]: 2 tokens of L
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({a, b});
     EXPECT_EQ(est[0].reusable_tokens, 9);
     EXPECT_EQ(est[1].reusable_tokens, 10);
@@ -486,8 +496,9 @@ TEST(AddSequenceBatchCopyTest, FreeInnerCopySourceIsProtectedUntilCopied) {
     ASSERT_TRUE(m.getBlockInfo(kFull, source).is_free);
     fillRow(m, source, 0x52);
 
-    const kvb::Request c(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
-    const kvb::Request d(11, tokenRun(5000, 16));                          // 4 misses
+    const kvb::Request c(
+        10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
+    const kvb::Request d(11, tokenRun(5000, 16));         // 4 misses
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({c, d});
     EXPECT_EQ(est[0].reusable_tokens, 6);
     EXPECT_EQ(est[0].free_blocks_consumed, 3) << "claim x0, copy destination, miss";
@@ -502,9 +513,7 @@ TEST(AddSequenceBatchCopyTest, FreeInnerCopySourceIsProtectedUntilCopied) {
     EXPECT_EQ(info.parent, x[0]);
     EXPECT_EQ(m.getNumFreeBlocks(), 1);
     for (int32_t b = 0; b < 8; ++b) {
-        if (b != source) {
-            EXPECT_GE(m.getBlockInfo(kFull, b).ref_count, 1) << "block " << b;
-        }
+        if (b != source) { EXPECT_GE(m.getBlockInfo(kFull, b).ref_count, 1) << "block " << b; }
     }
     const std::vector<int32_t> cIds = m.getCacheBlockIds(c.id, kFull);
     EXPECT_EQ(cIds[0], x[0]);
@@ -524,8 +533,9 @@ TEST(AddSequenceBatchCopyTest, CopyAndOnboardingOfOneHostBlockBothReadItsContent
     ASSERT_EQ(m.getBlockInfo(kFull, x[1]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
     fillRow(m, x[1], 0x6d);
 
-    const kvb::Request b(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
-    const kvb::Request a(11, concatTokens(tokenRun(0, 12), {7}));          // shares x0, x1 (onboarded), x2
+    const kvb::Request b(
+        10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // shares x0, copies 2 tokens of x1
+    const kvb::Request a(11, concatTokens(tokenRun(0, 12), {7}));  // shares x0, x1 (onboarded), x2
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, {b, a});
     ASSERT_EQ(res.size(), 2u);
     EXPECT_EQ(res[0].prepopulated_prompt_len, 6);
@@ -551,8 +561,9 @@ TEST(AddSequenceBatchCopyTest, FitsFlagsCountCopySourceHeldDuringTheBatch) {
         storeForReuse(m, kvb::Request(1, tokenRun(0, 13)));
         return m;
     };
-    const kvb::Request c(10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // claim x0, hold x1, copy dest, miss
-    const kvb::Request d(11, tokenRun(5000, 20));                          // 5 misses
+    const kvb::Request c(
+        10, concatTokens(tokenRun(0, 6), {90, 91, 92}));  // claim x0, hold x1, copy dest, miss
+    const kvb::Request d(11, tokenRun(5000, 20));         // 5 misses
     kvb::Manager m = build();
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch({c, d});
     EXPECT_TRUE(est[0].fits);
@@ -602,7 +613,8 @@ TEST(AddSequenceBatchKeyTest, LoraSaltAndMultimodalRequestsReuseOnlyTheirOwnPref
     const std::vector<int32_t> plain = storeForReuse(m, kvb::Request(1, tokens));
     const std::vector<int32_t> lora1 = storeForReuse(m, kvb::Request(2, tokens).withLora(1));
     const std::vector<int32_t> salt7 = storeForReuse(m, kvb::Request(3, tokens).withSalt(7));
-    const std::vector<int32_t> digest1 = storeForReuse(m, kvb::Request(4, tokens).withMultimodal(mm1));
+    const std::vector<int32_t> digest1 =
+        storeForReuse(m, kvb::Request(4, tokens).withMultimodal(mm1));
 
     struct Case {
         kvb::Request request;
@@ -674,7 +686,8 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
     };
     const Snapshot before = snapshot(m, windows, kPrimary + kSecondary);
     const std::vector<kvb_batch_estimate_t> est = m.estimateBatch(batch);  // changes nothing either
-    for (size_t i = 0; i + 1 < est.size(); ++i) EXPECT_TRUE(est[i].fits) << "request " << batch[i].id;
+    for (size_t i = 0; i + 1 < est.size(); ++i)
+        EXPECT_TRUE(est[i].fits) << "request " << batch[i].id;
     EXPECT_FALSE(est.back().fits);
     EXPECT_EQ(est[0].reusable_tokens, 12);
     EXPECT_EQ(est[1].reusable_tokens, 8) << "from host blocks";
@@ -695,7 +708,8 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
     const std::vector<kvb::Request> prefix(batch.begin(), batch.end() - 1);
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, prefix);
     for (size_t i = 0; i < res.size(); ++i) {
-        EXPECT_EQ(res[i].prepopulated_prompt_len, est[i].reusable_tokens) << "request " << prefix[i].id;
+        EXPECT_EQ(res[i].prepopulated_prompt_len, est[i].reusable_tokens)
+            << "request " << prefix[i].id;
     }
     m.checkInvariants();
 }
@@ -741,7 +755,8 @@ TEST(AddSequenceBatchLongestPrefixTest, AdmitsLongestPrefixThatFits) {
     m.checkInvariants();
 
     // Nothing fits now: the prefix is empty, the call succeeds and changes nothing.
-    const std::vector<kvb::Request> tooBig = {kvb::Request(20, tokenRun(800, 17)), kvb::Request(21, tokenRun(900, 2))};
+    const std::vector<kvb::Request> tooBig = {kvb::Request(20, tokenRun(800, 17)),
+                                              kvb::Request(21, tokenRun(900, 2))};
     const std::vector<kvb_batch_estimate_t> none = m.estimateBatch(tooBig);
     EXPECT_FALSE(none[0].fits);
     EXPECT_FALSE(none[1].fits);
@@ -761,13 +776,15 @@ TEST(AddSequenceBatchBadInputTest, DuplicateRequestIdsFailAndChangeNothing) {
     kvb::Manager m(batchConfig(16, 0));
     storeForReuse(m, kvb::Request(1, tokenRun(0, 9)));
     m.addSequence(kvb::Request(2, tokenRun(50, 5)));
-    const std::vector<kvb::Request> dup = {
-        kvb::Request(5, concatTokens(tokenRun(0, 8), {1})), kvb::Request(6, tokenRun(100, 5)), kvb::Request(5, tokenRun(200, 5))};
+    const std::vector<kvb::Request> dup = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})),
+                                           kvb::Request(6, tokenRun(100, 5)),
+                                           kvb::Request(5, tokenRun(200, 5))};
     const Snapshot before = snapshot(m, {kFull}, 16);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(dup); }), KVB_STATUS_DUPLICATE_REQUEST);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(dup, true); }), KVB_STATUS_DUPLICATE_REQUEST);
     EXPECT_EQ(statusOf([&] { m.estimateBatch(dup); }), KVB_STATUS_DUPLICATE_REQUEST);
-    const std::vector<kvb::Request> running = {kvb::Request(7, tokenRun(300, 5)), kvb::Request(2, tokenRun(400, 5))};
+    const std::vector<kvb::Request> running = {kvb::Request(7, tokenRun(300, 5)),
+                                               kvb::Request(2, tokenRun(400, 5))};
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(running); }), KVB_STATUS_DUPLICATE_REQUEST);
     expectSameSnapshot(before, snapshot(m, {kFull}, 16), {kFull});
     for (uint64_t id : {5u, 6u, 7u}) {
@@ -786,7 +803,8 @@ TEST(AddSequenceBatchBadInputTest, InvalidRequestRejectsWholeBatch) {
     shortTokens.inputLength = 6;
     const std::vector<kvb::Request> beams = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})),
                                              kvb::Request(6, tokenRun(100, 5)).withBeamWidth(3)};
-    const std::vector<kvb::Request> tokens = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})), shortTokens};
+    const std::vector<kvb::Request> tokens = {kvb::Request(5, concatTokens(tokenRun(0, 8), {1})),
+                                              shortTokens};
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(beams); }), KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(beams, true); }), KVB_STATUS_BEAM_WIDTH_EXCEEDED);
     EXPECT_EQ(statusOf([&] { m.addSequenceBatch(tokens, true); }), KVB_STATUS_TOO_FEW_TOKENS);
@@ -831,8 +849,9 @@ TEST(AddSequenceBatchStatsTest, PerRequestStatsAreExactPerRequest) {
     m.removeSequence(2, false);
     const kvb_kv_cache_stats_t before = m.getKvCacheStats();
 
-    const std::vector<kvb::Request> batch = {
-        kvb::Request(10, concatTokens(tokenRun(0, 8), {42})), kvb::Request(11, tokenRun(100, 9)), kvb::Request(12, tokenRun(200, 5))};
+    const std::vector<kvb::Request> batch = {kvb::Request(10, concatTokens(tokenRun(0, 8), {42})),
+                                             kvb::Request(11, tokenRun(100, 9)),
+                                             kvb::Request(12, tokenRun(200, 5))};
     const std::vector<kvb_admission_t> res = m.addSequenceBatch(batch);
     ASSERT_EQ(res.size(), 3u);
     struct Want {
@@ -880,9 +899,11 @@ TEST(AddSequenceBatchEventsTest, OnboardedBlocksReportUpdatedAndReusedBlocksAreN
     const std::vector<int32_t> y = storeForReuse(m, kvb::Request(2, tokenRun(100, 9)));
     EXPECT_TRUE(m.offloadBlock(kFull, y[0]));
     EXPECT_TRUE(m.offloadBlock(kFull, y[1]));
-    const std::vector<int32_t> z = storeForReuse(m, kvb::Request(3, tokenRun(200, 9)).withRange(0, -1, 10));
+    const std::vector<int32_t> z =
+        storeForReuse(m, kvb::Request(3, tokenRun(200, 9)).withRange(0, -1, 10));
     auto hashOf = [&](int32_t b) { return m.getBlockInfo(kFull, b).hash; };
-    const std::set<uint64_t> reusedHashes = {hashOf(x[0]), hashOf(x[1]), hashOf(y[0]), hashOf(y[1])};
+    const std::set<uint64_t> reusedHashes = {hashOf(x[0]), hashOf(x[1]), hashOf(y[0]),
+                                             hashOf(y[1])};
     const std::set<uint64_t> evictable = {hashOf(z[0]), hashOf(z[1])};
     ASSERT_TRUE(m.getBlockInfo(kFull, z[0]).in_reuse_tree);
     ASSERT_EQ(m.getBlockInfo(kFull, z[0]).priority, 10);
@@ -890,9 +911,10 @@ TEST(AddSequenceBatchEventsTest, OnboardedBlocksReportUpdatedAndReusedBlocksAreN
     m.getLatestEvents();
 
     const std::vector<kvb::Request> batch = {
-        kvb::Request(10, concatTokens(tokenRun(0, 8), {1})),    // shares x0, x1 + 1 miss
-        kvb::Request(11, concatTokens(tokenRun(100, 8), {2})),  // shares y0, y1 (onboarded) + 1 miss
-        kvb::Request(12, tokenRun(500, 5)),                     // 2 misses: the last free blocks, z1 and z0
+        kvb::Request(10, concatTokens(tokenRun(0, 8), {1})),  // shares x0, x1 + 1 miss
+        kvb::Request(11,
+                     concatTokens(tokenRun(100, 8), {2})),  // shares y0, y1 (onboarded) + 1 miss
+        kvb::Request(12, tokenRun(500, 5)),  // 2 misses: the last free blocks, z1 and z0
     };
     const std::vector<kvb_admission_t> res = admitAsEstimated(m, batch);
     ASSERT_EQ(res.size(), 3u);
@@ -911,7 +933,8 @@ TEST(AddSequenceBatchEventsTest, OnboardedBlocksReportUpdatedAndReusedBlocksAreN
         }
         if (e.type == KVB_EVENT_REMOVED) {
             for (uint64_t h : e.removedHashes) {
-                EXPECT_EQ(reusedHashes.count(h), 0u) << "a block the batch reused was reported removed";
+                EXPECT_EQ(reusedHashes.count(h), 0u)
+                    << "a block the batch reused was reported removed";
                 removed.insert(h);
             }
         }

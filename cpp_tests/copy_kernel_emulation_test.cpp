@@ -60,23 +60,35 @@ constexpr unsigned kVectorAligned = 1;
 // A pool of `rows` rows of `rowBytes` bytes, each byte a function of (row, offset).
 std::vector<uint8_t> pool(size_t rows, size_t rowBytes, uint8_t salt) {
     std::vector<uint8_t> p(rows * rowBytes);
-    for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>((i * 131 + i / 7 + salt) & 0xff);
+    for (size_t i = 0; i < p.size(); ++i)
+        p[i] = static_cast<uint8_t>((i * 131 + i / 7 + salt) & 0xff);
     return p;
 }
 
 kvb_copy_descriptor wholeRow(const uint8_t* src, uint8_t* dst, size_t rowBytes) {
-    auto aligned = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | rowBytes) % 16) == 0;
-    return {reinterpret_cast<unsigned long long>(src), reinterpret_cast<unsigned long long>(dst),
-            rowBytes, rowBytes, 1, aligned ? kVectorAligned : 0};
+    auto aligned =
+        ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | rowBytes) % 16) ==
+        0;
+    return {reinterpret_cast<unsigned long long>(src),
+            reinterpret_cast<unsigned long long>(dst),
+            rowBytes,
+            rowBytes,
+            1,
+            aligned ? kVectorAligned : 0};
 }
 
 kvb_copy_descriptor firstTokens(const uint8_t* src, uint8_t* dst, size_t slabs, size_t slabBytes,
                                 size_t tokenBytes, size_t tokens) {
     size_t chunk = tokens * tokenBytes;
-    auto aligned = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | chunk |
-                     slabBytes) % 16) == 0;
-    return {reinterpret_cast<unsigned long long>(src), reinterpret_cast<unsigned long long>(dst),
-            chunk, slabBytes, static_cast<unsigned>(slabs), aligned ? kVectorAligned : 0};
+    auto aligned =
+        ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | chunk | slabBytes) %
+         16) == 0;
+    return {reinterpret_cast<unsigned long long>(src),
+            reinterpret_cast<unsigned long long>(dst),
+            chunk,
+            slabBytes,
+            static_cast<unsigned>(slabs),
+            aligned ? kVectorAligned : 0};
 }
 
 // Whole rows arrive byte for byte at scattered destinations, whatever the grid and the slicing,
@@ -91,7 +103,8 @@ TEST(CopyKernelEmulationTest, WholeRowsArriveAtScatteredRows) {
             const size_t dsts[] = {7, 0, 4};
             std::vector<kvb_copy_descriptor> d;
             for (size_t i = 0; i < 3; ++i) {
-                d.push_back(wholeRow(host.data() + (i * 2 + 1) * kRow, gpu.data() + dsts[i] * kRow, kRow));
+                d.push_back(
+                    wholeRow(host.data() + (i * 2 + 1) * kRow, gpu.data() + dsts[i] * kRow, kRow));
                 EXPECT_EQ(d.back().flags, kVectorAligned);
             }
             emulated::launch(grid, 32, d, slices);
@@ -118,8 +131,10 @@ TEST(CopyKernelEmulationTest, PartialCopiesTakeTheFirstTokensOfEverySlab) {
         emulated::launch(2, 64, d, 2);
         for (size_t s = 0; s < kSlabs; ++s) {
             for (size_t b = 0; b < kSlab; ++b) {
-                uint8_t want = b < n * kTokenBytes ? before[s * kSlab + b] : before[kRow + s * kSlab + b];
-                ASSERT_EQ(p[kRow + s * kSlab + b], want) << "n " << n << " slab " << s << " byte " << b;
+                uint8_t want =
+                    b < n * kTokenBytes ? before[s * kSlab + b] : before[kRow + s * kSlab + b];
+                ASSERT_EQ(p[kRow + s * kSlab + b], want)
+                    << "n " << n << " slab " << s << " byte " << b;
             }
         }
         EXPECT_EQ(std::memcmp(p.data(), before.data(), kRow), 0) << "the source is untouched";

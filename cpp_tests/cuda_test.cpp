@@ -158,7 +158,7 @@ kvb::Config cudaConfig(int32_t primary, int32_t secondary, CUstream stream,
 }
 
 class CudaBackendTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         std::string why;
         cu = Driver::load(why);
@@ -178,7 +178,8 @@ protected:
     // Keeps the engine stream busy for a while, so a copy that were not ordered with it would
     // overtake the work queued behind.
     void enqueueBusyWork() {
-        for (int i = 0; i < 8; ++i) CU_OK(cu->cuMemsetD8Async(busy, uint8_t(i), kBusyBytes, stream));
+        for (int i = 0; i < 8; ++i)
+            CU_OK(cu->cuMemsetD8Async(busy, uint8_t(i), kBusyBytes, stream));
     }
 
     CUdeviceptr rowAddress(kvb::Manager& m, int32_t block) {
@@ -186,7 +187,8 @@ protected:
         EXPECT_EQ(info.cache_level, KVB_CACHE_LEVEL_PRIMARY) << "block " << block;
         auto [base, rowBytes] = m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY);
         EXPECT_EQ(rowBytes, kRowBytes);
-        return reinterpret_cast<CUdeviceptr>(base) + static_cast<size_t>(info.memory_index) * rowBytes;
+        return reinterpret_cast<CUdeviceptr>(base) +
+               static_cast<size_t>(info.memory_index) * rowBytes;
     }
 
     // The engine computes positions [from, to) of `id`: it writes their pattern on its stream.
@@ -217,7 +219,8 @@ protected:
                                             const std::vector<int32_t>& tokens, int32_t reused) {
         std::vector<int32_t> blocks = m.getCacheBlockIds(id, kWindow);
         size_t numBlocks = static_cast<size_t>((reused + kTokensPerBlock - 1) / kTokensPerBlock);
-        if (numBlocks * kRowBytes > kStagingBytes) return ::testing::AssertionFailure() << "staging";
+        if (numBlocks * kRowBytes > kStagingBytes)
+            return ::testing::AssertionFailure() << "staging";
         for (size_t bi = 0; bi < numBlocks; ++bi) {
             if (cu->cuMemcpyDtoHAsync(static_cast<uint8_t*>(staging) + bi * kRowBytes,
                                       rowAddress(m, blocks[bi]), kRowBytes, stream) != 0) {
@@ -226,8 +229,8 @@ protected:
         }
         if (cu->cuStreamSynchronize(stream) != 0) return ::testing::AssertionFailure() << "sync";
         for (int32_t pos = 0; pos < reused; ++pos) {
-            const uint8_t* row =
-                static_cast<uint8_t*>(staging) + static_cast<size_t>(pos / kTokensPerBlock) * kRowBytes;
+            const uint8_t* row = static_cast<uint8_t*>(staging) +
+                                 static_cast<size_t>(pos / kTokensPerBlock) * kRowBytes;
             for (int slab = 0; slab < kLayers * 2 * kHeads; ++slab) {
                 const uint8_t* p = row + slotOffset(slab, pos % kTokensPerBlock);
                 for (size_t b = 0; b < kTokenBytes; ++b) {
@@ -302,9 +305,8 @@ TEST(CudaUnavailableTest, HostBackendsRefuseStreamsAndRegisteredPools) {
     kvb::Manager m(c);
     EXPECT_EQ(kvb_test::statusOf([&] { m.setStream(nullptr); }), KVB_STATUS_UNSUPPORTED);
     int dummy = 0;
-    EXPECT_EQ(kvb_test::statusOf([&] {
-                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, &dummy, sizeof dummy);
-              }),
+    EXPECT_EQ(kvb_test::statusOf(
+                  [&] { m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, &dummy, sizeof dummy); }),
               KVB_STATUS_UNSUPPORTED);
     EXPECT_EQ(kvb_test::statusOf([&] { m.syncTransfers(); }), KVB_OK);
     EXPECT_EQ(m.copyLaunches(), 0u);
@@ -352,7 +354,7 @@ TEST_F(CudaBackendTest, PartialReuseCopiesTheFirstTokensOfEverySlab) {
     kvb::Manager m(cudaConfig(8, 0, stream));
     const std::vector<int32_t> owner = tokenRun(100, 9);  // blocks: [100..103] [104..107] [108]
     admitAndCompute(m, 1, owner);
-    std::vector<int32_t> other = tokenRun(100, 6);      // shares 100..105: one full, two partial
+    std::vector<int32_t> other = tokenRun(100, 6);  // shares 100..105: one full, two partial
     other.insert(other.end(), {9000, 9001, 9002});
     kvb_admission_t a = m.addSequence(kvb::Request(2, other));
     EXPECT_EQ(a.prepopulated_prompt_len, 6);
@@ -429,24 +431,27 @@ TEST_F(CudaBackendTest, RegisteredPoolsAreUsed) {
     CU_OK(cu->cuMemHostAlloc(&secondary, 8 * kRowBytes, kHostAllocMapped));
     std::vector<uint8_t> pageable(4 * kRowBytes);
     EXPECT_EQ(kvb_test::statusOf([&] {
-                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, pageable.data(), pageable.size());
+                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, pageable.data(),
+                                 pageable.size());
               }),
               KVB_STATUS_CUDA);  // host memory is no GPU pool
     EXPECT_EQ(kvb_test::statusOf([&] {
-                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY,
-                                 reinterpret_cast<void*>(primary), 3 * kRowBytes);
+                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, reinterpret_cast<void*>(primary),
+                                 3 * kRowBytes);
               }),
               KVB_STATUS_CUDA);  // too small
-    m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, reinterpret_cast<void*>(primary), 4 * kRowBytes);
+    m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, reinterpret_cast<void*>(primary),
+                   4 * kRowBytes);
     m.registerPool(kWindow, KVB_CACHE_LEVEL_SECONDARY, secondary, 8 * kRowBytes);
-    EXPECT_EQ(reinterpret_cast<CUdeviceptr>(m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY).first),
-              primary);
+    EXPECT_EQ(
+        reinterpret_cast<CUdeviceptr>(m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY).first),
+        primary);
 
     const std::vector<int32_t> prompt = tokenRun(21, 13);
     admitAndCompute(m, 1, prompt);
     EXPECT_EQ(kvb_test::statusOf([&] {
-                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY,
-                                 reinterpret_cast<void*>(primary), 4 * kRowBytes);
+                  m.registerPool(kWindow, KVB_CACHE_LEVEL_PRIMARY, reinterpret_cast<void*>(primary),
+                                 4 * kRowBytes);
               }),
               KVB_STATUS_UNSUPPORTED);  // the pool holds data now
     m.removeSequence(1);
@@ -464,8 +469,9 @@ TEST_F(CudaBackendTest, TwoManagersOnTwoStreamsFromTwoThreads) {
         CUstream s = nullptr;
         if (!cu->enter() || cu->cuStreamCreate(&s, 1) != 0) return;
         try {
-            kvb::Manager m(cudaConfig(4, 8, s, seed % 2 ? KVB_CUDA_TRANSFER_COPY_STREAM
-                                                        : KVB_CUDA_TRANSFER_ENGINE_STREAM));
+            kvb::Manager m(cudaConfig(
+                4, 8, s,
+                seed % 2 ? KVB_CUDA_TRANSFER_COPY_STREAM : KVB_CUDA_TRANSFER_ENGINE_STREAM));
             bool good = true;
             for (int round = 0; round < 20 && good; ++round) {
                 const std::vector<int32_t> prompt = tokenRun(seed * 100000 + round * 100, 13);
@@ -481,9 +487,7 @@ TEST_F(CudaBackendTest, TwoManagersOnTwoStreamsFromTwoThreads) {
             }
             m.checkInvariants();
             *ok = good && cu->cuStreamSynchronize(s) == 0;
-        } catch (const kvb::Error&) {
-            *ok = false;
-        }
+        } catch (const kvb::Error&) { *ok = false; }
         cu->cuStreamDestroy(s);
     };
     bool ok1 = false, ok2 = false;

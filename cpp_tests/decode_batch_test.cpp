@@ -106,7 +106,8 @@ TEST(DecodeBatchTest, RejectsBadArgumentsWithoutChangingAnything) {
               KVB_STATUS_UNKNOWN_REQUEST);
     EXPECT_EQ(done, 1u);
     EXPECT_EQ(m.getNumTokens(1), 6);
-    EXPECT_EQ(kvb_manager_add_token_batch(m.get(), nullptr, nullptr, 0, true, nullptr, &done), KVB_OK);
+    EXPECT_EQ(kvb_manager_add_token_batch(m.get(), nullptr, nullptr, 0, true, nullptr, &done),
+              KVB_OK);
     EXPECT_EQ(done, 0u);
     m.checkInvariants();
 }

@@ -30,7 +30,8 @@ namespace {
 using kvb_test::statusOf;
 using kvb_test::tokenRun;
 
-kvb_request_state_t estState(uint64_t id, kvb_request_phase_t phase, int32_t prompt, int32_t beam = 1) {
+kvb_request_state_t estState(uint64_t id, kvb_request_phase_t phase, int32_t prompt,
+                             int32_t beam = 1) {
     kvb_request_state_t s;
     kvb::check(kvb_request_state_init(&s));
     s.request_id = id;
@@ -49,13 +50,15 @@ kvb::Config estConfig(int32_t window, int32_t primary, int32_t tpb, int32_t maxS
     return cfg;
 }
 
-uint64_t allocTotal(const kvb::Manager& m) { return m.getKvCacheStats().alloc_total_blocks; }
+uint64_t allocTotal(const kvb::Manager& m) {
+    return m.getKvCacheStats().alloc_total_blocks;
+}
 
 // getNeededBlocksOneStep for a generating sequence: tpb 16, full attention with
 // max_sequence_length = window = maxSeq, a prompt of `prompt` tokens and `generated` tokens
 // added so far.
-int32_t generationNeed(int32_t maxSeq, int32_t prompt, int32_t generated, int32_t maxNew, int32_t draft,
-                       bool twoSteps, int32_t beam = 1) {
+int32_t generationNeed(int32_t maxSeq, int32_t prompt, int32_t generated, int32_t maxNew,
+                       int32_t draft, bool twoSteps, int32_t beam = 1) {
     kvb::Manager m(estConfig(maxSeq, 128, 16, maxSeq, false, 2));
     m.addSequence(kvb::Request(1, tokenRun(0, prompt)).withBeamWidth(beam));
     for (int32_t g = 0; g < generated; ++g) m.addToken(1, 5000 + g);
@@ -115,7 +118,8 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepMatchesAllocationPerStep) {
     struct Case {
         int32_t window, maxSeq, beam, prompt;
     };
-    for (const Case c : {Case{40, 40, 1, 5}, Case{40, 40, 2, 5}, Case{40, 40, 2, 8}, Case{8, 40, 1, 9}}) {
+    for (const Case c :
+         {Case{40, 40, 1, 5}, Case{40, 40, 2, 5}, Case{40, 40, 2, 8}, Case{8, 40, 1, 9}}) {
         SCOPED_TRACE("window " + std::to_string(c.window) + " beam " + std::to_string(c.beam) +
                      " prompt " + std::to_string(c.prompt));
         kvb::Manager m(estConfig(c.window, 40, 4, c.maxSeq, false, 2));
@@ -164,7 +168,8 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepKvCacheBlockReuse) {
     const kvb::Request b(2, prompt);
     const kvb_request_state_t s = estState(2, KVB_PHASE_CONTEXT_INIT, 17);
     EXPECT_EQ(m.getNeededBlocksOneStep(s, false, kWindow), 5) << "without the request: no discount";
-    EXPECT_EQ(m.getNeededBlocksOneStep(s, false, kWindow, &b), 2) << "3 prefix blocks held by sequence 1";
+    EXPECT_EQ(m.getNeededBlocksOneStep(s, false, kWindow, &b), 2)
+        << "3 prefix blocks held by sequence 1";
     int64_t freeBefore = m.getNumFreeBlocks();
     uint64_t allocBefore = allocTotal(m);
     const auto admitted = m.addSequence(b);
@@ -268,9 +273,7 @@ TEST_P(FillKvCacheAndCompleteRequestsTest, FillKvCacheWithRequestsAndCompleteOne
         if (reserved + need > p.primary) break;
         reserved += need;
         ASSERT_NO_THROW(m.addSequence(r)) << "request " << id;
-        if (p.reuse) {
-            ASSERT_NO_THROW(m.storeContextBlocks(id, p.prompt));
-        }
+        if (p.reuse) { ASSERT_NO_THROW(m.storeContextBlocks(id, p.prompt)); }
         admitted.push_back(id);
     }
     ASSERT_FALSE(admitted.empty());
@@ -291,11 +294,13 @@ INSTANTIATE_TEST_SUITE_P(
         // full attention
         FillParams{4, 64, 64, 40, false, 10, 20}, FillParams{4, 64, 64, 40, true, 12, 20},
         FillParams{1, 32, 32, 100, true, 8, 8}, FillParams{16, 256, 256, 60, false, 128, 128},
-        FillParams{16, 256, 256, 60, true, 100, 100}, FillParams{64, 2048, 2048, 40, true, 130, 500},
+        FillParams{16, 256, 256, 60, true, 100, 100},
+        FillParams{64, 2048, 2048, 40, true, 130, 500},
         // sliding windows: output crossing the window, window not a block multiple, window < tpb
         FillParams{4, 16, 64, 30, false, 12, 30}, FillParams{4, 16, 64, 30, true, 16, 30},
         FillParams{4, 6, 32, 20, false, 4, 20}, FillParams{4, 3, 16, 10, false, 2, 14},
-        FillParams{16, 128, 256, 60, true, 100, 100}, FillParams{64, 128, 512, 20, false, 64, 300}));
+        FillParams{16, 128, 256, 60, true, 100, 100},
+        FillParams{64, 128, 512, 20, false, 64, 300}));
 
 namespace {
 
@@ -311,7 +316,8 @@ class BlockRequirementsParamTest : public ::testing::TestWithParam<PerBeamCase> 
 TEST_P(BlockRequirementsParamTest, TestCaculateMaxBlocksRequirement) {
     const PerBeamCase c = GetParam();
     int32_t out = -1;
-    kvb::check(kvb_calculate_max_block_requirements_per_beam(c.sequenceLength, c.window, c.tpb, &out));
+    kvb::check(
+        kvb_calculate_max_block_requirements_per_beam(c.sequenceLength, c.window, c.tpb, &out));
     EXPECT_EQ(out, c.expected);
 }
 
@@ -350,7 +356,8 @@ int32_t maxAttentionWindow(int32_t in, int32_t out, int32_t capacity, int32_t be
 TEST(CalculateMaxBlockRequirements, BeamWidthOneEqualRequirementsPerBeam) {
     for (int32_t window : {64, 1000, 4096}) {
         EXPECT_EQ(maxBlockRequirements(100, 60, window, 1, 16), perBeam(160, window, 16)) << window;
-        EXPECT_EQ(maxBlockRequirements(1000, 1000, window, 1, 64), perBeam(2000, window, 64)) << window;
+        EXPECT_EQ(maxBlockRequirements(1000, 1000, window, 1, 64), perBeam(2000, window, 64))
+            << window;
     }
     EXPECT_EQ(maxBlockRequirements(100, 60, 64, 1, 16), 5);
 }
@@ -359,7 +366,8 @@ TEST(CalculateMaxBlockRequirements, BeamWidthOneEqualRequirementsPerBeam) {
 TEST(CalculateMaxBlockRequirements, AttentionWindowFitsOutputEqualSingleBeamTimesBeamWidth) {
     EXPECT_EQ(maxBlockRequirements(100, 200, 128, 4, 16), perBeam(200, 128, 16) * 4);
     EXPECT_EQ(maxBlockRequirements(100, 200, 128, 4, 16), 36) << "(8 + 1) * 4";
-    EXPECT_EQ(maxBlockRequirements(10, 128, 128, 2, 64), 4) << "window == output: 2 blocks per beam";
+    EXPECT_EQ(maxBlockRequirements(10, 128, 128, 2, 64), 4)
+        << "window == output: 2 blocks per beam";
 }
 
 // Window overlapping input and output: the context part of the window is shared, the rest per beam.
@@ -411,9 +419,9 @@ TEST(CalculateMaxNumBlocks, BlocksFromMemoryBudgets) {
     EXPECT_EQ(kvb_calculate_max_num_blocks(&zero, nullptr, 1, 1 << 20, 0, 0, -1, 16, &primary,
                                            &secondary),
               KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_EQ(kvb_calculate_max_num_blocks(&kib, nullptr, 1, 1 << 20, 0, 0, -1, 16, nullptr,
-                                           &secondary),
-              KVB_STATUS_NULL_POINTER);
+    EXPECT_EQ(
+        kvb_calculate_max_num_blocks(&kib, nullptr, 1, 1 << 20, 0, 0, -1, 16, nullptr, &secondary),
+        KVB_STATUS_NULL_POINTER);
 }
 
 // Memory share of each window is proportional to window * cache bytes per token.
@@ -421,9 +429,10 @@ TEST(BlockManagerTestWindowSizeToShare, SharesProportionalToWindowTimesCacheSize
     std::vector<double> shares(3, -1.0);
     const std::vector<int32_t> windows{128, 512, 1024};
     const std::vector<int32_t> equalSizes{1, 1, 1};
-    kvb::check(kvb_calculate_window_size_to_share(windows.data(), equalSizes.data(), 3, shares.data()));
-    EXPECT_NEAR(shares[0], 128.0 / 1664.0, 1e-9);  // 0.0769
-    EXPECT_NEAR(shares[1], 512.0 / 1664.0, 1e-9);  // 0.3077
+    kvb::check(
+        kvb_calculate_window_size_to_share(windows.data(), equalSizes.data(), 3, shares.data()));
+    EXPECT_NEAR(shares[0], 128.0 / 1664.0, 1e-9);   // 0.0769
+    EXPECT_NEAR(shares[1], 512.0 / 1664.0, 1e-9);   // 0.3077
     EXPECT_NEAR(shares[2], 1024.0 / 1664.0, 1e-9);  // 0.6154
 
     const std::vector<int32_t> w2{100, 200, 400};

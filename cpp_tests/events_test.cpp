@@ -40,10 +40,14 @@ using EventKind = std::pair<int32_t, kvb_event_type_t>;  // (window size, type)
 
 const char* eventTypeName(kvb_event_type_t t) {
     switch (t) {
-        case KVB_EVENT_CREATED: return "Created";
-        case KVB_EVENT_STORED: return "Stored";
-        case KVB_EVENT_REMOVED: return "Removed";
-        case KVB_EVENT_UPDATED: return "Updated";
+        case KVB_EVENT_CREATED:
+            return "Created";
+        case KVB_EVENT_STORED:
+            return "Stored";
+        case KVB_EVENT_REMOVED:
+            return "Removed";
+        case KVB_EVENT_UPDATED:
+            return "Updated";
     }
     return "?";
 }
@@ -59,7 +63,8 @@ std::string describeEvents(const std::vector<kvb::Event>& events) {
                 break;
             case KVB_EVENT_STORED:
                 os << " parent=" << (e.parentHash ? std::to_string(*e.parentHash) : "root") << " [";
-                for (const auto& b : e.storedBlocks) os << " " << b.hash << "(" << b.tokens.size() << "t)";
+                for (const auto& b : e.storedBlocks)
+                    os << " " << b.hash << "(" << b.tokens.size() << "t)";
                 os << " ]";
                 break;
             case KVB_EVENT_REMOVED:
@@ -199,9 +204,10 @@ TEST(KVCacheManagerEventStream, FollowsStoreDecodeOffloadAndOnboard) {
     // and then host block 2 itself (the first one offloaded), whose cached content is dropped.
     m.addSequence(kvb::Request(1, tokenRun(1000, 29)));
     auto offload = flushAndDrain(m);
-    ASSERT_EQ(eventKinds(offload),
-              (std::vector<EventKind>{{kW, KVB_EVENT_UPDATED}, {kW, KVB_EVENT_UPDATED},
-                                      {kW, KVB_EVENT_UPDATED}, {kW, KVB_EVENT_REMOVED}}))
+    ASSERT_EQ(eventKinds(offload), (std::vector<EventKind>{{kW, KVB_EVENT_UPDATED},
+                                                           {kW, KVB_EVENT_UPDATED},
+                                                           {kW, KVB_EVENT_UPDATED},
+                                                           {kW, KVB_EVENT_REMOVED}}))
         << describeEvents(offload);
     const uint64_t offloadedOrder[] = {h2, h1, h0};
     for (int i = 0; i < 3; ++i) {
@@ -615,8 +621,8 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
     generate(m, 1, {100, 101, 102, 103});
     auto events = flushAndDrain(m);
     ASSERT_EQ(eventKinds(events),
-              (std::vector<EventKind>{{32, KVB_EVENT_REMOVED}, {32, KVB_EVENT_STORED},
-                                      {16, KVB_EVENT_REMOVED}}))
+              (std::vector<EventKind>{
+                  {32, KVB_EVENT_REMOVED}, {32, KVB_EVENT_STORED}, {16, KVB_EVENT_REMOVED}}))
         << describeEvents(events);
     EXPECT_EQ(events[0].removedHashes, std::vector<uint64_t>{hX});
     EXPECT_EQ(events[2].removedHashes, std::vector<uint64_t>{hX});
@@ -638,9 +644,10 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
     m.addSequence(kvb::Request(1, tokenRun(0, 13)));
     m.storeContextBlocks(1, 13);
     auto events = flushAndDrain(m);
-    ASSERT_EQ(eventKinds(events),
-              (std::vector<EventKind>{{32, KVB_EVENT_REMOVED}, {32, KVB_EVENT_STORED},
-                                      {16, KVB_EVENT_REMOVED}, {16, KVB_EVENT_STORED}}))
+    ASSERT_EQ(eventKinds(events), (std::vector<EventKind>{{32, KVB_EVENT_REMOVED},
+                                                          {32, KVB_EVENT_STORED},
+                                                          {16, KVB_EVENT_REMOVED},
+                                                          {16, KVB_EVENT_STORED}}))
         << describeEvents(events);
     m.checkInvariants();
 }
@@ -732,17 +739,19 @@ std::string describeRouterBlock(uint64_t hash, const RouterBlock& b) {
 
 /// Applies events as a KV-aware router would; fails on an event it could not apply.
 class EventRouter {
-public:
+  public:
     explicit EventRouter(std::optional<int32_t> dpRank) : dpRank_(dpRank) {}
 
     ::testing::AssertionResult apply(const std::vector<kvb::Event>& events) {
         for (const kvb::Event& e : events) {
             if (lastId_ && e.id <= *lastId_) {
-                return ::testing::AssertionFailure() << "event id " << e.id << " after " << *lastId_;
+                return ::testing::AssertionFailure()
+                       << "event id " << e.id << " after " << *lastId_;
             }
             lastId_ = e.id;
             if (e.attentionDpRank != dpRank_) {
-                return ::testing::AssertionFailure() << "event " << e.id << " has the wrong dp rank";
+                return ::testing::AssertionFailure()
+                       << "event " << e.id << " has the wrong dp rank";
             }
             RouterTree& tree = trees_[e.windowSize];
             switch (e.type) {
@@ -758,11 +767,13 @@ public:
                     }
                     if (e.parentHash && !tree.count(*e.parentHash)) {
                         return ::testing::AssertionFailure()
-                               << "event " << e.id << ": stored under unknown parent " << *e.parentHash;
+                               << "event " << e.id << ": stored under unknown parent "
+                               << *e.parentHash;
                     }
                     std::optional<uint64_t> parent = e.parentHash;
                     for (const auto& b : e.storedBlocks) {
-                        if (!tree.emplace(b.hash, RouterBlock{parent, b.cacheLevel, b.priority}).second) {
+                        if (!tree.emplace(b.hash, RouterBlock{parent, b.cacheLevel, b.priority})
+                                 .second) {
                             return ::testing::AssertionFailure()
                                    << "event " << e.id << ": block " << b.hash << " stored twice";
                         }
@@ -796,16 +807,18 @@ public:
                     if (e.cacheLevel) {
                         if (e.cacheLevel->oldValue != it->second.level) {
                             return ::testing::AssertionFailure()
-                                   << "event " << e.id << ": level diff from " << e.cacheLevel->oldValue
-                                   << " but the router has " << it->second.level;
+                                   << "event " << e.id << ": level diff from "
+                                   << e.cacheLevel->oldValue << " but the router has "
+                                   << it->second.level;
                         }
                         it->second.level = e.cacheLevel->newValue;
                     }
                     if (e.priority) {
                         if (e.priority->oldValue != it->second.priority) {
                             return ::testing::AssertionFailure()
-                                   << "event " << e.id << ": priority diff from " << e.priority->oldValue
-                                   << " but the router has " << it->second.priority;
+                                   << "event " << e.id << ": priority diff from "
+                                   << e.priority->oldValue << " but the router has "
+                                   << it->second.priority;
                         }
                         it->second.priority = e.priority->newValue;
                     }
@@ -823,7 +836,7 @@ public:
     uint64_t removed() const { return removed_; }
     uint64_t updated() const { return updated_; }
 
-private:
+  private:
     std::optional<int32_t> dpRank_;
     std::optional<uint64_t> lastId_;
     std::map<int32_t, RouterTree> trees_;
@@ -838,10 +851,12 @@ RouterTree actualTree(const kvb::Manager& m, int32_t window, int32_t numBlocks) 
         kvb_block_info_t info = m.getBlockInfo(window, b);
         if (!info.in_reuse_tree) continue;
         RouterBlock rb;
-        if (info.parent >= 0) rb.parent = m.getBlockInfo(window, static_cast<int32_t>(info.parent)).hash;
+        if (info.parent >= 0)
+            rb.parent = m.getBlockInfo(window, static_cast<int32_t>(info.parent)).hash;
         rb.level = info.cache_level;
         rb.priority = info.priority;
-        EXPECT_TRUE(out.emplace(info.hash, rb).second) << "two tree blocks share hash " << info.hash;
+        EXPECT_TRUE(out.emplace(info.hash, rb).second)
+            << "two tree blocks share hash " << info.hash;
     }
     return out;
 }
@@ -850,11 +865,13 @@ RouterTree actualTree(const kvb::Manager& m, int32_t window, int32_t numBlocks) 
     for (const auto& [hash, block] : actual) {
         auto it = router.find(hash);
         if (it == router.end()) {
-            return ::testing::AssertionFailure() << "router misses " << describeRouterBlock(hash, block);
+            return ::testing::AssertionFailure()
+                   << "router misses " << describeRouterBlock(hash, block);
         }
         if (!(it->second == block)) {
-            return ::testing::AssertionFailure() << "router has " << describeRouterBlock(hash, it->second)
-                                                 << ", manager has " << describeRouterBlock(hash, block);
+            return ::testing::AssertionFailure()
+                   << "router has " << describeRouterBlock(hash, it->second) << ", manager has "
+                   << describeRouterBlock(hash, block);
         }
     }
     for (const auto& [hash, block] : router) {
@@ -889,7 +906,8 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
     c.raw.manual_clock = true;
     c.raw.max_kv_event_entries = 1 << 20;
     c.raw.attention_dp_rank = w.dpRank;
-    for (const auto& win : w.windows) c.addWindow(win.window_size, win.primary_blocks, win.secondary_blocks);
+    for (const auto& win : w.windows)
+        c.addWindow(win.window_size, win.primary_blocks, win.secondary_blocks);
     kvb::Manager m(c);
     EventRouter router(w.dpRank >= 0 ? std::optional<int32_t>(w.dpRank) : std::nullopt);
 
@@ -906,7 +924,8 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
         std::vector<kvb::Event> events = flushAndDrain(m);
         ASSERT_TRUE(router.apply(events)) << "step " << step << describeEvents(events);
         for (const auto& win : w.windows) {
-            RouterTree actual = actualTree(m, win.window_size, win.primary_blocks + win.secondary_blocks);
+            RouterTree actual =
+                actualTree(m, win.window_size, win.primary_blocks + win.secondary_blocks);
             ASSERT_TRUE(sameTree(router.tree(win.window_size), actual))
                 << "window " << win.window_size << " at step " << step << describeEvents(events);
         }
@@ -922,7 +941,8 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
                     const auto& prefix = prefixes[pick(prefixes.size())];
                     int32_t shared = below(static_cast<uint32_t>(prefix.size()) + 1);
                     std::vector<int32_t> tokens(prefix.begin(), prefix.begin() + shared);
-                    for (int32_t i = 0, t = 1 + below(12); i < t; ++i) tokens.push_back(1000 + below(6));
+                    for (int32_t i = 0, t = 1 + below(12); i < t; ++i)
+                        tokens.push_back(1000 + below(6));
                     kvb::Request r(nextId++, tokens);
                     if (chance(20)) r.withLora(static_cast<uint64_t>(below(2)));
                     if (chance(30)) {
@@ -943,7 +963,8 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
                 for (size_t k = 0; k < admitted; ++k) {
                     live.push_back(batch[k].id);
                     if (chance(50)) {
-                        m.storeContextBlocks(batch[k].id, static_cast<int32_t>(batch[k].tokens.size()));
+                        m.storeContextBlocks(batch[k].id,
+                                             static_cast<int32_t>(batch[k].tokens.size()));
                     }
                 }
             } else if (op <= 5 && !live.empty()) {
@@ -960,7 +981,8 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
                 m.refreshBlocks();
             } else if (op == 9) {
                 const auto& win = w.windows[pick(w.windows.size())];
-                int32_t block = below(static_cast<uint32_t>(win.primary_blocks + win.secondary_blocks));
+                int32_t block =
+                    below(static_cast<uint32_t>(win.primary_blocks + win.secondary_blocks));
                 kvb_block_info_t info = m.getBlockInfo(win.window_size, block);
                 if (info.ref_count == 0) m.offloadBlock(win.window_size, block);
             } else if (op == 10 && !live.empty() && chance(30)) {
@@ -1088,9 +1110,7 @@ TEST(KVCacheManagerEventBadInput, InvalidArguments) {
     try {
         f.m.getLatestEvents(-5);
         ADD_FAILURE() << "a negative timeout must throw";
-    } catch (const kvb::Error& err) {
-        EXPECT_EQ(err.status(), KVB_STATUS_INVALID_ARGUMENT);
-    }
+    } catch (const kvb::Error& err) { EXPECT_EQ(err.status(), KVB_STATUS_INVALID_ARGUMENT); }
     f.m.checkInvariants();
 }
 

@@ -76,9 +76,9 @@ size_t slabTokenOffset(int layer, int kv, int head, int t) {
 // The KV bytes a request `tag` "computed" for token position `pos` of one (layer, kv, head);
 // never zero, so fresh (zeroed) rows are distinguishable.
 uint8_t patternByte(uint32_t tag, int32_t pos, int layer, int kv, int head, size_t byte) {
-    uint32_t v = tag * 131u + static_cast<uint32_t>(pos) * 31u + static_cast<uint32_t>(layer) * 17u +
-                 static_cast<uint32_t>(kv) * 7u + static_cast<uint32_t>(head) * 5u +
-                 static_cast<uint32_t>(byte) * 3u;
+    uint32_t v = tag * 131u + static_cast<uint32_t>(pos) * 31u +
+                 static_cast<uint32_t>(layer) * 17u + static_cast<uint32_t>(kv) * 7u +
+                 static_cast<uint32_t>(head) * 5u + static_cast<uint32_t>(byte) * 3u;
     v ^= v >> 5;
     return static_cast<uint8_t>(1u + v % 255u);
 }
@@ -91,7 +91,8 @@ void forEachSlab(F&& f) {
 }
 
 uint8_t* rowOf(const kvb::Manager& m, const kvb_block_info_t& info) {
-    auto [base, rowBytes] = m.getPoolPointer(kWindow, static_cast<kvb_cache_level_t>(info.cache_level));
+    auto [base, rowBytes] =
+        m.getPoolPointer(kWindow, static_cast<kvb_cache_level_t>(info.cache_level));
     EXPECT_EQ(rowBytes, kRowBytes);
     return base + static_cast<size_t>(info.memory_index) * rowBytes;
 }
@@ -108,7 +109,8 @@ void writeRequestPattern(const kvb::Manager& m, uint64_t id, uint32_t tag, int32
             if (pos >= numTokens) break;
             forEachSlab([&](int layer, int kv, int head) {
                 uint8_t* p = row + slabTokenOffset(layer, kv, head, t);
-                for (size_t b = 0; b < kTokenBytes; ++b) p[b] = patternByte(tag, pos, layer, kv, head, b);
+                for (size_t b = 0; b < kTokenBytes; ++b)
+                    p[b] = patternByte(tag, pos, layer, kv, head, b);
             });
         }
     }
@@ -147,8 +149,8 @@ void writeRequestPattern(const kvb::Manager& m, uint64_t id, uint32_t tag, int32
         }
     });
     if (!same) {
-        return ::testing::AssertionFailure() << "token slots [" << from << ", " << to
-                                             << ") changed";
+        return ::testing::AssertionFailure()
+               << "token slots [" << from << ", " << to << ") changed";
     }
     return ::testing::AssertionSuccess();
 }
@@ -215,7 +217,8 @@ TEST(HostTierOffloadTest, EvictionOffloadsBlocksAtOrAboveMinimumPriority) {
             int32_t priority = b < 3 ? 35 : b < 6 ? 45 : 20;
             kvb_block_info_t info = m.getBlockInfo(kWindow, b);
             bool expectOffloaded = priority >= c.minPriority;
-            EXPECT_EQ(info.cache_level == KVB_CACHE_LEVEL_SECONDARY, expectOffloaded) << "block " << b;
+            EXPECT_EQ(info.cache_level == KVB_CACHE_LEVEL_SECONDARY, expectOffloaded)
+                << "block " << b;
             EXPECT_EQ(info.in_reuse_tree, expectOffloaded) << "block " << b;
             EXPECT_EQ(info.is_free, expectOffloaded) << "block " << b;  // else request 3 holds it
             EXPECT_EQ(info.priority, expectOffloaded ? priority : 35) << "block " << b;
@@ -265,7 +268,7 @@ TEST(HostTierOnboardTest, ReuseOnboardsHostBlocksToPrimary) {
     EXPECT_EQ(m.copyBlockOffsets(table, 1, 0, 2), 4);
     for (size_t i = 0; i < got.size(); ++i) {
         int32_t row = m.getBlockInfo(kWindow, got[i]).memory_index;
-        EXPECT_EQ(table[i], row * 2) << i;                               // K (1 layer)
+        EXPECT_EQ(table[i], row * 2) << i;                                       // K (1 layer)
         EXPECT_EQ(table[static_cast<size_t>(maxBlocks) + i], row * 2 + 1) << i;  // V
     }
     m.checkInvariants();
@@ -389,8 +392,9 @@ TEST(BlockManagerTestPartialCopy, CopiesMatchedTokensOfReferencedBlock) {
     copy = m.getBlockInfo(kWindow, got[1]);
     ASSERT_EQ(copy.cache_level, KVB_CACHE_LEVEL_PRIMARY);
     const uint8_t* target = rowOf(m, copy);
-    std::vector<uint8_t> before(snapshot.begin() + static_cast<std::ptrdiff_t>(copy.memory_index * rowBytes),
-                                snapshot.begin() + static_cast<std::ptrdiff_t>((copy.memory_index + 1) * rowBytes));
+    std::vector<uint8_t> before(
+        snapshot.begin() + static_cast<std::ptrdiff_t>(copy.memory_index * rowBytes),
+        snapshot.begin() + static_cast<std::ptrdiff_t>((copy.memory_index + 1) * rowBytes));
     EXPECT_TRUE(rowHoldsPattern(target, 0, 4, 0, 2));
     EXPECT_TRUE(slotsEqual(target, before, 2, 4));
     EXPECT_FALSE(slotsAreZero(before.data(), 2, 4)) << "target row was expected to hold old bytes";
@@ -421,8 +425,8 @@ TEST(BlockManagerTestPartialCopy, CopiesFromHostSource) {
 
     auto [primaryBase, rowBytes] = m.getPoolPointer(kWindow, KVB_CACHE_LEVEL_PRIMARY);
     std::vector<uint8_t> snapshot(primaryBase, primaryBase + rowBytes * 4);
-    kvb_admission_t a =
-        m.addSequence(kvb::Request(2, concatTokens(tokenRun(0, 6), {800, 801, 802, 803, 804, 805, 806})));
+    kvb_admission_t a = m.addSequence(
+        kvb::Request(2, concatTokens(tokenRun(0, 6), {800, 801, 802, 803, 804, 805, 806})));
     EXPECT_EQ(a.prepopulated_prompt_len, 6);
     std::vector<int32_t> got = m.getCacheBlockIds(2, kWindow);
     ASSERT_EQ(got.size(), 4u);
@@ -432,8 +436,9 @@ TEST(BlockManagerTestPartialCopy, CopiesFromHostSource) {
     EXPECT_TRUE(rowHoldsPattern(rowOf(m, m.getBlockInfo(kWindow, 0)), 0, 0, 0, 4));
     kvb_block_info_t copy = m.getBlockInfo(kWindow, got[1]);
     const uint8_t* target = rowOf(m, copy);
-    std::vector<uint8_t> before(snapshot.begin() + static_cast<std::ptrdiff_t>(copy.memory_index * rowBytes),
-                                snapshot.begin() + static_cast<std::ptrdiff_t>((copy.memory_index + 1) * rowBytes));
+    std::vector<uint8_t> before(
+        snapshot.begin() + static_cast<std::ptrdiff_t>(copy.memory_index * rowBytes),
+        snapshot.begin() + static_cast<std::ptrdiff_t>((copy.memory_index + 1) * rowBytes));
     EXPECT_TRUE(rowHoldsPattern(target, 0, 4, 0, 2));
     EXPECT_TRUE(slotsEqual(target, before, 2, 4));
     EXPECT_FALSE(slotsAreZero(before.data(), 2, 4)) << "target row was expected to hold old bytes";
@@ -480,9 +485,10 @@ void expectConsistentAccounting(const kvb::Manager& m, const std::set<uint64_t>&
 bool sameStats(const kvb_kv_cache_stats_t& a, const kvb_kv_cache_stats_t& b) {
     return a.free_num_blocks == b.free_num_blocks && a.used_num_blocks == b.used_num_blocks &&
            a.free_secondary_blocks == b.free_secondary_blocks &&
-           a.alloc_total_blocks == b.alloc_total_blocks && a.alloc_new_blocks == b.alloc_new_blocks &&
-           a.reused_blocks == b.reused_blocks && a.missed_blocks == b.missed_blocks &&
-           a.offloaded_blocks == b.offloaded_blocks && a.onboarded_blocks == b.onboarded_blocks;
+           a.alloc_total_blocks == b.alloc_total_blocks &&
+           a.alloc_new_blocks == b.alloc_new_blocks && a.reused_blocks == b.reused_blocks &&
+           a.missed_blocks == b.missed_blocks && a.offloaded_blocks == b.offloaded_blocks &&
+           a.onboarded_blocks == b.onboarded_blocks;
 }
 
 }  // namespace
@@ -557,9 +563,11 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
         if (op <= 3 && running.size() < 4) {
             // Prompts share prefixes of three families so reuse, onboarding and copies happen.
             int32_t family = static_cast<int32_t>(next(3));
-            std::vector<int32_t> tokens = tokenRun(family * 1000, 1 + static_cast<int32_t>(next(20)));
+            std::vector<int32_t> tokens =
+                tokenRun(family * 1000, 1 + static_cast<int32_t>(next(20)));
             int32_t suffix = static_cast<int32_t>(next(8));
-            for (int32_t i = 0; i < suffix; ++i) tokens.push_back(50000 + static_cast<int32_t>(next(4)));
+            for (int32_t i = 0; i < suffix; ++i)
+                tokens.push_back(50000 + static_cast<int32_t>(next(4)));
             kvb::Request r(nextId, tokens);
             if (next(2) == 0) {
                 int32_t end = 1 + static_cast<int32_t>(next(12));
@@ -579,7 +587,8 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
             } else {
                 ASSERT_EQ(st, KVB_STATUS_OUT_OF_BLOCKS);
                 ++outOfBlocks;
-                ASSERT_TRUE(sameStats(before, m.getKvCacheStats())) << "failed admission changed stats";
+                ASSERT_TRUE(sameStats(before, m.getKvCacheStats()))
+                    << "failed admission changed stats";
             }
             ++nextId;
         } else if (op <= 5 && !running.empty()) {
@@ -594,7 +603,8 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
             std::advance(it, next(static_cast<uint32_t>(running.size())));
             if (numTokens[*it] < kWindow - 1) {
                 kvb_kv_cache_stats_t before = m.getKvCacheStats();
-                kvb_status_t st = statusOf([&] { m.addToken(*it, 60000 + static_cast<int32_t>(next(4))); });
+                kvb_status_t st =
+                    statusOf([&] { m.addToken(*it, 60000 + static_cast<int32_t>(next(4))); });
                 if (st == KVB_OK) {
                     ++numTokens[*it];
                 } else {
@@ -615,7 +625,8 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
             } else {
                 ASSERT_EQ(st, KVB_OK);
                 if (done) {
-                    ASSERT_EQ(m.getBlockInfo(kWindow, block).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+                    ASSERT_EQ(m.getBlockInfo(kWindow, block).cache_level,
+                              KVB_CACHE_LEVEL_SECONDARY);
                 }
             }
         } else if (op == 9 && !running.empty()) {

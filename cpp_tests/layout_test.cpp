@@ -34,7 +34,8 @@ void expectRowHoldsBlocks(const kvb::Manager& m, const std::vector<int32_t>& tab
         for (int32_t j = 0; j < maxBlocks; ++j) {
             const int32_t got = table[layoutIndex(pool, numSlots, slot, field, maxBlocks, j)];
             if (j < static_cast<int32_t>(ids.size())) {
-                const int32_t mem = m.getBlockInfo(window, ids[static_cast<size_t>(j)]).memory_index;
+                const int32_t mem =
+                    m.getBlockInfo(window, ids[static_cast<size_t>(j)]).memory_index;
                 EXPECT_EQ(got, mem * 2 * numLayers + field)
                     << "pool " << pool << " slot " << slot << " field " << field << " entry " << j;
             } else {
@@ -110,7 +111,8 @@ TEST(KVCacheManagerTest, FullAttentionBeamSearchLayoutAndExhaustion) {
     m.addToken(0, 102);
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - 10);
     for (int32_t b = 0; b < kBeam; ++b) {
-        EXPECT_EQ(m.getCacheBlockIds(0, kWindow, b), (std::vector<int32_t>{0, 1, 2 + b, 6 + b})) << b;
+        EXPECT_EQ(m.getCacheBlockIds(0, kWindow, b), (std::vector<int32_t>{0, 1, 2 + b, 6 + b}))
+            << b;
     }
     EXPECT_EQ(m.copyBlockOffsets(table, kSlots, kSlotOffset, 0), 4);
     for (int32_t b = 0; b < kBeam; ++b) {
@@ -127,8 +129,9 @@ TEST(KVCacheManagerTest, FullAttentionBeamSearchLayoutAndExhaustion) {
     m.addSequence(kvb::Request(1, tokenRun(1000, 10)).withBeamWidth(kBeam));
     m.addSequence(kvb::Request(2, tokenRun(2000, 10)).withBeamWidth(kBeam));
     EXPECT_EQ(m.getNumFreeBlocks(), 4);
-    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(3, tokenRun(3000, 10)).withBeamWidth(kBeam)); }),
-              KVB_STATUS_OUT_OF_BLOCKS);
+    EXPECT_EQ(
+        statusOf([&] { m.addSequence(kvb::Request(3, tokenRun(3000, 10)).withBeamWidth(kBeam)); }),
+        KVB_STATUS_OUT_OF_BLOCKS);
     EXPECT_EQ(m.getNumFreeBlocks(), 4) << "a failed admission changes nothing";
     EXPECT_EQ(statusOf([&] { m.getNumTokens(3); }), KVB_STATUS_UNKNOWN_REQUEST);
     m.checkInvariants();
@@ -181,8 +184,9 @@ TEST(KVCacheManagerBatchTest, BlockOffsetsOfBatchLayout) {
     m.getBlockOffsetsOfBatch(table, numSlots, batch, kBeam);
     for (size_t i = 0; i < batch.size(); ++i) {
         for (int32_t b = 0; b < kBeam; ++b) {
-            expectRowHoldsBlocks(m, table, 0, numSlots, static_cast<int32_t>(i) * kBeam + b, maxBlocks,
-                                 kWindow, kLayers, m.getCacheBlockIds(batch[i], kWindow, b));
+            expectRowHoldsBlocks(m, table, 0, numSlots, static_cast<int32_t>(i) * kBeam + b,
+                                 maxBlocks, kWindow, kLayers,
+                                 m.getCacheBlockIds(batch[i], kWindow, b));
         }
     }
     // Request 12 (first in the batch), beam 1: blocks 5, 6, 8 at stride 2 * 3 layers.
@@ -292,7 +296,8 @@ TEST(KVCacheManagerTest, OffsetTableDimensionsWithSeveralWindows) {
 
     // A table smaller than pools * slots * 2 * max blocks is refused.
     std::vector<int32_t> small(table.size() - 1, -1);
-    EXPECT_EQ(statusOf([&] { m.copyBlockOffsets(small, kSlots, 0, 7); }), KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_EQ(statusOf([&] { m.copyBlockOffsets(small, kSlots, 0, 7); }),
+              KVB_STATUS_BUFFER_TOO_SMALL);
 
     kvb::Config single;
     single.addWindow(64, 4);

@@ -57,9 +57,8 @@ int32_t probeReuse(kvb::Manager& m, const kvb::Request& r) {
     return p;
 }
 
-::testing::AssertionResult admitted(const kvb_admission_t& a, int32_t prepopulated,
-                                    uint64_t reused, uint64_t missed, uint64_t allocTotal,
-                                    uint64_t allocNew) {
+::testing::AssertionResult admitted(const kvb_admission_t& a, int32_t prepopulated, uint64_t reused,
+                                    uint64_t missed, uint64_t allocTotal, uint64_t allocNew) {
     const kvb_request_stats_t& s = a.stats;
     if (a.prepopulated_prompt_len == prepopulated && s.reused_blocks == reused &&
         s.missed_blocks == missed && s.alloc_total_blocks == allocTotal &&
@@ -280,7 +279,7 @@ TEST(BlockManagerReuseTest, PartialReuseTakesOverUnreferencedLeaf) {
 TEST(BlockManagerReuseTest, PartialReuseCopiesBlockReferencedByRunningSequence) {
     auto m = makeManager(16);
     m.addSequence(kvb::Request(1, tokenRange(0, 9)));  // blocks 0, 1, 2
-    m.storeContextBlocks(1, 9);                          // stores [0..4), [4..8) while running
+    m.storeContextBlocks(1, 9);                        // stores [0..4), [4..8) while running
     EXPECT_EQ(m.getNumFreeBlocks(), 13);
     m.checkInvariants();
 
@@ -401,7 +400,7 @@ TEST(BlockManagerReuseTest, LongerPromptReusesStoredChainAndAllocatesRest) {
 // request's block is reusable too.
 TEST(BlockManagerReuseTest, ReleasingShorterRequestKeepsLongerChainReusable) {
     auto m = makeManager(16);
-    storePrompt(m, kvb::Request(1, tokenRange(0, 13)));  // chain 0 -> 1 -> 2
+    storePrompt(m, kvb::Request(1, tokenRange(0, 13)));          // chain 0 -> 1 -> 2
     auto a2 = m.addSequence(kvb::Request(2, tokenRange(0, 6)));  // blocks 0 and copy 4 = [4]
     EXPECT_EQ(a2.prepopulated_prompt_len, 5);
     m.removeSequence(2, true);
@@ -582,8 +581,8 @@ TEST(BlockManagerReuseWithExtraIdAndLoraTaskIdTest, BothMustMatch) {
     EXPECT_EQ(probeReuse(m, kvb::Request(3, prompt).withExtraIds(ones).withLora(2)), 0);
     EXPECT_EQ(probeReuse(m, kvb::Request(4, prompt).withExtraIds(ones)), 0);
     EXPECT_EQ(probeReuse(m, kvb::Request(5, prompt).withExtraIds(twos).withLora(1)), 0);
-    EXPECT_EQ(
-        probeReuse(m, kvb::Request(6, prompt).withExtraIds(secondBlockDiffers).withLora(1)), 4);
+    EXPECT_EQ(probeReuse(m, kvb::Request(6, prompt).withExtraIds(secondBlockDiffers).withLora(1)),
+              4);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
     m.checkInvariants();
 }

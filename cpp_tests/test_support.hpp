@@ -29,16 +29,16 @@ inline std::vector<int32_t> concatTokens(std::vector<int32_t> a, const std::vect
 }
 
 // A list of block ids written inline, to compare with getCacheBlockIds: ids({0, 1, 3}).
-inline std::vector<int32_t> ids(std::initializer_list<int32_t> l) { return std::vector<int32_t>(l); }
+inline std::vector<int32_t> ids(std::initializer_list<int32_t> l) {
+    return std::vector<int32_t>(l);
+}
 
 // Runs `f` and returns the status of the kvb::Error it throws, or KVB_OK when it throws none.
 template <typename F>
 kvb_status_t statusOf(F&& f) {
     try {
         f();
-    } catch (const kvb::Error& e) {
-        return e.status();
-    }
+    } catch (const kvb::Error& e) { return e.status(); }
     return KVB_OK;
 }
 

@@ -20,7 +20,9 @@ namespace {
 using kvb_test::concatTokens;
 using kvb_test::tokenRun;
 
-int32_t ceilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+int32_t ceilDiv(int32_t a, int32_t b) {
+    return (a + b - 1) / b;
+}
 
 // Front blocks a beam-1 sequence of `t` tokens has detached: the smallest r with
 // t - r * tpb < window + tpb.
@@ -56,12 +58,11 @@ TEST(KVCacheManagerMaxAttentionWindowTest, DetachBoundsFootprint) {
     // at 12, 16, ... (live blocks 3, 3, 3, 2, 3, ...).
     const int32_t expectedLive[] = {/*9*/ 3, 3, 3, /*12*/ 2, /*13*/ 3, 3, 3, /*16*/ 2};
     for (int32_t t = kWindow + 1; t <= kMaxLen; ++t) {
-        for (uint64_t s = 0; s < kSeqs; ++s) ASSERT_NO_THROW(m.addToken(s, 1000 + t)) << "token " << t;
+        for (uint64_t s = 0; s < kSeqs; ++s)
+            ASSERT_NO_THROW(m.addToken(s, 1000 + t)) << "token " << t;
         const int32_t listed = ceilDiv(t, kTpb);
         const int32_t live = listed - detachedBlocks(t, kWindow, kTpb);
-        if (t - kWindow - 1 < 8) {
-            EXPECT_EQ(live, expectedLive[t - kWindow - 1]) << t;
-        }
+        if (t - kWindow - 1 < 8) { EXPECT_EQ(live, expectedLive[t - kWindow - 1]) << t; }
         EXPECT_LE(live, kWindow / kTpb + 1);
         EXPECT_EQ(m.getNumFreeBlocks(), kPrimary - kSeqs * live) << "token " << t;
         for (uint64_t s = 0; s < kSeqs; ++s) {
@@ -97,7 +98,8 @@ TEST(KVCacheManagerMaxAttentionWindowSmallerThanBlockSizeTest, AllocateDetachCad
         m.addToken(1, 100 + s.tokens);
         EXPECT_EQ(m.getNumTokens(1), s.tokens);
         EXPECT_EQ(m.getNumFreeBlocks(), s.free) << "after token " << s.tokens;
-        EXPECT_EQ(static_cast<int32_t>(m.getCacheBlockIds(1, kWindow).size()), ceilDiv(s.tokens, kTpb));
+        EXPECT_EQ(static_cast<int32_t>(m.getCacheBlockIds(1, kWindow).size()),
+                  ceilDiv(s.tokens, kTpb));
         if (s.tokens == 5) {
             EXPECT_EQ(m.getCacheBlockIds(1, kWindow), (std::vector<int32_t>{0, 1}));
         }
@@ -149,7 +151,8 @@ TEST(KVCacheManagerMaxAttentionWindowWithReuseTest, IdsAndPartialReuse) {
     // Move block 0 to the host tier.
     EXPECT_TRUE(m.offloadBlock(kWindow, 0));
     EXPECT_EQ(m.getBlockInfo(kWindow, 0).cache_level, KVB_CACHE_LEVEL_SECONDARY);
-    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow), (std::pair<int64_t, int64_t>{kPrimary, kSecondary}));
+    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow),
+              (std::pair<int64_t, int64_t>{kPrimary, kSecondary}));
     m.checkInvariants();
 
     // B repeats A's 14 stored tokens (+1 last token): 3 full matches (block 0 onboarded) and the
@@ -213,7 +216,8 @@ TEST(KVCacheManagerSWAInvalidateReuseTest, TakenDetachedBlockInvalidatesStore) {
     EXPECT_EQ(m.getNumFreeBlocks(), 1);
 
     m.addSequence(kvb::Request(2, {500, 501, 502}));
-    EXPECT_EQ(m.getCacheBlockIds(2, kWindow), (std::vector<int32_t>{0})) << "B takes A's detached block";
+    EXPECT_EQ(m.getCacheBlockIds(2, kWindow), (std::vector<int32_t>{0}))
+        << "B takes A's detached block";
     m.checkInvariants();
 
     m.removeSequence(1, /*storeForReuse=*/true);
@@ -310,7 +314,8 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
     EXPECT_EQ(b.stats.missed_blocks, 2u);
     EXPECT_EQ(m.getCacheBlockIds(3, kSmall), (std::vector<int32_t>{0, 1, 2}));
     EXPECT_EQ(m.getCacheBlockIds(3, kLarge), (std::vector<int32_t>{0, 1, 7}));
-    EXPECT_TRUE(m.getBlockInfo(kLarge, 2).in_reuse_tree) << "the large window's partial leaf stays cached";
+    EXPECT_TRUE(m.getBlockInfo(kLarge, 2).in_reuse_tree)
+        << "the large window's partial leaf stays cached";
     EXPECT_EQ(m.getBlockInfo(kLarge, 2).ref_count, 0);
     m.checkInvariants();
 
@@ -321,11 +326,13 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
     for (int32_t w : {kSmall, kLarge}) {
         const auto pool = m.getPoolPointer(w, KVB_CACHE_LEVEL_PRIMARY);
         std::memset(pool.first, 0, pool.second * static_cast<size_t>(w == kSmall ? 6 : 8));
-        uint8_t* row = pool.first + pool.second * static_cast<size_t>(m.getBlockInfo(w, 1).memory_index);
+        uint8_t* row =
+            pool.first + pool.second * static_cast<size_t>(m.getBlockInfo(w, 1).memory_index);
         const int32_t slabs = w == kSmall ? 2 : 4;  // layers * (K, V)
         for (int32_t s = 0; s < slabs; ++s)
             for (int32_t t = 0; t < kTpb; ++t)
-                for (int32_t byte = 0; byte < 2; ++byte) row[s * 8 + t * 2 + byte] = pattern(s, t, byte);
+                for (int32_t byte = 0; byte < 2; ++byte)
+                    row[s * 8 + t * 2 + byte] = pattern(s, t, byte);
     }
 
     // D diverges after 6 tokens, inside block 1 which B references: in each window block 0 is

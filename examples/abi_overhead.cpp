@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
         }
         auto ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
         if (round >= 2) per_call.push_back(ns / kSeqs);
-        for (uint64_t id = 0; id < kSeqs; ++id) check(kvb_manager_remove_sequence(m, id, false), "remove_sequence");
+        for (uint64_t id = 0; id < kSeqs; ++id)
+            check(kvb_manager_remove_sequence(m, id, false), "remove_sequence");
     }
     std::printf("admit_8192 %.1f %d\n", median(per_call), rounds);
     check(kvb_manager_destroy(m), "destroy");
@@ -90,11 +91,13 @@ int main(int argc, char** argv) {
         }
         auto t0 = Clock::now();
         for (int step = 0; step < kSteps; ++step) {
-            for (uint64_t id = 0; id < kRunning; ++id) check(kvb_manager_add_token(m, id, step), "add_token");
+            for (uint64_t id = 0; id < kRunning; ++id)
+                check(kvb_manager_add_token(m, id, step), "add_token");
         }
         auto ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
         if (round >= 2) per_call.push_back(ns / (kSteps * kRunning));
-        for (uint64_t id = 0; id < kRunning; ++id) check(kvb_manager_remove_sequence(m, id, false), "remove_sequence");
+        for (uint64_t id = 0; id < kRunning; ++id)
+            check(kvb_manager_remove_sequence(m, id, false), "remove_sequence");
     }
     std::printf("add_token_256 %.1f %d\n", median(per_call), rounds);
     check(kvb_manager_destroy(m), "destroy");

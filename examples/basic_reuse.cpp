@@ -53,20 +53,21 @@ void generate(kvb_manager_t* m, uint64_t id, int32_t n) {
 void print_stats(kvb_manager_t* m) {
     kvb_kv_cache_stats_t s;
     check(kvb_manager_get_kv_cache_stats(m, &s), "kvb_manager_get_kv_cache_stats");
-    std::printf("  free primary %llu / %llu, free host %llu / %llu, offloaded %llu, onboarded %llu, "
-                "hit rate %.2f\n",
-                static_cast<unsigned long long>(s.free_num_blocks),
-                static_cast<unsigned long long>(s.num_primary_blocks),
-                static_cast<unsigned long long>(s.free_secondary_blocks),
-                static_cast<unsigned long long>(s.num_secondary_blocks),
-                static_cast<unsigned long long>(s.offloaded_blocks),
-                static_cast<unsigned long long>(s.onboarded_blocks), s.cache_hit_rate);
+    std::printf(
+        "  free primary %llu / %llu, free host %llu / %llu, offloaded %llu, onboarded %llu, "
+        "hit rate %.2f\n",
+        static_cast<unsigned long long>(s.free_num_blocks),
+        static_cast<unsigned long long>(s.num_primary_blocks),
+        static_cast<unsigned long long>(s.free_secondary_blocks),
+        static_cast<unsigned long long>(s.num_secondary_blocks),
+        static_cast<unsigned long long>(s.offloaded_blocks),
+        static_cast<unsigned long long>(s.onboarded_blocks), s.cache_hit_rate);
 }
 
 }  // namespace
 
 int main() {
-    kvb_window_config_t window{kWindow, /*primary*/ 24, /*secondary*/ 16, /*layers*/ 2,
+    kvb_window_config_t window{kWindow,        /*primary*/ 24, /*secondary*/ 16, /*layers*/ 2,
                                /*kv heads*/ 2, /*head size*/ 8};
     kvb_manager_config_t config;
     check(kvb_manager_config_init(&config), "kvb_manager_config_init");

@@ -134,7 +134,7 @@ struct Options {
     bool realtime = false;
     int64_t block_bytes = 0;
     int copy_backend = -1;  // -1: host when block_bytes > 0, else none
-    int events = -1;  // -1: the loop's default (engine on, peer off)
+    int events = -1;        // -1: the loop's default (engine on, peer off)
     std::string json;
     std::string svg;
     bool svg_set = false;
@@ -148,7 +148,8 @@ constexpr int32_t kPeerDefaultPrimary = 30000;
 constexpr int32_t kEventEntries = 1 << 20;
 
 void usage(std::FILE* out) {
-    std::fprintf(out,
+    std::fprintf(
+        out,
         "usage: replay [options]\n"
         "  --trace PATH            Mooncake-format JSONL trace (default: %s)\n"
         "  --limit N               replay only the first N requests\n"
@@ -203,53 +204,88 @@ Options parse_options(int argc, char** argv) {
             return argv[++i];
         };
         const int64_t i32 = INT32_MAX;
-        if (arg == "--help" || arg == "-h") { usage(stdout); std::exit(0); }
-        else if (arg == "--trace") o.trace = next();
-        else if (arg == "--limit") o.limit = static_cast<size_t>(parse_int(arg, next(), 1, INT64_MAX));
-        else if (arg == "--tokens-per-block") o.tokens_per_block = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 20));
-        else if (arg == "--primary-blocks") o.primary_blocks = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
-        else if (arg == "--secondary-blocks") o.secondary_blocks = static_cast<int32_t>(parse_int(arg, next(), 0, i32));
-        else if (arg == "--max-running") o.max_running = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
-        else if (arg == "--max-output") o.max_output = static_cast<int32_t>(parse_int(arg, next(), 0, i32));
-        else if (arg == "--token-budget") o.token_budget = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
+        if (arg == "--help" || arg == "-h") {
+            usage(stdout);
+            std::exit(0);
+        } else if (arg == "--trace")
+            o.trace = next();
+        else if (arg == "--limit")
+            o.limit = static_cast<size_t>(parse_int(arg, next(), 1, INT64_MAX));
+        else if (arg == "--tokens-per-block")
+            o.tokens_per_block = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 20));
+        else if (arg == "--primary-blocks")
+            o.primary_blocks = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
+        else if (arg == "--secondary-blocks")
+            o.secondary_blocks = static_cast<int32_t>(parse_int(arg, next(), 0, i32));
+        else if (arg == "--max-running")
+            o.max_running = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
+        else if (arg == "--max-output")
+            o.max_output = static_cast<int32_t>(parse_int(arg, next(), 0, i32));
+        else if (arg == "--token-budget")
+            o.token_budget = static_cast<int32_t>(parse_int(arg, next(), 1, i32));
         else if (arg == "--loop") {
             std::string v = next();
-            if (v == "engine") o.loop = Loop::Engine;
-            else if (v == "peer") o.loop = Loop::Peer;
-            else throw std::runtime_error("--loop expects engine or peer, got '" + v + "'");
-        }
-        else if (arg == "--no-partial-reuse") o.partial_reuse = false;
-        else if (arg == "--realtime") o.realtime = true;
-        else if (arg == "--block-bytes") o.block_bytes = parse_int(arg, next(), 0, INT64_MAX);
+            if (v == "engine")
+                o.loop = Loop::Engine;
+            else if (v == "peer")
+                o.loop = Loop::Peer;
+            else
+                throw std::runtime_error("--loop expects engine or peer, got '" + v + "'");
+        } else if (arg == "--no-partial-reuse")
+            o.partial_reuse = false;
+        else if (arg == "--realtime")
+            o.realtime = true;
+        else if (arg == "--block-bytes")
+            o.block_bytes = parse_int(arg, next(), 0, INT64_MAX);
         else if (arg == "--copy-backend") {
             std::string v = next();
-            if (v == "none") o.copy_backend = KVB_COPY_BACKEND_NONE;
-            else if (v == "host") o.copy_backend = KVB_COPY_BACKEND_HOST;
-            else if (v == "cuda") o.copy_backend = KVB_COPY_BACKEND_CUDA;
-            else throw std::runtime_error("--copy-backend expects none, host or cuda, got '" + v + "'");
-        }
-        else if (arg == "--events") o.events = 1;
-        else if (arg == "--no-events") o.events = 0;
-        else if (arg == "--json") o.json = next();
-        else if (arg == "--svg") { o.svg = next(); o.svg_set = true; }
-        else if (arg == "--no-svg") { o.svg.clear(); o.svg_set = true; }
-        else if (arg == "--quiet") o.quiet = true;
-        else if (arg == "--self-test") o.self_test = true;
-        else throw std::runtime_error("unknown option '" + arg + "' (see --help)");
+            if (v == "none")
+                o.copy_backend = KVB_COPY_BACKEND_NONE;
+            else if (v == "host")
+                o.copy_backend = KVB_COPY_BACKEND_HOST;
+            else if (v == "cuda")
+                o.copy_backend = KVB_COPY_BACKEND_CUDA;
+            else
+                throw std::runtime_error("--copy-backend expects none, host or cuda, got '" + v +
+                                         "'");
+        } else if (arg == "--events")
+            o.events = 1;
+        else if (arg == "--no-events")
+            o.events = 0;
+        else if (arg == "--json")
+            o.json = next();
+        else if (arg == "--svg") {
+            o.svg = next();
+            o.svg_set = true;
+        } else if (arg == "--no-svg") {
+            o.svg.clear();
+            o.svg_set = true;
+        } else if (arg == "--quiet")
+            o.quiet = true;
+        else if (arg == "--self-test")
+            o.self_test = true;
+        else
+            throw std::runtime_error("unknown option '" + arg + "' (see --help)");
     }
-    if (o.primary_blocks < 0) o.primary_blocks = o.loop == Loop::Engine ? kEngineDefaultPrimary : kPeerDefaultPrimary;
-    if (o.secondary_blocks < 0) o.secondary_blocks = o.loop == Loop::Engine ? kEngineDefaultSecondary : 0;
+    if (o.primary_blocks < 0)
+        o.primary_blocks = o.loop == Loop::Engine ? kEngineDefaultPrimary : kPeerDefaultPrimary;
+    if (o.secondary_blocks < 0)
+        o.secondary_blocks = o.loop == Loop::Engine ? kEngineDefaultSecondary : 0;
     if (o.events < 0) o.events = o.loop == Loop::Engine ? 1 : 0;
     if (o.block_bytes % (2 * static_cast<int64_t>(o.tokens_per_block)) != 0) {
         throw std::runtime_error("--block-bytes must be a multiple of 2 x tokens per block (" +
                                  std::to_string(2 * o.tokens_per_block) + ")");
     }
-    if (o.block_bytes / (2 * o.tokens_per_block) > INT32_MAX) throw std::runtime_error("--block-bytes is too large");
-    if (o.copy_backend < 0) o.copy_backend = o.block_bytes > 0 ? KVB_COPY_BACKEND_HOST : KVB_COPY_BACKEND_NONE;
+    if (o.block_bytes / (2 * o.tokens_per_block) > INT32_MAX)
+        throw std::runtime_error("--block-bytes is too large");
+    if (o.copy_backend < 0)
+        o.copy_backend = o.block_bytes > 0 ? KVB_COPY_BACKEND_HOST : KVB_COPY_BACKEND_NONE;
     if ((o.copy_backend == KVB_COPY_BACKEND_NONE) != (o.block_bytes == 0)) {
-        throw std::runtime_error("--block-bytes > 0 goes with --copy-backend host or cuda, and only with them");
+        throw std::runtime_error(
+            "--block-bytes > 0 goes with --copy-backend host or cuda, and only with them");
     }
-    if (o.realtime && o.loop == Loop::Peer) throw std::runtime_error("--realtime applies to the engine loop only");
+    if (o.realtime && o.loop == Loop::Peer)
+        throw std::runtime_error("--realtime applies to the engine loop only");
     if (!o.svg_set) {
         if (o.json.empty()) {
             o.svg = "replay.svg";
@@ -266,9 +302,19 @@ Options parse_options(int argc, char** argv) {
 // ---- timed manager calls -----------------------------------------------------------------------
 
 /// What a timed manager call is for (replay-workload §6 kinds, plus the per-step hooks).
-enum Kind { kLookup, kAdmitAlloc, kAdmitOther, kDecodeAlloc, kFree, kPreempt, kRefresh, kFlush, kNumKinds };
+enum Kind {
+    kLookup,
+    kAdmitAlloc,
+    kAdmitOther,
+    kDecodeAlloc,
+    kFree,
+    kPreempt,
+    kRefresh,
+    kFlush,
+    kNumKinds
+};
 const char* const kKindNames[kNumKinds] = {"lookup", "admit_alloc", "admit_other", "decode_alloc",
-                                           "free", "preempt", "refresh", "flush"};
+                                           "free",   "preempt",     "refresh",     "flush"};
 
 struct Timings {
     uint64_t ns[kNumKinds] = {};
@@ -285,7 +331,8 @@ inline uint64_t ticks() {
     return __rdtsc();
 #else
     return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
 #endif
 }
 
@@ -316,8 +363,8 @@ kvb_status_t timed(Timings& t, Kind kind, Call&& call) {
 
 void check(kvb_status_t status, const char* what) {
     if (status != KVB_OK) {
-        throw std::runtime_error(std::string(what) + " failed: " + kvb_status_string(status) + ": " +
-                                 kvb_last_error_message());
+        throw std::runtime_error(std::string(what) + " failed: " + kvb_status_string(status) +
+                                 ": " + kvb_last_error_message());
     }
 }
 
@@ -344,7 +391,8 @@ void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_len
     window.num_layers = 1;
     window.num_kv_heads = 1;
     // Row bytes = layers x 2 (K, V) x heads x tokens_per_block x size_per_head x bytes_per_element.
-    window.size_per_head = real_pools ? static_cast<int32_t>(o.block_bytes / (2 * o.tokens_per_block)) : 1;
+    window.size_per_head =
+        real_pools ? static_cast<int32_t>(o.block_bytes / (2 * o.tokens_per_block)) : 1;
 
     kvb_manager_config_t config;
     check(kvb_manager_config_init(&config), "kvb_manager_config_init");
@@ -369,7 +417,7 @@ struct EventCounts {
 /// A second thread that drains the manager's events (kvb_manager_get_latest_events waits without
 /// holding the manager's lock) until stopped, then takes what is left.
 class EventDrainer {
-public:
+  public:
     explicit EventDrainer(kvb_manager_t* m) : m_(m), thread_([this] { run(); }) {}
     ~EventDrainer() { stop(); }
     EventDrainer(const EventDrainer&) = delete;
@@ -385,10 +433,9 @@ public:
     const EventCounts& counts() const { return counts_; }  // after stop()
     const std::string& error() const { return error_; }
 
-private:
+  private:
     void run() {
-        while (!stop_.load() && drain(50)) {
-        }
+        while (!stop_.load() && drain(50)) {}
         drain(0);
     }
     bool drain(int64_t timeout_ms) {
@@ -408,7 +455,9 @@ private:
             kvb_event_t e;
             if (kvb_event_batch_get(batch, i, &e) != KVB_OK) continue;
             switch (e.event_type) {
-                case KVB_EVENT_CREATED: ++counts_.created; break;
+                case KVB_EVENT_CREATED:
+                    ++counts_.created;
+                    break;
                 case KVB_EVENT_STORED:
                     ++counts_.stored;
                     counts_.stored_blocks += e.num_stored_blocks;
@@ -422,7 +471,8 @@ private:
                     counts_.level_changes += e.has_cache_level_change ? 1 : 0;
                     counts_.priority_changes += e.has_priority_change ? 1 : 0;
                     break;
-                default: break;
+                default:
+                    break;
             }
         }
         kvb_event_batch_free(batch);
@@ -461,7 +511,9 @@ struct Counters {
     uint64_t prefill_tokens = 0, prefill_chunks = 0;               // engine: computed prompt tokens
 
     double hit_rate() const {
-        return prompt_tokens ? static_cast<double>(reused_prompt_tokens) / static_cast<double>(prompt_tokens) : 0;
+        return prompt_tokens
+                   ? static_cast<double>(reused_prompt_tokens) / static_cast<double>(prompt_tokens)
+                   : 0;
     }
 };
 
@@ -554,8 +606,9 @@ void finish_step(RunResult& out, kvb_manager_t* m, replay::Progress& progress) {
 // ---- engine loop ----------------------------------------------------------------------------------
 
 class EngineLoop {
-public:
-    EngineLoop(const Options& o, kvb_manager_t* m, std::vector<Req>& reqs, replay::Progress& progress)
+  public:
+    EngineLoop(const Options& o, kvb_manager_t* m, std::vector<Req>& reqs,
+               replay::Progress& progress)
         : o_(o), m_(m), reqs_(reqs), progress_(progress) {}
 
     RunResult run() {
@@ -569,13 +622,16 @@ public:
         }
         while (out_.c.finished < reqs_.size()) {
             if (o_.realtime) {
-                double now_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-                while (next_arrival < reqs_.size() && reqs_[next_arrival].trace->timestamp_ms - t0_ms <= now_ms) {
+                double now_ms =
+                    std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+                while (next_arrival < reqs_.size() &&
+                       reqs_[next_arrival].trace->timestamp_ms - t0_ms <= now_ms) {
                     waiting_.push_back(&reqs_[next_arrival++]);
                 }
                 if (waiting_.empty() && running_.empty()) {  // idle until the next arrival
                     double wait = reqs_[next_arrival].trace->timestamp_ms - t0_ms - now_ms;
-                    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(std::min(wait, 100.0)));
+                    std::this_thread::sleep_for(
+                        std::chrono::duration<double, std::milli>(std::min(wait, 100.0)));
                     continue;
                 }
             }
@@ -586,13 +642,13 @@ public:
         return std::move(out_);
     }
 
-private:
+  private:
     void step() {
         Counters& c = out_.c;
         c.steps += 1;
         int64_t budget = o_.token_budget;
         bool preempted = false;
-        std::vector<Req*> decoding;                  // got a KV slot for their last token
+        std::vector<Req*> decoding;                    // got a KV slot for their last token
         std::vector<std::pair<Req*, int32_t>> chunks;  // prefill chunks of this step
 
         // 1. Decode: one KV slot per generating request, preempting from the back when full.
@@ -611,7 +667,8 @@ private:
         // 3. Admission of new requests, one batch, FCFS.
         if (!preempted && budget > 0) admit(budget, chunks);
         // 4. Per-iteration hook, before the forward pass.
-        check(timed(out_.t, kRefresh, [&] { return kvb_manager_refresh_blocks(m_); }), "kvb_manager_refresh_blocks");
+        check(timed(out_.t, kRefresh, [&] { return kvb_manager_refresh_blocks(m_); }),
+              "kvb_manager_refresh_blocks");
         // (The forward pass would run here.)
         // 5. Store the blocks each chunk completed; a completed prompt samples its first token.
         std::vector<Req*> sampling = decoding;
@@ -619,7 +676,8 @@ private:
             q->context_pos += n;
             c.prefill_tokens += static_cast<uint64_t>(n);
             c.prefill_chunks += 1;
-            check(timed(out_.t, kAdmitOther, [&] { return kvb_manager_store_context_blocks(m_, q->r, q->context_pos); }),
+            check(timed(out_.t, kAdmitOther,
+                        [&] { return kvb_manager_store_context_blocks(m_, q->r, q->context_pos); }),
                   "kvb_manager_store_context_blocks");
             if (q->context_pos == q->input_length) {
                 q->in_prefill = false;
@@ -639,7 +697,8 @@ private:
     bool decode_slot(Req& q, bool& preempted) {
         const int32_t token = q.tokens.back();
         while (true) {
-            kvb_status_t s = timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_add_token(m_, q.r, token); });
+            kvb_status_t s =
+                timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_add_token(m_, q.r, token); });
             if (s == KVB_OK) break;
             if (s != KVB_STATUS_OUT_OF_BLOCKS) check(s, "kvb_manager_add_token");
             Req* victim = running_.back();
@@ -650,7 +709,8 @@ private:
         }
         // The manager now holds KV slots for every token of q; a new block opened when the
         // last one landed at a block boundary.
-        if ((q.tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0) out_.c.decode_new_blocks += 1;
+        if ((q.tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0)
+            out_.c.decode_new_blocks += 1;
         check(timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_store_new_block(m_, q.r); }),
               "kvb_manager_store_new_block");
         return true;
@@ -679,8 +739,9 @@ private:
         // have not yet reserved the budget (the first candidate always has a chunk).
         std::vector<kvb_request_t> batch;
         int64_t reserved = 0;
-        for (size_t k = 0; k < waiting_.size() && running_.size() + k < static_cast<size_t>(o_.max_running) &&
-                           reserved < budget;
+        for (size_t k = 0;
+             k < waiting_.size() && running_.size() + k < static_cast<size_t>(o_.max_running) &&
+             reserved < budget;
              ++k) {
             Req& q = *waiting_[k];
             if (q.tokens.empty()) q.tokens = replay::synthesize_prompt(*q.trace);
@@ -708,9 +769,10 @@ private:
         }
         if (running_.empty()) {
             const Req& head = *waiting_.front();
-            throw std::runtime_error("request " + std::to_string(head.r) + " (" + std::to_string(head.tokens.size()) +
-                                     " tokens) does not fit in " + std::to_string(o_.primary_blocks) +
-                                     " primary blocks even with nothing running: raise --primary-blocks");
+            throw std::runtime_error(
+                "request " + std::to_string(head.r) + " (" + std::to_string(head.tokens.size()) +
+                " tokens) does not fit in " + std::to_string(o_.primary_blocks) +
+                " primary blocks even with nothing running: raise --primary-blocks");
         }
     }
 
@@ -726,7 +788,7 @@ private:
 // ---- peer loop ------------------------------------------------------------------------------------
 
 class PeerLoop {
-public:
+  public:
     PeerLoop(const Options& o, kvb_manager_t* m, std::vector<Req>& reqs, replay::Progress& progress)
         : o_(o), m_(m), reqs_(reqs), progress_(progress) {}
 
@@ -765,7 +827,7 @@ public:
         return std::move(out_);
     }
 
-private:
+  private:
     /// Phase A in one kvb_manager_add_token_batch per step (add_token + store_new_block for every
     /// running request, in order). When the request at index i gets no block, the last running
     /// request is preempted and the batch goes on from i; if i itself was preempted, phase A
@@ -781,13 +843,14 @@ private:
             }
             size_t done = 0;
             kvb_status_t s = timed(out_.t, kDecodeAlloc, [&] {
-                return kvb_manager_add_token_batch(m_, ids_.data(), tokens_.data(), ids_.size(), true, nullptr,
-                                                   &done);
+                return kvb_manager_add_token_batch(m_, ids_.data(), tokens_.data(), ids_.size(),
+                                                   true, nullptr, &done);
             });
             for (size_t k = i; k < i + done; ++k) {
                 Req* q = running_[k];
                 out_.c.decode_slots += 1;
-                if ((q->tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0) out_.c.decode_new_blocks += 1;
+                if ((q->tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0)
+                    out_.c.decode_new_blocks += 1;
                 scheduled.push_back(q);
             }
             i += done;
@@ -796,7 +859,8 @@ private:
             Req* q = running_[i];
             Req* victim = running_.back();
             running_.pop_back();
-            check(timed(out_.t, kPreempt, [&] { return kvb_manager_remove_sequence(m_, victim->r, true); }),
+            check(timed(out_.t, kPreempt,
+                        [&] { return kvb_manager_remove_sequence(m_, victim->r, true); }),
                   "kvb_manager_remove_sequence (preempt)");
             out_.c.preemptions += 1;
             waiting_.push_front(victim);
@@ -813,20 +877,23 @@ private:
         if (q.tokens.empty()) q.tokens = replay::synthesize_prompt(*q.trace);
         const kvb_request_t r = c_request(q);
         kvb_admission_t a{};
-        kvb_status_t s = timed(out_.t, kAdmitAlloc, [&] { return kvb_manager_add_sequence(m_, &r, &a); });
+        kvb_status_t s =
+            timed(out_.t, kAdmitAlloc, [&] { return kvb_manager_add_sequence(m_, &r, &a); });
         if (s == KVB_STATUS_OUT_OF_BLOCKS) {
             out_.c.admission_failures += 1;
             if (running_.empty()) {
-                throw std::runtime_error("request " + std::to_string(q.r) + " (" + std::to_string(q.tokens.size()) +
-                                         " tokens) does not fit in " + std::to_string(o_.primary_blocks) +
-                                         " primary blocks with nothing running: raise --primary-blocks");
+                throw std::runtime_error(
+                    "request " + std::to_string(q.r) + " (" + std::to_string(q.tokens.size()) +
+                    " tokens) does not fit in " + std::to_string(o_.primary_blocks) +
+                    " primary blocks with nothing running: raise --primary-blocks");
             }
             return false;
         }
         check(s, "kvb_manager_add_sequence");
         record_admission(out_.c, q, a, o_.tokens_per_block);
         const int32_t n = r.input_length;
-        check(timed(out_.t, kAdmitOther, [&] { return kvb_manager_store_context_blocks(m_, q.r, n); }),
+        check(timed(out_.t, kAdmitOther,
+                    [&] { return kvb_manager_store_context_blocks(m_, q.r, n); }),
               "kvb_manager_store_context_blocks");
         return true;
     }
@@ -859,12 +926,18 @@ struct Report {
         for (uint64_t v : run.t.ns) s += v;
         return s;
     }
-    uint64_t admission_ns() const { return run.t.ns[kLookup] + run.t.ns[kAdmitAlloc] + run.t.ns[kAdmitOther]; }
+    uint64_t admission_ns() const {
+        return run.t.ns[kLookup] + run.t.ns[kAdmitAlloc] + run.t.ns[kAdmitOther];
+    }
     double ns_per_prompt_block() const {
-        return run.c.admitted_blocks ? static_cast<double>(admission_ns()) / static_cast<double>(run.c.admitted_blocks) : 0;
+        return run.c.admitted_blocks ? static_cast<double>(admission_ns()) /
+                                           static_cast<double>(run.c.admitted_blocks)
+                                     : 0;
     }
     double ns_per_decode_token() const {
-        return run.c.decode_slots ? static_cast<double>(run.t.ns[kDecodeAlloc]) / static_cast<double>(run.c.decode_slots) : 0;
+        return run.c.decode_slots ? static_cast<double>(run.t.ns[kDecodeAlloc]) /
+                                        static_cast<double>(run.c.decode_slots)
+                                  : 0;
     }
     double hit_rate_all() const {
         return run.c.prompt_tokens_all ? static_cast<double>(run.c.reused_prompt_tokens_all) /
@@ -886,52 +959,65 @@ void print_summary(const Report& r) {
         extras += ", " + std::to_string(r.o.block_bytes) + " bytes per block in " +
                   (r.o.copy_backend == KVB_COPY_BACKEND_CUDA ? "GPU" : "host") + " pools";
     }
-    std::printf("  config       %zu requests, %d tokens/block, %d primary + %d host blocks, max running %d, "
-                "max output %d, max sequence %d tokens%s\n",
-                r.num_requests, r.o.tokens_per_block, r.o.primary_blocks, r.o.secondary_blocks, r.o.max_running,
-                r.o.max_output, r.max_sequence_length, extras.c_str());
-    std::printf("  steps        %llu (%llu admissions, %llu admission attempts that did not fit, %llu preemptions)\n",
-                u(c.steps), u(c.admissions), u(c.admission_failures), u(c.preemptions));
-    std::printf("  prompt       %llu tokens, %llu reused: prefix hit rate %.4f (all admissions %.4f)\n",
-                u(c.prompt_tokens), u(c.reused_prompt_tokens), c.hit_rate(), r.hit_rate_all());
+    std::printf(
+        "  config       %zu requests, %d tokens/block, %d primary + %d host blocks, max running "
+        "%d, "
+        "max output %d, max sequence %d tokens%s\n",
+        r.num_requests, r.o.tokens_per_block, r.o.primary_blocks, r.o.secondary_blocks,
+        r.o.max_running, r.o.max_output, r.max_sequence_length, extras.c_str());
+    std::printf(
+        "  steps        %llu (%llu admissions, %llu admission attempts that did not fit, %llu "
+        "preemptions)\n",
+        u(c.steps), u(c.admissions), u(c.admission_failures), u(c.preemptions));
+    std::printf(
+        "  prompt       %llu tokens, %llu reused: prefix hit rate %.4f (all admissions %.4f)\n",
+        u(c.prompt_tokens), u(c.reused_prompt_tokens), c.hit_rate(), r.hit_rate_all());
     if (r.o.loop == Loop::Engine) {
-        std::printf("  prefill      %llu tokens computed in %llu chunks\n", u(c.prefill_tokens), u(c.prefill_chunks));
+        std::printf("  prefill      %llu tokens computed in %llu chunks\n", u(c.prefill_tokens),
+                    u(c.prefill_chunks));
     }
-    std::printf("  generated    %llu tokens (%llu decode slots, %llu new decode blocks)\n", u(c.generated_tokens),
-                u(c.decode_slots), u(c.decode_new_blocks));
-    const std::string left_tree = std::to_string(r.stats.evicted_blocks) + " (evicted or taken over)";
-    std::printf("  blocks       allocated %llu (%llu without cached content), reused %llu, missed %llu, "
-                "offloaded %llu, onboarded %llu, left the reuse tree %s\n",
-                u(r.stats.alloc_total_blocks), u(r.stats.alloc_new_blocks), u(r.stats.reused_blocks),
-                u(r.stats.missed_blocks), u(r.stats.offloaded_blocks), u(r.stats.onboarded_blocks),
-                left_tree.c_str());
+    std::printf("  generated    %llu tokens (%llu decode slots, %llu new decode blocks)\n",
+                u(c.generated_tokens), u(c.decode_slots), u(c.decode_new_blocks));
+    const std::string left_tree =
+        std::to_string(r.stats.evicted_blocks) + " (evicted or taken over)";
+    std::printf(
+        "  blocks       allocated %llu (%llu without cached content), reused %llu, missed %llu, "
+        "offloaded %llu, onboarded %llu, left the reuse tree %s\n",
+        u(r.stats.alloc_total_blocks), u(r.stats.alloc_new_blocks), u(r.stats.reused_blocks),
+        u(r.stats.missed_blocks), u(r.stats.offloaded_blocks), u(r.stats.onboarded_blocks),
+        left_tree.c_str());
     if (r.o.events) {
-        std::printf("  events       created %llu, stored %llu (%llu blocks), removed %llu (%llu hashes), "
-                    "updated %llu (%llu level, %llu priority), dropped %llu\n",
-                    u(r.events.created), u(r.events.stored), u(r.events.stored_blocks), u(r.events.removed),
-                    u(r.events.removed_hashes), u(r.events.updated), u(r.events.level_changes),
-                    u(r.events.priority_changes), u(r.events.dropped));
+        std::printf(
+            "  events       created %llu, stored %llu (%llu blocks), removed %llu (%llu hashes), "
+            "updated %llu (%llu level, %llu priority), dropped %llu\n",
+            u(r.events.created), u(r.events.stored), u(r.events.stored_blocks), u(r.events.removed),
+            u(r.events.removed_hashes), u(r.events.updated), u(r.events.level_changes),
+            u(r.events.priority_changes), u(r.events.dropped));
     } else {
         std::printf("  events       off\n");
     }
     uint64_t total_calls = 0;
     for (uint64_t v : r.run.t.calls) total_calls += v;
-    std::printf("  manager      %.3f s in %llu calls; per step p50 %.1f us, p99 %.1f us; "
-                "%.1f ns per admitted prompt block (p50 %llu, p99 %llu over admitting steps), "
-                "%.1f ns per decode slot\n",
-                static_cast<double>(r.total_ns()) * 1e-9, u(total_calls),
-                static_cast<double>(replay::percentile(r.run.step_ns, 0.5)) * 1e-3,
-                static_cast<double>(replay::percentile(r.run.step_ns, 0.99)) * 1e-3, r.ns_per_prompt_block(),
-                u(replay::percentile(r.run.block_ns, 0.5)), u(replay::percentile(r.run.block_ns, 0.99)),
-                r.ns_per_decode_token());
+    std::printf(
+        "  manager      %.3f s in %llu calls; per step p50 %.1f us, p99 %.1f us; "
+        "%.1f ns per admitted prompt block (p50 %llu, p99 %llu over admitting steps), "
+        "%.1f ns per decode slot\n",
+        static_cast<double>(r.total_ns()) * 1e-9, u(total_calls),
+        static_cast<double>(replay::percentile(r.run.step_ns, 0.5)) * 1e-3,
+        static_cast<double>(replay::percentile(r.run.step_ns, 0.99)) * 1e-3,
+        r.ns_per_prompt_block(), u(replay::percentile(r.run.block_ns, 0.5)),
+        u(replay::percentile(r.run.block_ns, 0.99)), r.ns_per_decode_token());
     std::printf("  by kind     ");
     for (int k = 0; k < kNumKinds; ++k) {
         if (r.run.t.calls[k] == 0 && k != kLookup) continue;
-        std::printf(" %s %.3f s / %llu;", kKindNames[k], r.seconds(static_cast<Kind>(k)), u(r.run.t.calls[k]));
+        std::printf(" %s %.3f s / %llu;", kKindNames[k], r.seconds(static_cast<Kind>(k)),
+                    u(r.run.t.calls[k]));
     }
-    std::printf("\n               (lookup and block hashing happen inside kvblock's admission and store "
-                "calls: hash_prompt = hash_decode = lookup = 0)\n");
-    std::printf("  wall         %.2f s total, %.2f s in the loop\n", r.wall_seconds, r.run.loop_seconds);
+    std::printf(
+        "\n               (lookup and block hashing happen inside kvblock's admission and store "
+        "calls: hash_prompt = hash_decode = lookup = 0)\n");
+    std::printf("  wall         %.2f s total, %.2f s in the loop\n", r.wall_seconds,
+                r.run.loop_seconds);
 }
 
 void write_json(const Report& r, const std::string& path) {
@@ -1025,7 +1111,8 @@ void write_json(const Report& r, const std::string& path) {
         .num("wall_seconds", r.wall_seconds);
     w.str("series_columns", "step, hit_rate_so_far, free_primary_blocks");
     w.begin_array("series");
-    for (const auto& p : replay::downsample(r.run.series, 500)) w.point(p.step, p.hit_rate, p.free_primary);
+    for (const auto& p : replay::downsample(r.run.series, 500))
+        w.point(p.step, p.hit_rate, p.free_primary);
     w.end_array();
     w.end_object();
     w.finish();
@@ -1042,7 +1129,8 @@ int run(const Options& o) {
         Req& q = reqs[i];
         q.r = i;
         q.trace = &trace[i];
-        int32_t cap = o.max_output > 0 ? std::min(trace[i].output_length, o.max_output) : trace[i].output_length;
+        int32_t cap = o.max_output > 0 ? std::min(trace[i].output_length, o.max_output)
+                                       : trace[i].output_length;
         q.T = std::max(1, cap);
         max_sequence_length = std::max<int32_t>(max_sequence_length, trace[i].input_length + q.T);
     }
@@ -1063,7 +1151,8 @@ int run(const Options& o) {
         progress.update(result.c.finished, result.c.steps, result.c.hit_rate(), true);
         progress.finish();
         if (drainer) {
-            check(kvb_manager_flush_iteration_events(manager.m), "kvb_manager_flush_iteration_events");
+            check(kvb_manager_flush_iteration_events(manager.m),
+                  "kvb_manager_flush_iteration_events");
             drainer->stop();
             if (!drainer->error().empty()) throw std::runtime_error(drainer->error());
             events = drainer->counts();
@@ -1076,8 +1165,9 @@ int run(const Options& o) {
     if (stats.free_num_blocks != static_cast<uint64_t>(o.primary_blocks) ||
         stats.free_secondary_blocks != static_cast<uint64_t>(o.secondary_blocks)) {
         throw std::runtime_error("blocks still held after every request finished: " +
-                                 std::to_string(stats.free_num_blocks) + " of " + std::to_string(o.primary_blocks) +
-                                 " primary and " + std::to_string(stats.free_secondary_blocks) + " of " +
+                                 std::to_string(stats.free_num_blocks) + " of " +
+                                 std::to_string(o.primary_blocks) + " primary and " +
+                                 std::to_string(stats.free_secondary_blocks) + " of " +
                                  std::to_string(o.secondary_blocks) + " host blocks free");
     }
 
@@ -1089,9 +1179,11 @@ int run(const Options& o) {
         std::printf("  json         %s\n", o.json.c_str());
     }
     if (!o.svg.empty()) {
-        std::string title = "kvblock replay (" + report.loop_name() + " loop, " + std::to_string(reqs.size()) +
-                            " requests, " + std::to_string(o.primary_blocks) + " primary blocks)";
-        if (!replay::write_svg(o.svg, title, replay::downsample(result.series, 2000), o.primary_blocks)) {
+        std::string title = "kvblock replay (" + report.loop_name() + " loop, " +
+                            std::to_string(reqs.size()) + " requests, " +
+                            std::to_string(o.primary_blocks) + " primary blocks)";
+        if (!replay::write_svg(o.svg, title, replay::downsample(result.series, 2000),
+                               o.primary_blocks)) {
             throw std::runtime_error("cannot write '" + o.svg + "'");
         }
         std::printf("  plot         %s\n", o.svg.c_str());

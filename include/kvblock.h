@@ -218,11 +218,24 @@ typedef enum kvb_status_t {
      */
     KVB_STATUS_INTERNAL = 17,
     /**
-     * A CUDA call failed (the message names it and the driver's error). When it failed after
-     * the bookkeeping of the call had changed (a copy launch), the handle is poisoned: the
+     * A CUDA call failed (the message names it and the driver's error). A copy launch that
+     * failed before anything of the call was enqueued is rolled back like
+     * `KVB_STATUS_COPY_FAILED` (the manager is unchanged and keeps working); a failure after
+     * copies of the call were enqueued, or of a later synchronization, poisons the handle: the
      * bytes in the pools can no longer be trusted.
      */
     KVB_STATUS_CUDA = 18,
+    /**
+     * Memory for the pools could not be allocated (or their size overflows); nothing was
+     * created.
+     */
+    KVB_STATUS_OUT_OF_MEMORY = 19,
+    /**
+     * The copy backend refused a batch of block copies; the call was rolled back: every block
+     * stays where its bytes are, the counters are as before, and the manager keeps working.
+     * Blocks whose rows the call had already overwritten leave the reuse tree.
+     */
+    KVB_STATUS_COPY_FAILED = 20,
 } kvb_status_t;
 
 /**
@@ -767,7 +780,10 @@ enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
  * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
- * failure `*out` is set to null.
+ * failure `*out` is set to null. Fails with `KVB_STATUS_INVALID_CONFIG` (inconsistent config,
+ * pool sizes that overflow, more than `INT32_MAX` blocks in a window),
+ * `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_OUT_OF_MEMORY` (pools or bookkeeping the allocator
+ * refuses), `KVB_STATUS_UNSUPPORTED` or `KVB_STATUS_CUDA` (CUDA backend).
  */
 enum kvb_status_t kvb_manager_create(const struct kvb_manager_config_t *config,
                                      struct kvb_manager_t **out);
@@ -782,7 +798,9 @@ enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
  * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
  * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
  * receives the prepopulated prompt length and the per-request counters. Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks; a failed call changes nothing.
+ * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED` /
+ * `KVB_STATUS_CUDA` when the copy backend fails (the call is rolled back); a failed call
+ * changes nothing.
  */
 enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
                                            const struct kvb_request_t *request,
@@ -816,7 +834,9 @@ enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
 
 /**
  * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
- * at block boundaries and detaches blocks that left a sliding window.
+ * at block boundaries and detaches blocks that left a sliding window. Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED` /
+ * `KVB_STATUS_CUDA` (rolled back) when offloading an evicted block fails.
  */
 enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
                                         uint64_t request_id,
@@ -841,13 +861,21 @@ enum kvb_status_t kvb_manager_add_token_batch(struct kvb_manager_t *manager,
                                               size_t *out_done);
 
 /**
- * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
+ * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
+ * it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
+ * sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
+ * (rolled back) when the copy backend fails.
  */
 enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);
 
 /**
  * Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
- * blocks no longer needed to the front of the free queue.
+ * blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
+ * when the new last block is shared and no free block is left to copy it into,
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
+ * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
+ * (rolled back) when the copy backend fails.
  */
 enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
                                               uint64_t request_id,
@@ -1054,7 +1082,8 @@ enum kvb_status_t kvb_manager_get_max_capacity_batch_size(struct kvb_manager_t *
 
 /**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
- * (TensorRT-LLM `refreshBlocks`).
+ * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
+ * (`KVB_STATUS_COPY_FAILED` rolled back, `KVB_STATUS_CUDA`).
  */
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
 
@@ -1094,7 +1123,9 @@ enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
 
 /**
  * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
- * `*out_offloaded` is false when there is no free host block or offloading is off.
+ * `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
+ * block, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA` (rolled back) when the copy fails.
  */
 enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             int32_t window_size,
@@ -1131,6 +1162,7 @@ enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager)
 /**
  * Blocks one beam needs for `sequence_length` tokens under `window_size`
  * (TensorRT-LLM `calculateMaxBlockRequirementsPerBeam`, no sink tokens).
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
  */
 enum kvb_status_t kvb_calculate_max_block_requirements_per_beam(int32_t sequence_length,
                                                                 int32_t window_size,
@@ -1140,6 +1172,7 @@ enum kvb_status_t kvb_calculate_max_block_requirements_per_beam(int32_t sequence
 /**
  * Blocks a request of `input_length + output_length` tokens with `beam_width` beams needs
  * (TensorRT-LLM `calculateMaxBlockRequirements`).
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
  */
 enum kvb_status_t kvb_calculate_max_block_requirements(int32_t input_length,
                                                        int32_t output_length,
@@ -1151,6 +1184,7 @@ enum kvb_status_t kvb_calculate_max_block_requirements(int32_t input_length,
 /**
  * The largest attention window that `capacity_blocks` allow for one request
  * (TensorRT-LLM `calculateMaxAttentionWindow`).
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
  */
 enum kvb_status_t kvb_calculate_max_attention_window(int32_t input_length,
                                                      int32_t output_length,

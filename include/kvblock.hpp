@@ -20,21 +20,19 @@ namespace kvb {
 
 /// A failed kvblock call: the status and the message of kvb_last_error_message().
 class Error : public std::runtime_error {
-public:
+  public:
     Error(kvb_status_t status, const std::string& message)
         : std::runtime_error(std::string(kvb_status_string(status)) + ": " + message),
           status_(status) {}
     kvb_status_t status() const noexcept { return status_; }
 
-private:
+  private:
     kvb_status_t status_;
 };
 
 /// Throws kvb::Error unless `status` is KVB_OK.
 inline void check(kvb_status_t status) {
-    if (status != KVB_OK) {
-        throw Error(status, kvb_last_error_message());
-    }
+    if (status != KVB_OK) { throw Error(status, kvb_last_error_message()); }
 }
 
 /// Manager configuration: the C config (initialised with defaults) plus owned windows.
@@ -74,11 +72,28 @@ struct Request {
     Request(uint64_t request_id, std::vector<int32_t> prompt)
         : id(request_id), tokens(std::move(prompt)) {}
 
-    Request& withLora(uint64_t lora) { hasLoraTaskId = true; loraTaskId = lora; return *this; }
-    Request& withSalt(uint64_t salt) { hasCacheSalt = true; cacheSalt = salt; return *this; }
-    Request& withBeamWidth(int32_t beams) { beamWidth = beams; return *this; }
-    Request& withExtraIds(std::vector<uint64_t> ids) { extraIds = std::move(ids); return *this; }
-    Request& withMultimodal(const kvb_multimodal_item_t& item) { mmItems.push_back(item); return *this; }
+    Request& withLora(uint64_t lora) {
+        hasLoraTaskId = true;
+        loraTaskId = lora;
+        return *this;
+    }
+    Request& withSalt(uint64_t salt) {
+        hasCacheSalt = true;
+        cacheSalt = salt;
+        return *this;
+    }
+    Request& withBeamWidth(int32_t beams) {
+        beamWidth = beams;
+        return *this;
+    }
+    Request& withExtraIds(std::vector<uint64_t> ids) {
+        extraIds = std::move(ids);
+        return *this;
+    }
+    Request& withMultimodal(const kvb_multimodal_item_t& item) {
+        mmItems.push_back(item);
+        return *this;
+    }
     /// Priority for tokens [start, end) (end -1 = open), optional duration (-1 = none).
     Request& withRange(int32_t start, int32_t end, int32_t priority, int64_t duration_ms = -1) {
         hasRetention = true;
@@ -167,7 +182,7 @@ struct Event {
 
 /// Owns a kvb_manager_t. Move-only.
 class Manager {
-public:
+  public:
     explicit Manager(const Config& config) {
         kvb_manager_config_t raw = config.raw;
         raw.windows = config.windows.data();
@@ -190,7 +205,8 @@ public:
 
     kvb_admission_t addSequence(const Request& request) {
         kvb_admission_t out{};
-        request.withC([&](const kvb_request_t* r) { check(kvb_manager_add_sequence(handle_, r, &out)); });
+        request.withC(
+            [&](const kvb_request_t* r) { check(kvb_manager_add_sequence(handle_, r, &out)); });
         return out;
     }
     /// Admits `requests` in order with the two-phase pre-claim; returns the admissions (all of
@@ -220,7 +236,8 @@ public:
     /// other failure throws.
     size_t addTokenBatch(const std::vector<uint64_t>& ids, const std::vector<int32_t>& tokens,
                          bool storeNewBlocks = true) {
-        if (ids.size() != tokens.size()) throw std::invalid_argument("addTokenBatch: ids and tokens differ in size");
+        if (ids.size() != tokens.size())
+            throw std::invalid_argument("addTokenBatch: ids and tokens differ in size");
         size_t done = 0;
         kvb_status_t s = kvb_manager_add_token_batch(handle_, ids.data(), tokens.data(), ids.size(),
                                                      storeNewBlocks, nullptr, &done);
@@ -228,7 +245,9 @@ public:
         return done;
     }
     void removeToken(uint64_t id) { check(kvb_manager_remove_token(handle_, id)); }
-    void rewindKVCache(uint64_t id, int32_t n) { check(kvb_manager_rewind_kv_cache(handle_, id, n)); }
+    void rewindKVCache(uint64_t id, int32_t n) {
+        check(kvb_manager_rewind_kv_cache(handle_, id, n));
+    }
     void storeContextBlocks(uint64_t id, int32_t position) {
         check(kvb_manager_store_context_blocks(handle_, id, position));
     }
@@ -236,7 +255,8 @@ public:
     std::vector<int32_t> storeBlocksForReuse(uint64_t id, bool pin, int32_t window = 0) {
         std::vector<int32_t> ids(4096);
         size_t n = 0;
-        check(kvb_manager_store_blocks_for_reuse(handle_, id, pin, window, ids.data(), ids.size(), &n));
+        check(kvb_manager_store_blocks_for_reuse(handle_, id, pin, window, ids.data(), ids.size(),
+                                                 &n));
         ids.resize(n);
         return ids;
     }
@@ -252,7 +272,8 @@ public:
         kvb_status_t s = kvb_manager_get_cache_block_ids(handle_, id, window, beam, nullptr, 0, &n);
         if (s != KVB_OK && s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
         std::vector<int32_t> ids(n);
-        check(kvb_manager_get_cache_block_ids(handle_, id, window, beam, ids.data(), ids.size(), &n));
+        check(
+            kvb_manager_get_cache_block_ids(handle_, id, window, beam, ids.data(), ids.size(), &n));
         return ids;
     }
     /// {max blocks per sequence, number of pools}.
@@ -300,7 +321,9 @@ public:
         return n;
     }
     void startScheduling() { check(kvb_manager_start_scheduling(handle_)); }
-    void schedulingRemoveSequence(uint64_t id) { check(kvb_manager_scheduling_remove_sequence(handle_, id)); }
+    void schedulingRemoveSequence(uint64_t id) {
+        check(kvb_manager_scheduling_remove_sequence(handle_, id));
+    }
     bool schedulingHasFreeBlocks(int32_t n, int32_t window) const {
         bool out = false;
         check(kvb_manager_scheduling_has_free_blocks(handle_, n, window, &out));
@@ -311,10 +334,12 @@ public:
         int32_t n = 0;
         if (request) {
             request->withC([&](const kvb_request_t* r) {
-                check(kvb_manager_get_needed_blocks_one_step(handle_, &state, r, twoSteps, window, &n));
+                check(kvb_manager_get_needed_blocks_one_step(handle_, &state, r, twoSteps, window,
+                                                             &n));
             });
         } else {
-            check(kvb_manager_get_needed_blocks_one_step(handle_, &state, nullptr, twoSteps, window, &n));
+            check(kvb_manager_get_needed_blocks_one_step(handle_, &state, nullptr, twoSteps, window,
+                                                         &n));
         }
         return n;
     }
@@ -323,14 +348,17 @@ public:
         int32_t n = 0;
         if (request) {
             request->withC([&](const kvb_request_t* r) {
-                check(kvb_manager_get_remaining_blocks_to_completion(handle_, &state, r, window, &n));
+                check(
+                    kvb_manager_get_remaining_blocks_to_completion(handle_, &state, r, window, &n));
             });
         } else {
-            check(kvb_manager_get_remaining_blocks_to_completion(handle_, &state, nullptr, window, &n));
+            check(kvb_manager_get_remaining_blocks_to_completion(handle_, &state, nullptr, window,
+                                                                 &n));
         }
         return n;
     }
-    int32_t countReusableBlocks(const Request& request, int32_t window, bool onlyAllocated = false) {
+    int32_t countReusableBlocks(const Request& request, int32_t window,
+                                bool onlyAllocated = false) {
         int32_t n = 0;
         request.withC([&](const kvb_request_t* r) {
             check(kvb_manager_count_reusable_blocks(handle_, r, window, onlyAllocated, &n));
@@ -384,7 +412,8 @@ public:
     std::pair<uint8_t*, size_t> getPoolPointer(int32_t window, kvb_cache_level_t level) const {
         uint8_t* base = nullptr;
         size_t row = 0;
-        check(kvb_manager_get_pool_pointer(handle_, window, static_cast<int32_t>(level), &base, &row));
+        check(kvb_manager_get_pool_pointer(handle_, window, static_cast<int32_t>(level), &base,
+                                           &row));
         return {base, row};
     }
 
@@ -431,7 +460,8 @@ public:
                 sb.priority = b.priority;
                 for (size_t k = 0; k < b.num_mm_keys; ++k) {
                     Event::MmKey key;
-                    for (size_t d = 0; d < key.digest.size(); ++d) key.digest[d] = b.mm_keys[k].digest[d];
+                    for (size_t d = 0; d < key.digest.size(); ++d)
+                        key.digest[d] = b.mm_keys[k].digest[d];
                     key.startOffset = b.mm_keys[k].start_offset;
                     sb.mmKeys.push_back(key);
                 }
@@ -442,22 +472,21 @@ public:
                 ev.removedHashes.assign(e.removed_hashes, e.removed_hashes + e.num_removed_hashes);
             }
             ev.blockHash = e.block_hash;
-            if (e.has_cache_level_change) ev.cacheLevel = Event::Diff{e.old_cache_level, e.new_cache_level};
+            if (e.has_cache_level_change)
+                ev.cacheLevel = Event::Diff{e.old_cache_level, e.new_cache_level};
             if (e.has_priority_change) ev.priority = Event::Diff{e.old_priority, e.new_priority};
             out.push_back(std::move(ev));
         }
         return out;
     }
 
-private:
+  private:
     /// Builds C views of every request (valid while `f` runs) and calls `f` with them.
     template <typename F>
     static void withCBatch(const std::vector<Request>& requests, F&& f) {
         std::vector<kvb_request_t> c(requests.size());
         std::vector<kvb_retention_config_t> retention(requests.size());
-        for (size_t i = 0; i < requests.size(); ++i) {
-            requests[i].fillC(c[i], retention[i]);
-        }
+        for (size_t i = 0; i < requests.size(); ++i) { requests[i].fillC(c[i], retention[i]); }
         f(c);
     }
 

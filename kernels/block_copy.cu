@@ -24,39 +24,32 @@ struct kvb_copy_descriptor {
 #define KVB_UNROLL 4
 
 template <typename T>
-__device__ __forceinline__ void kvb_copy_runs(const kvb_copy_descriptor &d, unsigned int slice,
+__device__ __forceinline__ void kvb_copy_runs(const kvb_copy_descriptor& d, unsigned int slice,
                                               unsigned int slices_per_copy) {
     const unsigned int per_chunk = (unsigned int)(d.chunk_bytes / sizeof(T));
     const unsigned int total = per_chunk * d.num_chunks;
     const unsigned int step = slices_per_copy * blockDim.x;
-    const unsigned char *src = (const unsigned char *)d.src;
-    unsigned char *dst = (unsigned char *)d.dst;
+    const unsigned char* src = (const unsigned char*)d.src;
+    unsigned char* dst = (unsigned char*)d.dst;
     unsigned int i = slice * blockDim.x + threadIdx.x;
     // Byte offset of element i inside its row: chunk index times stride plus offset in chunk.
-#define KVB_OFFSET(idx)                                                                         \
-    (d.num_chunks == 1 ? (unsigned long long)(idx) * sizeof(T)                                \
-                       : (unsigned long long)((idx) / per_chunk) * d.chunk_stride +            \
+#define KVB_OFFSET(idx)                                                             \
+    (d.num_chunks == 1 ? (unsigned long long)(idx) * sizeof(T)                      \
+                       : (unsigned long long)((idx) / per_chunk) * d.chunk_stride + \
                              (unsigned long long)((idx) % per_chunk) * sizeof(T))
     for (; i + (KVB_UNROLL - 1) * step < total; i += KVB_UNROLL * step) {
         T v[KVB_UNROLL];
 #pragma unroll
-        for (int u = 0; u < KVB_UNROLL; ++u) {
-            v[u] = *(const T *)(src + KVB_OFFSET(i + u * step));
-        }
+        for (int u = 0; u < KVB_UNROLL; ++u) { v[u] = *(const T*)(src + KVB_OFFSET(i + u * step)); }
 #pragma unroll
-        for (int u = 0; u < KVB_UNROLL; ++u) {
-            *(T *)(dst + KVB_OFFSET(i + u * step)) = v[u];
-        }
+        for (int u = 0; u < KVB_UNROLL; ++u) { *(T*)(dst + KVB_OFFSET(i + u * step)) = v[u]; }
     }
-    for (; i < total; i += step) {
-        *(T *)(dst + KVB_OFFSET(i)) = *(const T *)(src + KVB_OFFSET(i));
-    }
+    for (; i < total; i += step) { *(T*)(dst + KVB_OFFSET(i)) = *(const T*)(src + KVB_OFFSET(i)); }
 #undef KVB_OFFSET
 }
 
-extern "C" __global__ void kvb_copy_blocks(const kvb_copy_descriptor *descriptors,
-                                           unsigned int num_copies,
-                                           unsigned int slices_per_copy) {
+extern "C" __global__ void kvb_copy_blocks(const kvb_copy_descriptor* descriptors,
+                                           unsigned int num_copies, unsigned int slices_per_copy) {
     const unsigned long long units = (unsigned long long)num_copies * slices_per_copy;
     for (unsigned long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
         const kvb_copy_descriptor d = descriptors[unit / slices_per_copy];

@@ -24,7 +24,8 @@ apt_install() {
 }
 
 missing=()
-for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl python3:python3; do
+for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl python3:python3 \
+    clang-format:clang-format; do
     command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
@@ -32,10 +33,10 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
-# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.86) and
+# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.88) and
 # cbindgen's, so Rust comes from rustup (also when only that old distro Rust is present).
 rust_minor="$(rustc --version 2>/dev/null | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p' || true)"
-if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 86)); then
+if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 88)); then
     echo "+ installing Rust (stable) via rustup"
     # The path check would stop rustup-init when an old distro rustc is on PATH.
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
@@ -47,6 +48,20 @@ if command -v rustup >/dev/null; then
 fi
 cargo --version
 rustc --version
+
+# The pinned nightly (sanitizers, libFuzzer; rust-src for the ThreadSanitizer's -Zbuild-std)
+# and the declared minimum Rust version (scripts/toolchains.sh).
+source scripts/toolchains.sh
+for tc in "$KVB_NIGHTLY" "$KVB_MSRV"; do
+    if ! rustup run "$tc" rustc --version >/dev/null 2>&1; then
+        echo "+ rustup toolchain install $tc --profile minimal"
+        rustup toolchain install "$tc" --profile minimal
+    fi
+done
+if ! rustup component list --toolchain "$KVB_NIGHTLY" --installed | grep -q '^rust-src'; then
+    echo "+ rustup component add rust-src --toolchain $KVB_NIGHTLY"
+    rustup component add rust-src --toolchain "$KVB_NIGHTLY"
+fi
 
 if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
     echo "+ cargo install cbindgen --version $CBINDGEN_VERSION --locked --force"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The full test suite: Rust lints and tests, header freshness, the C++ tests through CMake (with the
-# install/consumer test), then the Python module: built, installed into .venv and tested with pytest.
+# The full test suite: Rust lints, docs, formatting, the MSRV build and tests, header freshness,
+# the C++ tests through CMake (with the install/consumer test), the Python module (built,
+# installed into .venv, pytest), then the hardening runs: the C-ABI fuzz target (bounded), the
+# sanitizer builds and the soak.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,6 +19,13 @@ step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "cargo doc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
+step "clang-format --check"
+scripts/format.sh --check
+step "build with the minimum Rust version (Cargo.toml rust-version)"
+source scripts/toolchains.sh
+cargo "+$KVB_MSRV" build --lib --locked --target-dir target/msrv
 step "cargo test --release"
 cargo test --release
 step "scripts/check_header.sh"
@@ -36,3 +45,11 @@ step "python: pytest"
 # From outside the source tree, so `import kvblock` is the installed package.
 (cd /tmp && KVBLOCK_REPLAY="$OLDPWD/build/examples/replay" "$OLDPWD/.venv/bin/python" -m pytest -q \
     -p no:cacheprovider "$OLDPWD/python/tests")
+
+# Hardening (issue 12): each stage says how to run it longer or alone.
+step "fuzz the C ABI (scripts/fuzz.sh, ${FUZZ_SECONDS:=120} s)"
+FUZZ_SECONDS="$FUZZ_SECONDS" scripts/fuzz.sh
+step "sanitizers (scripts/sanitize.sh)"
+scripts/sanitize.sh
+step "soak (scripts/soak.sh, ${KVB_SOAK_OPS:=1000000} operations, overflow checks on)"
+KVB_SOAK_OPS="$KVB_SOAK_OPS" scripts/soak.sh

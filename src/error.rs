@@ -37,6 +37,12 @@ pub enum KvError {
     InvariantViolation(String),
     /// A CUDA call failed.
     Cuda(String),
+    /// Memory for the pools (or another buffer sized by the caller) could not be allocated;
+    /// nothing was created.
+    OutOfMemory(String),
+    /// A batch of block copies could not be submitted; the call's bookkeeping was rolled back
+    /// (every block stays where its bytes are).
+    CopyFailed(String),
 }
 
 impl fmt::Display for KvError {
@@ -77,6 +83,8 @@ impl fmt::Display for KvError {
             }
             KvError::InvariantViolation(m) => write!(f, "invariant violated: {m}"),
             KvError::Cuda(m) => write!(f, "CUDA: {m}"),
+            KvError::OutOfMemory(m) => write!(f, "out of memory: {m}"),
+            KvError::CopyFailed(m) => write!(f, "copy failed: {m}"),
         }
     }
 }

@@ -82,7 +82,7 @@ pub enum WindowEvent {
 }
 
 /// The iteration's events, with removals pending per window.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct EventQueue {
     attention_dp_rank: Option<i32>,
     next_id: u64,
@@ -263,8 +263,18 @@ impl EventDelivery {
 
     /// Wakes every waiting drainer for good (the manager is going away).
     pub fn shutdown(&self) {
-        self.lock().shutdown = true;
+        let mut st = self.lock();
+        st.shutdown = true;
+        // The destroyed handle's shell keeps this buffer: free the undrained events now.
+        st.events = VecDeque::new();
+        st.dropped = 0;
+        drop(st);
         self.ready.notify_all();
+    }
+
+    /// Events delivered and not drained yet.
+    pub fn num_pending(&self) -> usize {
+        self.lock().events.len()
     }
 }
 

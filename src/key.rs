@@ -207,8 +207,9 @@ pub fn multimodal_keys_for_range(
 ) {
     out.clear();
     for item in items {
-        let item_end = item.position + item.length;
-        if item.position < end && item_end > start {
+        // Widened: an item reaching past i32::MAX still covers the block (never dropped).
+        let item_end = i64::from(item.position) + i64::from(item.length);
+        if item.position < end && item_end > i64::from(start) {
             let start_offset = if item.position >= start {
                 0
             } else {

@@ -48,6 +48,19 @@ impl PoolGeometry {
         self.num_layers * self.kv_factor * self.num_kv_heads * self.head_slab_bytes()
     }
 
+    /// `row_bytes`, or `None` when the product of the caller's sizes overflows `usize`.
+    pub fn checked_row_bytes(&self) -> Option<usize> {
+        [
+            self.kv_factor,
+            self.num_kv_heads,
+            self.tokens_per_block,
+            self.size_per_head,
+            self.bytes_per_element,
+        ]
+        .iter()
+        .try_fold(self.num_layers, |acc, &v| acc.checked_mul(v))
+    }
+
     /// Number of (layer, K|V, head) slabs in a row.
     pub fn slabs_per_row(&self) -> usize {
         self.num_layers * self.kv_factor * self.num_kv_heads

@@ -5,6 +5,7 @@
 //! wrote). `num_tokens == 0` copies whole rows; otherwise only the first `num_tokens` tokens of
 //! every (layer, K|V, head) slab are copied (partial reuse).
 
+use crate::error::{KvError, KvResult};
 use crate::pool::{Level, MemRow, PoolGeometry};
 
 /// One row copy.
@@ -16,10 +17,26 @@ pub struct RowCopy {
     pub num_tokens: u32,
 }
 
+/// A batch of copies that a backend could not execute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyFailure {
+    /// How many copies of the batch, from its start, were executed (or enqueued) before the
+    /// failure; the others moved nothing.
+    pub completed: usize,
+    /// What went wrong (`KvError::CopyFailed`, or `KvError::Cuda` for the CUDA backend).
+    pub error: KvError,
+}
+
 /// Moves the bytes of blocks between memory rows of a window's pools.
 pub trait CopyEngine: Send {
-    /// Executes (or enqueues, for asynchronous backends) `copies` in order.
-    fn submit(&mut self, copies: &[RowCopy]);
+    /// Executes (or enqueues, for asynchronous backends) `copies` in order. On failure the
+    /// manager rolls the call back (see `KvCacheManager::transact`) when `can_fail` said so.
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure>;
+    /// Whether `submit` may fail: the manager then snapshots its bookkeeping before each call
+    /// that may copy, so a failure can be rolled back.
+    fn can_fail(&self) -> bool {
+        false
+    }
     /// Waits until every submitted copy is visible to the engine's compute work.
     fn sync(&mut self) {}
     /// Base address of the pool of `level`: host memory for the host backend, the
@@ -49,8 +66,9 @@ pub struct NullEngine {
 }
 
 impl CopyEngine for NullEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         self.copies_submitted += copies.len() as u64;
+        Ok(())
     }
 }
 
@@ -62,13 +80,53 @@ pub struct HostMemoryEngine {
     pools: [Vec<u8>; 2],
 }
 
+/// A zeroed byte buffer of `bytes`, or `KvError::OutOfMemory` (instead of aborting the host
+/// process) when the allocator refuses.
+pub fn try_zeroed_buffer(bytes: usize, what: &str) -> KvResult<Vec<u8>> {
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(bytes)
+        .map_err(|_| KvError::OutOfMemory(format!("{what}: {bytes} bytes is too large")))?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(KvError::OutOfMemory(format!(
+            "{what}: {bytes} bytes could not be allocated"
+        )));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; bytes]`,
+    // and all `bytes` bytes are initialised (zeroed).
+    Ok(unsafe { Vec::from_raw_parts(ptr, bytes, bytes) })
+}
+
 impl HostMemoryEngine {
+    /// Host pools of `num_primary` and `num_secondary` rows; panics when they cannot be
+    /// allocated (tests). The manager uses `try_new`.
     pub fn new(geometry: PoolGeometry, num_primary: usize, num_secondary: usize) -> Self {
-        let row = geometry.row_bytes();
-        HostMemoryEngine {
+        Self::try_new(geometry, num_primary, num_secondary).expect("host pools")
+    }
+
+    /// Host pools of `num_primary` and `num_secondary` rows; `KvError::OutOfMemory` when their
+    /// size overflows or the allocator refuses.
+    pub fn try_new(
+        geometry: PoolGeometry,
+        num_primary: usize,
+        num_secondary: usize,
+    ) -> KvResult<Self> {
+        let bytes = |rows: usize| {
+            geometry
+                .checked_row_bytes()
+                .and_then(|r| r.checked_mul(rows))
+                .ok_or_else(|| KvError::OutOfMemory("the pool size overflows".into()))
+        };
+        Ok(HostMemoryEngine {
             geometry,
-            pools: [vec![0; row * num_primary], vec![0; row * num_secondary]],
-        }
+            pools: [
+                try_zeroed_buffer(bytes(num_primary)?, "primary pool")?,
+                try_zeroed_buffer(bytes(num_secondary)?, "secondary pool")?,
+            ],
+        })
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -127,10 +185,11 @@ impl HostMemoryEngine {
 }
 
 impl CopyEngine for HostMemoryEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         for c in copies {
             self.copy_one(c);
         }
+        Ok(())
     }
 
     fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
@@ -167,7 +226,7 @@ mod tests {
         let mut e = HostMemoryEngine::new(geometry(), 2, 1);
         e.row_mut(row(Level::Primary, 1))
             .copy_from_slice(&[1u8; 16]);
-        e.submit(&[RowCopy {
+        let _ = e.submit(&[RowCopy {
             src: row(Level::Primary, 1),
             dst: row(Level::Secondary, 0),
             num_tokens: 0,
@@ -181,7 +240,7 @@ mod tests {
         let mut e = HostMemoryEngine::new(geometry(), 2, 0);
         let src: Vec<u8> = (1..=16).collect();
         e.row_mut(row(Level::Primary, 0)).copy_from_slice(&src);
-        e.submit(&[RowCopy {
+        let _ = e.submit(&[RowCopy {
             src: row(Level::Primary, 0),
             dst: row(Level::Primary, 1),
             num_tokens: 3,
@@ -196,7 +255,7 @@ mod tests {
     fn copies_run_in_submission_order() {
         let mut e = HostMemoryEngine::new(geometry(), 1, 1);
         e.row_mut(row(Level::Primary, 0)).fill(7);
-        e.submit(&[
+        let _ = e.submit(&[
             RowCopy {
                 src: row(Level::Primary, 0),
                 dst: row(Level::Secondary, 0),

@@ -12,7 +12,8 @@ int main() {
     const std::string version =
         std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
     if (version != KVBLOCK_EXPECTED_VERSION) {
-        std::fprintf(stderr, "kvb_version %s, expected %s\n", version.c_str(), KVBLOCK_EXPECTED_VERSION);
+        std::fprintf(stderr, "kvb_version %s, expected %s\n", version.c_str(),
+                     KVBLOCK_EXPECTED_VERSION);
         return 1;
     }
     kvb::Config config;
@@ -29,6 +30,7 @@ int main() {
         std::fprintf(stderr, "reused %d tokens, expected 8\n", again.prepopulated_prompt_len);
         return 1;
     }
-    std::printf("consumer: kvblock %s, reused %d tokens\n", version.c_str(), again.prepopulated_prompt_len);
+    std::printf("consumer: kvblock %s, reused %d tokens\n", version.c_str(),
+                again.prepopulated_prompt_len);
     return 0;
 }

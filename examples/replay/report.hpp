@@ -26,7 +26,8 @@ inline uint64_t percentile(std::vector<uint64_t> values, double q) {
     if (values.empty()) return 0;
     size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
     rank = std::min(std::max<size_t>(rank, 1), values.size());
-    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(rank - 1), values.end());
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(rank - 1),
+                     values.end());
     return values[rank - 1];
 }
 
@@ -54,28 +55,46 @@ inline std::string escape_text(const std::string& s, bool xml) {
     std::string out;
     for (char c : s) {
         unsigned char u = static_cast<unsigned char>(c);
-        if (xml && c == '<') out += "&lt;";
-        else if (xml && c == '>') out += "&gt;";
-        else if (xml && c == '&') out += "&amp;";
-        else if (!xml && (c == '"' || c == '\\')) { out += '\\'; out += c; }
-        else if (!xml && u < 0x20) {
+        if (xml && c == '<')
+            out += "&lt;";
+        else if (xml && c == '>')
+            out += "&gt;";
+        else if (xml && c == '&')
+            out += "&amp;";
+        else if (!xml && (c == '"' || c == '\\')) {
+            out += '\\';
+            out += c;
+        } else if (!xml && u < 0x20) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\u%04x", u);
             out += buf;
-        } else out += c;
+        } else
+            out += c;
     }
     return out;
 }
 
 /// A streaming JSON writer: nested objects / arrays, plain numbers, two-space indentation.
 class JsonWriter {
-public:
+  public:
     explicit JsonWriter(std::FILE* f) : f_(f) {}
 
-    JsonWriter& begin_object(const char* key = nullptr) { open(key, '{'); return *this; }
-    JsonWriter& end_object() { close('}'); return *this; }
-    JsonWriter& begin_array(const char* key = nullptr) { open(key, '['); return *this; }
-    JsonWriter& end_array() { close(']'); return *this; }
+    JsonWriter& begin_object(const char* key = nullptr) {
+        open(key, '{');
+        return *this;
+    }
+    JsonWriter& end_object() {
+        close('}');
+        return *this;
+    }
+    JsonWriter& begin_array(const char* key = nullptr) {
+        open(key, '[');
+        return *this;
+    }
+    JsonWriter& end_array() {
+        close(']');
+        return *this;
+    }
 
     JsonWriter& num(const char* key, uint64_t v) {
         item(key);
@@ -123,7 +142,7 @@ public:
         return s == "-0" ? "0" : s;
     }
 
-private:
+  private:
     void indent() {
         std::fputc('\n', f_);
         for (size_t i = 0; i < first_.size(); ++i) std::fputs("  ", f_);
@@ -166,12 +185,15 @@ inline bool write_svg(const std::string& path, const std::string& title,
     // Left axis: 0 .. the next tenth above the largest hit rate (at least 0.1, at most 1).
     double rate_top = std::min(1.0, std::max(0.1, std::ceil(max_rate * 10 + 1e-9) / 10));
     double blocks_top = static_cast<double>(std::max<int64_t>(primary_blocks, 1));
-    auto x = [&](uint64_t step) { return left + pw * static_cast<double>(step) / static_cast<double>(max_step); };
+    auto x = [&](uint64_t step) {
+        return left + pw * static_cast<double>(step) / static_cast<double>(max_step);
+    };
     auto y_rate = [&](double r) { return top + ph * (1 - r / rate_top); };
     auto y_blocks = [&](double b) { return top + ph * (1 - b / blocks_top); };
 
-    std::fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                    "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
+    std::fprintf(f,
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                 "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
                  W, H, W, H);
     std::fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     std::fprintf(f, "<text x=\"%.0f\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n",
@@ -181,18 +203,22 @@ inline bool write_svg(const std::string& path, const std::string& title,
         double fy = top + ph * i / 5.0;
         std::fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
                      left, fy, left + pw, fy);
-        std::fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#1f77b4\">%.2f</text>\n",
-                     left - 6, fy + 4, rate_top * (1 - i / 5.0));
+        std::fprintf(
+            f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#1f77b4\">%.2f</text>\n",
+            left - 6, fy + 4, rate_top * (1 - i / 5.0));
         std::fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">%.0f</text>\n", left + pw + 6,
                      fy + 4, blocks_top * (1 - i / 5.0));
         double fx = left + pw * i / 5.0;
         std::fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", fx,
                      top + ph + 18, static_cast<double>(max_step) * i / 5.0);
     }
-    std::fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-                    "stroke=\"black\"/>\n", left, top, pw, ph);
+    std::fprintf(f,
+                 "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+                 "stroke=\"black\"/>\n",
+                 left, top, pw, ph);
     auto polyline = [&](const char* color, bool rate) {
-        std::fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+        std::fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+                     color);
         for (const auto& p : points) {
             double py = rate ? y_rate(p.hit_rate) : y_blocks(static_cast<double>(p.free_primary));
             std::fprintf(f, "%.1f,%.1f ", x(p.step), py);
@@ -203,10 +229,14 @@ inline bool write_svg(const std::string& path, const std::string& title,
     polyline("#1f77b4", true);
     std::fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n",
                  left + pw / 2, H - 18);
-    std::fprintf(f, "<text transform=\"translate(18,%.1f) rotate(-90)\" text-anchor=\"middle\" "
-                    "fill=\"#1f77b4\">prefix hit rate so far</text>\n", top + ph / 2);
-    std::fprintf(f, "<text transform=\"translate(%.1f,%.1f) rotate(90)\" text-anchor=\"middle\" "
-                    "fill=\"#d62728\">free primary blocks</text>\n", W - 14, top + ph / 2);
+    std::fprintf(f,
+                 "<text transform=\"translate(18,%.1f) rotate(-90)\" text-anchor=\"middle\" "
+                 "fill=\"#1f77b4\">prefix hit rate so far</text>\n",
+                 top + ph / 2);
+    std::fprintf(f,
+                 "<text transform=\"translate(%.1f,%.1f) rotate(90)\" text-anchor=\"middle\" "
+                 "fill=\"#d62728\">free primary blocks</text>\n",
+                 W - 14, top + ph / 2);
     std::fprintf(f, "</svg>\n");
     return std::fclose(f) == 0;
 }
@@ -214,7 +244,7 @@ inline bool write_svg(const std::string& path, const std::string& title,
 /// A progress bar on stderr: redrawn in place at most 10 times a second on a terminal; elsewhere
 /// (logs, ctest) one line per 10% of the requests.
 class Progress {
-public:
+  public:
     Progress(size_t total, bool enabled)
         : total_(std::max<size_t>(total, 1)), enabled_(enabled), tty_(KVB_REPLAY_ISATTY(2) != 0) {}
 
@@ -246,7 +276,7 @@ public:
         if (enabled_ && tty_ && drawn_) std::fputc('\n', stderr);
     }
 
-private:
+  private:
     size_t total_;
     bool enabled_;
     bool tty_;

@@ -98,7 +98,7 @@ inline bool token_self_test(std::FILE* out) {
 /// A minimal parser for one flat JSON object per line: number and array-of-number values are
 /// read, strings / booleans / null / nested values are skipped. Errors name the line.
 class TraceLineParser {
-public:
+  public:
     TraceLineParser(const std::string& line, size_t line_no)
         : p_(line.data()), end_(line.data() + line.size()), line_no_(line_no) {}
 
@@ -150,7 +150,7 @@ public:
         return req;
     }
 
-private:
+  private:
     [[noreturn]] void fail(const std::string& what) const {
         throw std::runtime_error("trace line " + std::to_string(line_no_) + ": " + what);
     }
@@ -190,7 +190,8 @@ private:
         return v;
     }
     uint64_t unsigned_integer() {
-        if (!std::isdigit(static_cast<unsigned char>(peek()))) fail("expected a non-negative integer");
+        if (!std::isdigit(static_cast<unsigned char>(peek())))
+            fail("expected a non-negative integer");
         uint64_t v = 0;
         while (p_ < end_ && std::isdigit(static_cast<unsigned char>(*p_))) {
             uint64_t d = static_cast<uint64_t>(*p_++ - '0');
@@ -237,8 +238,10 @@ private:
             bool in_string = false;
             for (; p_ < end_; ++p_) {
                 if (in_string) {
-                    if (*p_ == '\\') ++p_;
-                    else if (*p_ == '"') in_string = false;
+                    if (*p_ == '\\')
+                        ++p_;
+                    else if (*p_ == '"')
+                        in_string = false;
                 } else if (*p_ == '"') {
                     in_string = true;
                 } else if (*p_ == '[' || *p_ == '{') {
@@ -250,7 +253,8 @@ private:
             }
             fail("unterminated value");
         } else if (std::isalpha(static_cast<unsigned char>(c))) {
-            while (p_ < end_ && std::isalpha(static_cast<unsigned char>(*p_))) ++p_;  // true/false/null
+            while (p_ < end_ && std::isalpha(static_cast<unsigned char>(*p_)))
+                ++p_;  // true/false/null
         } else {
             number();
         }

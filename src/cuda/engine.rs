@@ -16,8 +16,9 @@ use cudarc::driver::sys::{
 use super::device::CudaDevice;
 use super::driver::{check, ContextGuard, CudaError, CudaResult};
 use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
+use crate::error::KvError;
 use crate::pool::{Level, PoolGeometry};
-use crate::transfer::{CopyEngine, RowCopy};
+use crate::transfer::{CopyEngine, CopyFailure, RowCopy};
 
 const THREADS_PER_CTA: u32 = 256;
 /// Resident CTAs per SM the grid asks for (the grid strides over the rest).
@@ -381,13 +382,30 @@ fn free_buffer(b: DescriptorBuffer) {
 }
 
 impl CopyEngine for CudaCopyEngine {
-    fn submit(&mut self, copies: &[RowCopy]) {
+    /// A launch that fails before any kernel of the batch was enqueued is reported as a
+    /// `CopyFailure`; one that fails after is sticky. Either poisons the handle (`can_fail`).
+    fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         if self.failure.is_some() || copies.is_empty() {
-            return;
+            return Ok(());
         }
+        let launches_before = self.launches;
         if let Err(e) = self.launch(copies) {
+            if self.launches == launches_before {
+                return Err(CopyFailure {
+                    completed: 0,
+                    error: KvError::Cuda(e.to_string()),
+                });
+            }
             self.failure = Some(e.to_string());
         }
+        Ok(())
+    }
+
+    /// False: the rollback path snapshots every window before each call that may copy, which
+    /// costs time proportional to the pool on the GPU hot path. A failed launch (rare: a
+    /// descriptor buffer that cannot be allocated, a broken context) poisons the handle instead.
+    fn can_fail(&self) -> bool {
+        false
     }
 
     /// Orders the copies before the engine's next work on the GPU (no host wait).

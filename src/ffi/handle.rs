@@ -1,7 +1,8 @@
 //! The opaque manager handle, the panic guard and argument helpers shared by all entry points.
 
+use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 
 use super::status::{clear_last_error, fail, kvb_status_t, status_of};
 use crate::error::KvError;
@@ -49,15 +50,74 @@ pub(crate) fn invalid(message: String) -> FfiError {
     FfiError(kvb_status_t::KVB_STATUS_INVALID_ARGUMENT, message)
 }
 
+thread_local! {
+    /// Depth of kvblock entry points on this thread: a panic inside one is caught and reported
+    /// through the status, so the panic hook stays quiet for it.
+    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// What the last caught panic said (message and location), for the last-error message.
+    static PANIC_MESSAGE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Installs, once per process, a panic hook that keeps panics inside kvblock calls off the
+/// host's stderr (they become `KVB_STATUS_INTERNAL` with the message and location in
+/// `kvb_last_error_message`) and hands every other panic to the hook that was there before.
+fn install_quiet_panic_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CALL_DEPTH.with(Cell::get) > 0 {
+                let payload = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let location = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                PANIC_MESSAGE.with(|m| *m.borrow_mut() = format!("{payload}{location}"));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The message of the panic just caught on this thread.
+fn caught_panic_message() -> String {
+    PANIC_MESSAGE.with(|m| std::mem::take(&mut *m.borrow_mut()))
+}
+
+/// Marks the thread as inside a kvblock entry point while alive.
+struct InCall;
+
+impl InCall {
+    fn enter() -> Self {
+        CALL_DEPTH.with(|d| d.set(d.get() + 1));
+        InCall
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        CALL_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
 /// Runs `f`, turning errors and panics into a status (and the thread's last-error message).
+/// A panic prints nothing on the host's stderr.
 pub(crate) fn guard(f: impl FnOnce() -> FfiResult) -> kvb_status_t {
     clear_last_error();
+    install_quiet_panic_hook();
+    let _in_call = InCall::enter();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => kvb_status_t::KVB_OK,
         Ok(Err(FfiError(status, message))) => fail(status, &message),
         Err(_) => fail(
             kvb_status_t::KVB_STATUS_INTERNAL,
-            "internal error (panic caught)",
+            &format!("internal error (panic caught: {})", caught_panic_message()),
         ),
     }
 }
@@ -74,7 +134,10 @@ pub(crate) fn with_manager(
         let mut state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
             HandleState::Live(m) => match catch_unwind(AssertUnwindSafe(|| f(m))) {
-                Ok(result) => match m.copy_failure() {
+                Ok(result) => match m
+                    .copy_failure()
+                    .or_else(|| m.take_untransacted_copy_error().map(|e| e.to_string()))
+                {
                     None => result,
                     // Bookkeeping moved on but the bytes did not: nothing can be trusted.
                     Some(message) => {
@@ -89,7 +152,10 @@ pub(crate) fn with_manager(
                     poison(&mut state);
                     Err(FfiError(
                         kvb_status_t::KVB_STATUS_INTERNAL,
-                        "internal error (panic caught); the manager is poisoned".into(),
+                        format!(
+                            "internal error (panic caught: {}); the manager is poisoned",
+                            caught_panic_message()
+                        ),
                     ))
                 }
             },
@@ -103,6 +169,23 @@ pub(crate) fn with_manager(
             )),
         }
     })
+}
+
+/// `with_manager` for the calls that may submit copies: transactional (see
+/// `KvCacheManager::transact`), so a copy backend's failure rolls the call back and returns its
+/// status instead of poisoning the handle.
+pub(crate) fn with_manager_tx(
+    mgr: *const kvb_manager_t,
+    f: impl FnOnce(&mut KvCacheManager) -> FfiResult,
+) -> kvb_status_t {
+    with_manager(mgr, |m| m.transact(f))
+}
+
+/// Wraps a manager made by the Rust API (e.g. with a test copy backend) in a C handle, to
+/// drive it through the C ABI. Free it with `kvb_manager_destroy`.
+#[doc(hidden)]
+pub fn handle_from_manager(m: KvCacheManager) -> *mut kvb_manager_t {
+    new_handle(m)
 }
 
 fn poison(state: &mut HandleState) {
@@ -204,6 +287,16 @@ pub(crate) fn require_out<T>(ptr: *mut T, what: &str) -> FfiResult {
 /// A non-negative `i32` size/count argument as `usize`.
 pub(crate) fn count_arg(v: i32, what: &str) -> FfiResult<usize> {
     usize::try_from(v).map_err(|_| invalid(format!("{what} is negative ({v})")))
+}
+
+/// A count or size result as the `int32_t` the C ABI returns: `KVB_STATUS_INVALID_ARGUMENT`
+/// when it does not fit (arguments that extreme), never a wrapped or negative value.
+pub(crate) fn i32_result(v: usize, what: &str) -> FfiResult<i32> {
+    i32::try_from(v).map_err(|_| {
+        invalid(format!(
+            "{what} ({v}) does not fit in int32_t: the arguments are too large"
+        ))
+    })
 }
 
 /// A strictly positive `i32` argument as `usize`.

@@ -2,8 +2,9 @@
 //! `KvCacheManager` method under the handle's lock.
 
 use super::handle::{
-    copy_out, count_arg, destroy_handle, guard, invalid, kvb_manager_t, new_handle, null_error,
-    positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, write_out, FfiError,
+    copy_out, count_arg, destroy_handle, guard, i32_result, invalid, kvb_manager_t, new_handle,
+    null_error, positive_arg, require_out, slice_arg, slice_arg_mut, with_manager, with_manager_tx,
+    write_out, FfiError,
 };
 use super::status::kvb_status_t;
 use super::types::*;
@@ -34,7 +35,10 @@ pub extern "C" fn kvb_request_state_init(state: *mut kvb_request_state_t) -> kvb
 }
 
 /// Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
-/// failure `*out` is set to null.
+/// failure `*out` is set to null. Fails with `KVB_STATUS_INVALID_CONFIG` (inconsistent config,
+/// pool sizes that overflow, more than `INT32_MAX` blocks in a window),
+/// `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_OUT_OF_MEMORY` (pools or bookkeeping the allocator
+/// refuses), `KVB_STATUS_UNSUPPORTED` or `KVB_STATUS_CUDA` (CUDA backend).
 #[no_mangle]
 pub extern "C" fn kvb_manager_create(
     config: *const kvb_manager_config_t,
@@ -70,14 +74,16 @@ pub extern "C" fn kvb_manager_destroy(manager: *mut kvb_manager_t) -> kvb_status
 /// Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
 /// blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
 /// receives the prepopulated prompt length and the per-request counters. Fails with
-/// `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks; a failed call changes nothing.
+/// `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED` /
+/// `KVB_STATUS_CUDA` when the copy backend fails (the call is rolled back); a failed call
+/// changes nothing.
 #[no_mangle]
 pub extern "C" fn kvb_manager_add_sequence(
     manager: *mut kvb_manager_t,
     request: *const kvb_request_t,
     out: *mut kvb_admission_t,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         let req = self::request(request)?;
         let admission = m.add_sequence_ref(&req.as_ref())?;
         if !out.is_null() {
@@ -102,7 +108,7 @@ pub extern "C" fn kvb_manager_add_sequence_batch(
     results: *mut kvb_admission_t,
     out_admitted: *mut usize,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         require_out(out_admitted, "out_admitted")?;
         let reqs = requests_arg(requests, num_requests)?;
         let out = if results.is_null() {
@@ -161,14 +167,16 @@ fn requests_arg<'a>(
 }
 
 /// Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
-/// at block boundaries and detaches blocks that left a sliding window.
+/// at block boundaries and detaches blocks that left a sliding window. Fails with
+/// `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED` /
+/// `KVB_STATUS_CUDA` (rolled back) when offloading an evicted block fails.
 #[no_mangle]
 pub extern "C" fn kvb_manager_add_token(
     manager: *mut kvb_manager_t,
     request_id: u64,
     token_id: i32,
 ) -> kvb_status_t {
-    with_manager(manager, |m| Ok(m.add_token(request_id, token_id)?))
+    with_manager_tx(manager, |m| Ok(m.add_token(request_id, token_id)?))
 }
 
 /// One decode step for many sequences under one lock: for each `i < num_requests` in order,
@@ -189,7 +197,7 @@ pub extern "C" fn kvb_manager_add_token_batch(
     statuses: *mut kvb_status_t,
     out_done: *mut usize,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         require_out(out_done, "out_done")?;
         let ids = slice_arg(request_ids, num_requests, "request_ids")?;
         let tokens = slice_arg(token_ids, num_requests, "token_ids")?;
@@ -211,24 +219,32 @@ pub extern "C" fn kvb_manager_add_token_batch(
     })
 }
 
-/// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1).
+/// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
+/// `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
+/// it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
+/// sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
+/// (rolled back) when the copy backend fails.
 #[no_mangle]
 pub extern "C" fn kvb_manager_remove_token(
     manager: *mut kvb_manager_t,
     request_id: u64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| Ok(m.rewind(request_id, 1)?))
+    with_manager_tx(manager, |m| Ok(m.rewind(request_id, 1)?))
 }
 
 /// Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
-/// blocks no longer needed to the front of the free queue.
+/// blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
+/// when the new last block is shared and no free block is left to copy it into,
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
+/// `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
+/// (rolled back) when the copy backend fails.
 #[no_mangle]
 pub extern "C" fn kvb_manager_rewind_kv_cache(
     manager: *mut kvb_manager_t,
     request_id: u64,
     num_tokens: i32,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         let n = count_arg(num_tokens, "num_tokens")?;
         Ok(m.rewind(request_id, n)?)
     })
@@ -571,7 +587,7 @@ pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
             two_steps_look_ahead,
             window_arg(window_size)?,
         )?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -594,7 +610,7 @@ pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
             Some(self::request(request)?.to_request())
         };
         let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -612,7 +628,7 @@ pub extern "C" fn kvb_manager_count_reusable_blocks(
         require_out(out, "out")?;
         let req = self::request(request)?.to_request();
         let n = m.count_reusable_blocks(&req, window_arg(window_size)?, only_allocated)?;
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
@@ -629,15 +645,20 @@ pub extern "C" fn kvb_manager_get_max_capacity_batch_size(
         require_out(out, "out")?;
         let i = count_arg(input_length, "input_length")?;
         let o = count_arg(output_length, "output_length")?;
-        write_out(out, m.max_capacity_batch_size(i, o) as i32, "out")
+        write_out(
+            out,
+            i32_result(m.max_capacity_batch_size(i, o), "the batch size")?,
+            "out",
+        )
     })
 }
 
 /// Expires timed retentions and syncs outstanding copies; call once per iteration
-/// (TensorRT-LLM `refreshBlocks`).
+/// (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
+/// (`KVB_STATUS_COPY_FAILED` rolled back, `KVB_STATUS_CUDA`).
 #[no_mangle]
 pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         m.refresh_blocks();
         Ok(())
     })
@@ -705,7 +726,9 @@ pub extern "C" fn kvb_manager_get_block_info(
 }
 
 /// Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
-/// `*out_offloaded` is false when there is no free host block or offloading is off.
+/// `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
+/// block, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA` (rolled back) when the copy fails.
 #[no_mangle]
 pub extern "C" fn kvb_manager_offload_block(
     manager: *mut kvb_manager_t,
@@ -713,7 +736,7 @@ pub extern "C" fn kvb_manager_offload_block(
     block_id: i32,
     out_offloaded: *mut bool,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
+    with_manager_tx(manager, |m| {
         require_out(out_offloaded, "out_offloaded")?;
         let b = u32::try_from(block_id)
             .map_err(|_| invalid(format!("block id {block_id} is negative")))?;

@@ -1,13 +1,15 @@
 //! C entry points of the static sizing helpers (reference §7).
 
 use super::handle::{
-    count_arg, guard, positive_arg, require_out, slice_arg, slice_arg_mut, write_out, FfiResult,
+    count_arg, guard, i32_result, positive_arg, require_out, slice_arg, slice_arg_mut, write_out,
+    FfiResult,
 };
 use super::status::kvb_status_t;
 use crate::sizing;
 
 /// Blocks one beam needs for `sequence_length` tokens under `window_size`
 /// (TensorRT-LLM `calculateMaxBlockRequirementsPerBeam`, no sink tokens).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
     sequence_length: i32,
@@ -22,12 +24,13 @@ pub extern "C" fn kvb_calculate_max_block_requirements_per_beam(
             positive_arg(window_size, "window_size")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
 /// Blocks a request of `input_length + output_length` tokens with `beam_width` beams needs
 /// (TensorRT-LLM `calculateMaxBlockRequirements`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_block_requirements(
     input_length: i32,
@@ -46,12 +49,13 @@ pub extern "C" fn kvb_calculate_max_block_requirements(
             positive_arg(beam_width, "beam_width")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 
 /// The largest attention window that `capacity_blocks` allow for one request
 /// (TensorRT-LLM `calculateMaxAttentionWindow`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative or zero size, or a result beyond `INT32_MAX`.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_max_attention_window(
     input_length: i32,
@@ -70,7 +74,7 @@ pub extern "C" fn kvb_calculate_max_attention_window(
             positive_arg(beam_width, "beam_width")?,
             positive_arg(tokens_per_block, "tokens_per_block")?,
         );
-        write_out(out, n as i32, "out")
+        write_out(out, i32_result(n, "the result")?, "out")
     })
 }
 

@@ -45,10 +45,19 @@ pub enum kvb_status_t {
     KVB_STATUS_POISONED = 16,
     /// A bug inside the library (a caught panic). The handle is now poisoned.
     KVB_STATUS_INTERNAL = 17,
-    /// A CUDA call failed (the message names it and the driver's error). When it failed after
-    /// the bookkeeping of the call had changed (a copy launch), the handle is poisoned: the
+    /// A CUDA call failed (the message names it and the driver's error). A copy launch that
+    /// failed before anything of the call was enqueued is rolled back like
+    /// `KVB_STATUS_COPY_FAILED` (the manager is unchanged and keeps working); a failure after
+    /// copies of the call were enqueued, or of a later synchronization, poisons the handle: the
     /// bytes in the pools can no longer be trusted.
     KVB_STATUS_CUDA = 18,
+    /// Memory for the pools could not be allocated (or their size overflows); nothing was
+    /// created.
+    KVB_STATUS_OUT_OF_MEMORY = 19,
+    /// The copy backend refused a batch of block copies; the call was rolled back: every block
+    /// stays where its bytes are, the counters are as before, and the manager keeps working.
+    /// Blocks whose rows the call had already overwritten leave the reuse tree.
+    KVB_STATUS_COPY_FAILED = 20,
 }
 
 thread_local! {
@@ -91,6 +100,8 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::BufferTooSmall { .. } => KVB_STATUS_BUFFER_TOO_SMALL,
         KvError::InvariantViolation(_) => KVB_STATUS_INVARIANT_VIOLATION,
         KvError::Cuda(_) => KVB_STATUS_CUDA,
+        KvError::OutOfMemory(_) => KVB_STATUS_OUT_OF_MEMORY,
+        KvError::CopyFailed(_) => KVB_STATUS_COPY_FAILED,
     }
 }
 
@@ -126,6 +137,8 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_POISONED,
         KVB_STATUS_INTERNAL,
         KVB_STATUS_CUDA,
+        KVB_STATUS_OUT_OF_MEMORY,
+        KVB_STATUS_COPY_FAILED,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -150,6 +163,8 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_POISONED => b"poisoned handle\0",
         KVB_STATUS_INTERNAL => b"internal error\0",
         KVB_STATUS_CUDA => b"CUDA error\0",
+        KVB_STATUS_OUT_OF_MEMORY => b"out of memory\0",
+        KVB_STATUS_COPY_FAILED => b"copy failed\0",
     };
     s.as_ptr().cast()
 }

@@ -562,12 +562,23 @@ pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {
     };
     let mm_items = slice_arg(r.mm_items, r.num_mm_items, "mm_items")?
         .iter()
-        .map(|m| MultimodalItem {
-            digest: m.digest,
-            position: m.position,
-            length: m.length,
+        .map(|m| {
+            // Checked here for every call that takes a request (estimates too): an item whose
+            // end wraps would silently lose its digest from the block keys.
+            if m.position < 0 || m.length <= 0 || m.position.checked_add(m.length).is_none() {
+                return Err(invalid(format!(
+                    "multimodal item at position {} with length {} is invalid (position >= 0, \
+                     length > 0, position + length <= INT32_MAX)",
+                    m.position, m.length
+                )));
+            }
+            Ok(MultimodalItem {
+                digest: m.digest,
+                position: m.position,
+                length: m.length,
+            })
         })
-        .collect();
+        .collect::<FfiResult<Vec<_>>>()?;
     // SAFETY: optional pointer, valid when non-null.
     let retention = match unsafe { r.retention.as_ref() } {
         Some(ret) => retention_config(ret)?,

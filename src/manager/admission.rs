@@ -73,7 +73,10 @@ impl KvCacheManager {
             }
         }
         for item in req.mm_items {
-            if item.position < 0 || item.length <= 0 {
+            if item.position < 0
+                || item.length <= 0
+                || item.position.checked_add(item.length).is_none()
+            {
                 return Err(KvError::InvalidArgument(format!(
                     "multimodal item at position {} with length {} is invalid",
                     item.position, item.length

@@ -9,6 +9,7 @@ use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
 use crate::pool::PoolGeometry;
+use crate::transfer::CopyEngine;
 use crate::tree::PremixedMap;
 use crate::window::{WindowBlockManager, WindowConfig};
 
@@ -90,9 +91,83 @@ fn positive(v: usize, what: &str) -> KvResult<()> {
     }
 }
 
+/// The pool geometry of a window: one row per block of `layers × K|V × heads × tokens per block
+/// × head size` elements.
+fn pool_geometry(cfg: &ManagerConfig, spec: &WindowSpec) -> PoolGeometry {
+    PoolGeometry {
+        num_layers: spec.num_layers,
+        kv_factor: 2,
+        num_kv_heads: spec.num_kv_heads,
+        size_per_head: spec.size_per_head,
+        tokens_per_block: cfg.tokens_per_block,
+        bytes_per_element: cfg.bytes_per_element,
+    }
+}
+
+/// An upper bound of the bytes each block costs in the window's bookkeeping.
+const BOOKKEEPING_BYTES_PER_BLOCK: usize = 256;
+
+/// Pool sizes come from products of the caller's numbers: each must fit, and all pools
+/// together must stay below `isize::MAX` bytes (the most one process can address), so that no
+/// size, offset or statistic derived from them wraps.
+fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
+    let mut total: usize = 0;
+    for spec in &cfg.windows {
+        let geometry = pool_geometry(cfg, spec);
+        let window_bytes = geometry.checked_row_bytes().and_then(|row| {
+            let blocks = spec.primary_blocks.checked_add(spec.secondary_blocks)?;
+            row.checked_mul(blocks)
+        });
+        // The bookkeeping of the blocks (arena, queues, tree): refuse what the allocator
+        // cannot give instead of aborting the process half-way through construction.
+        let blocks = spec.primary_blocks.saturating_add(spec.secondary_blocks);
+        if blocks > i32::MAX as usize {
+            // Block ids are int32_t in the C ABI.
+            return Err(KvError::InvalidConfig(
+                "too many blocks in one window (at most INT32_MAX)".into(),
+            ));
+        }
+        let bookkeeping = blocks.saturating_mul(BOOKKEEPING_BYTES_PER_BLOCK);
+        if Vec::<u8>::new().try_reserve_exact(bookkeeping).is_err() {
+            return Err(KvError::OutOfMemory(format!(
+                "the bookkeeping of {blocks} blocks in window {} cannot be allocated",
+                spec.window_size
+            )));
+        }
+        total = match window_bytes.and_then(|b| total.checked_add(b)) {
+            Some(t) if t <= isize::MAX as usize => t,
+            _ => {
+                return Err(KvError::InvalidConfig(format!(
+                    "the pools of window {} overflow the address space (layers {} x 2 x heads \
+                     {} x tokens per block {} x head size {} x {} bytes x {} blocks)",
+                    spec.window_size,
+                    spec.num_layers,
+                    spec.num_kv_heads,
+                    cfg.tokens_per_block,
+                    spec.size_per_head,
+                    cfg.bytes_per_element,
+                    spec.primary_blocks.saturating_add(spec.secondary_blocks)
+                )))
+            }
+        };
+    }
+    Ok(())
+}
+
+/// Makes the copy engine of a window instead of the config's backend (`None` = the backend's
+/// own): fault-injection and other test backends.
+pub type EngineFactory<'a> =
+    dyn FnMut(&WindowSpec, PoolGeometry) -> Option<KvResult<Box<dyn CopyEngine>>> + 'a;
+
 impl KvCacheManager {
     /// Creates a manager; validates the config.
-    pub fn new(mut cfg: ManagerConfig) -> KvResult<Self> {
+    pub fn new(cfg: ManagerConfig) -> KvResult<Self> {
+        Self::with_engines(cfg, &mut |_, _| None)
+    }
+
+    /// Creates a manager whose windows' copy engines come from `engines` where it returns one
+    /// (its error fails the creation, nothing leaks); the others use the config's backend.
+    pub fn with_engines(mut cfg: ManagerConfig, engines: &mut EngineFactory<'_>) -> KvResult<Self> {
         positive(cfg.tokens_per_block, "tokens_per_block")?;
         positive(cfg.max_beam_width, "max_beam_width")?;
         positive(cfg.max_sequence_length, "max_sequence_length")?;
@@ -121,31 +196,23 @@ impl KvCacheManager {
                 )));
             }
         }
+        check_pool_sizes(&cfg)?;
         let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
         let mut windows = Vec::with_capacity(cfg.windows.len());
         for spec in &cfg.windows {
             positive(spec.window_size, "window_size")?;
             positive(spec.primary_blocks, "primary_blocks")?;
-            if spec.primary_blocks + spec.secondary_blocks >= u32::MAX as usize {
-                return Err(KvError::InvalidConfig(
-                    "too many blocks in one window".into(),
-                ));
-            }
-            let geometry = PoolGeometry {
-                num_layers: spec.num_layers,
-                kv_factor: 2,
-                num_kv_heads: spec.num_kv_heads,
-                size_per_head: spec.size_per_head,
-                tokens_per_block: cfg.tokens_per_block,
-                bytes_per_element: cfg.bytes_per_element,
+            let geometry = pool_geometry(&cfg, spec);
+            let engine = match engines(spec, geometry) {
+                Some(engine) => engine?,
+                None => transfers::window_engine(
+                    cfg.copy_backend,
+                    cuda.as_ref(),
+                    cfg.cuda.allocate_pools,
+                    spec,
+                    geometry,
+                )?,
             };
-            let engine = transfers::window_engine(
-                cfg.copy_backend,
-                cuda.as_ref(),
-                cfg.cuda.allocate_pools,
-                spec,
-                geometry,
-            )?;
             let max_token_num = spec.window_size.max(cfg.max_sequence_length);
             let wc = WindowConfig {
                 window_size: spec.window_size,

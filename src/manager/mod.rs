@@ -14,6 +14,7 @@
 
 mod admission;
 mod config;
+mod faults;
 mod inspect;
 mod invariants;
 mod iteration;
@@ -25,7 +26,7 @@ mod tables;
 mod transfers;
 
 pub use admission::BatchEstimate;
-pub use config::{CopyBackend, ManagerConfig, WindowSpec};
+pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
 pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};

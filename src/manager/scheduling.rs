@@ -61,6 +61,7 @@ impl KvCacheManager {
         window_size: usize,
     ) -> KvResult<usize> {
         let wi = self.window_index(window_size)?;
+        request.map(check_prompt_keys).transpose()?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
         match state.phase {
@@ -109,6 +110,7 @@ impl KvCacheManager {
         window_size: usize,
     ) -> KvResult<usize> {
         let wi = self.window_index(window_size)?;
+        request.map(check_prompt_keys).transpose()?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
         // Admission allocates the whole prompt, also in a sliding window (blocks that leave
@@ -149,12 +151,7 @@ impl KvCacheManager {
         only_allocated: bool,
     ) -> KvResult<usize> {
         let wi = self.window_index(window_size)?;
-        if request.token_ids.len() < request.input_length {
-            return Err(KvError::TooFewTokens {
-                input_length: request.input_length,
-                num_tokens: request.token_ids.len(),
-            });
-        }
+        check_prompt_keys(request)?;
         let src = request.key_source();
         Ok(self.windows[wi].count_reusable_blocks(&src, request.input_length, only_allocated))
     }
@@ -177,5 +174,26 @@ impl KvCacheManager {
             })
             .min()
             .unwrap_or(0)
+    }
+}
+
+/// A request whose prompt keys are read (reuse counts) must hold `input_length` tokens and, when
+/// it has extra ids, as many of them: otherwise the key of its last block reads past the end.
+fn check_prompt_keys(request: &Request) -> KvResult<()> {
+    if request.token_ids.len() < request.input_length {
+        return Err(KvError::TooFewTokens {
+            input_length: request.input_length,
+            num_tokens: request.token_ids.len(),
+        });
+    }
+    match &request.extra_ids {
+        Some(extra) if extra.len() < request.input_length => {
+            Err(KvError::InvalidArgument(format!(
+                "{} token extra ids for input length {}",
+                extra.len(),
+                request.input_length
+            )))
+        }
+        _ => Ok(()),
     }
 }

@@ -47,11 +47,11 @@ pub(super) fn window_engine(
     Ok(match (backend, device) {
         (CopyBackend::HostMemory, _) => {
             needs_geometry("host-memory")?;
-            Box::new(HostMemoryEngine::new(
+            Box::new(HostMemoryEngine::try_new(
                 geometry,
                 spec.primary_blocks,
                 spec.secondary_blocks,
-            ))
+            )?)
         }
         (CopyBackend::Cuda, Some(device)) => {
             needs_geometry("CUDA")?;

@@ -21,7 +21,11 @@ enum Offload {
 impl WindowBlockManager {
     pub(super) fn flush_copies(&mut self) {
         if !self.pending_copies.is_empty() {
-            self.engine.submit(&self.pending_copies);
+            // After a failed submission the call is rolled back: move nothing more.
+            if !self.copy_log.failed() {
+                let result = self.engine.submit(&self.pending_copies);
+                self.copy_log.record(&self.pending_copies, result);
+            }
             self.pending_copies.clear();
         }
     }

@@ -14,6 +14,7 @@
 
 mod admit;
 mod alloc;
+mod faults;
 mod plan;
 mod release;
 mod scheduling;
@@ -24,6 +25,7 @@ mod tokens;
 mod verify;
 
 pub use admit::AdmitItem;
+pub use faults::WindowSnapshot;
 pub use plan::{AdmissionPlan, PlannedReuse};
 
 use crate::events::WindowEvent;
@@ -133,6 +135,8 @@ pub struct WindowBlockManager {
     mm_scratch: Vec<MmKey>,
     /// Raw events of the running operation; `None` when events are off (costs nothing then).
     events: Option<Vec<WindowEvent>>,
+    /// Rows written and the failure of the copy submissions of the running call (`faults`).
+    copy_log: faults::CopyLog,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -167,6 +171,7 @@ impl WindowBlockManager {
             stats: WindowStats::default(),
             mm_scratch: Vec::new(),
             events: None,
+            copy_log: faults::CopyLog::default(),
         }
     }
 

@@ -2,6 +2,8 @@
 //! every failure names a seed that reproduces it.
 #![allow(dead_code)]
 
+pub mod fault;
+
 pub struct Rng(pub u64);
 
 impl Rng {

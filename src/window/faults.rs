@@ -1,0 +1,155 @@
+//! Recovery from a failed copy submission: the copy log of a call, and a snapshot of the
+//! window's bookkeeping to roll the call back to.
+//!
+//! A backend that can fail (`CopyEngine::can_fail`) moves nothing of a failed batch beyond the
+//! copies it reports as completed. The manager snapshots every window before a call that may
+//! copy; when a submission fails it restores the snapshots, so every block is again where its
+//! bytes are, and then evicts from the reuse tree the blocks whose rows the call had already
+//! overwritten (completed copies), so nothing cached claims bytes it no longer has. Those
+//! blocks were free before the call (copies only write rows taken from the free queues).
+
+use super::{SeqBlocks, WindowBlockManager};
+use crate::error::KvError;
+use crate::eviction::FreeQueues;
+use crate::pool::{BlockArena, MemRow};
+use crate::transfer::{CopyFailure, RowCopy};
+use crate::tree::{PremixedMap, ReuseTree};
+
+use super::plan::ClaimUse;
+use super::WindowStats;
+use crate::events::WindowEvent;
+
+/// What the copy submissions of the running call did.
+#[derive(Debug, Default)]
+pub(super) struct CopyLog {
+    /// Record the rows written (only while a snapshot exists to roll back to).
+    recording: bool,
+    written: Vec<MemRow>,
+    error: Option<KvError>,
+}
+
+impl CopyLog {
+    /// Whether a submission of this call failed (later ones are skipped).
+    pub(super) fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    pub(super) fn record(&mut self, copies: &[RowCopy], result: Result<(), CopyFailure>) {
+        let completed = match &result {
+            Ok(()) => copies.len(),
+            Err(f) => f.completed.min(copies.len()),
+        };
+        if self.recording {
+            self.written
+                .extend(copies[..completed].iter().map(|c| c.dst));
+        }
+        if let Err(f) = result {
+            self.error = Some(f.error);
+        }
+    }
+}
+
+/// The bookkeeping of a window (everything but its configuration, engine and scratch space).
+#[derive(Clone, Debug)]
+pub struct WindowSnapshot {
+    arena: BlockArena,
+    queues: FreeQueues,
+    tree: ReuseTree,
+    seqs: PremixedMap<u64, SeqBlocks>,
+    alloc_epoch: Vec<u32>,
+    claims: PremixedMap<u32, ClaimUse>,
+    stats: WindowStats,
+    scheduling_free: usize,
+    events: Option<Vec<WindowEvent>>,
+}
+
+impl WindowBlockManager {
+    /// A copy of the bookkeeping, to roll a failed call back to.
+    pub fn snapshot(&self) -> WindowSnapshot {
+        // Exhaustive: a new field must be added here (or named as not bookkeeping).
+        let WindowBlockManager {
+            cfg: _,
+            arena,
+            queues,
+            tree,
+            engine: _,
+            seqs,
+            alloc_epoch,
+            claims,
+            pending_copies: _,
+            stats,
+            scheduling_free,
+            mm_scratch: _,
+            events,
+            copy_log: _,
+        } = self;
+        WindowSnapshot {
+            arena: arena.clone(),
+            queues: queues.clone(),
+            tree: tree.clone(),
+            seqs: seqs.clone(),
+            alloc_epoch: alloc_epoch.clone(),
+            claims: claims.clone(),
+            stats: *stats,
+            scheduling_free: *scheduling_free,
+            events: events.clone(),
+        }
+    }
+
+    /// Puts the bookkeeping of `snapshot` back.
+    pub fn restore(&mut self, snapshot: WindowSnapshot) {
+        let WindowSnapshot {
+            arena,
+            queues,
+            tree,
+            seqs,
+            alloc_epoch,
+            claims,
+            stats,
+            scheduling_free,
+            events,
+        } = snapshot;
+        self.arena = arena;
+        self.queues = queues;
+        self.tree = tree;
+        self.seqs = seqs;
+        self.alloc_epoch = alloc_epoch;
+        self.claims = claims;
+        self.stats = stats;
+        self.scheduling_free = scheduling_free;
+        self.events = events;
+        self.pending_copies.clear();
+    }
+
+    /// Starts recording the rows the copies of a call write.
+    pub fn begin_copy_log(&mut self) {
+        self.copy_log = CopyLog {
+            recording: true,
+            ..CopyLog::default()
+        };
+    }
+
+    /// Ends the call's copy log: its failure, if any, and the rows written.
+    pub fn end_copy_log(&mut self) -> (Option<KvError>, Vec<MemRow>) {
+        let log = std::mem::take(&mut self.copy_log);
+        (log.error, log.written)
+    }
+
+    /// A failed submission outside a logged call (nothing to roll back to).
+    pub fn take_copy_error(&mut self) -> Option<KvError> {
+        self.copy_log.error.take()
+    }
+
+    /// After a rollback: the blocks owning `rows` lose their cached content (the rows were
+    /// overwritten by copies of the rolled-back call).
+    pub fn invalidate_rows(&mut self, rows: &[MemRow]) {
+        if rows.is_empty() {
+            return;
+        }
+        for b in 0..self.arena.len() as u32 {
+            if rows.contains(&self.arena.row(b)) && self.tree.is_in_tree(b) {
+                self.evict_from_tree(b);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Fault injection in the copy engine and in pool allocation, through the Rust API and the C
+//! ABI: a failed copy submission is reported, rolled back (every block stays where its bytes
+//! are, the counters are exact) and the manager keeps working; a failed pool allocation fails
+//! the creation. The randomized campaign with byte verification is `soak_with_copy_faults` in
+//! tests/soak.rs.
+
+mod common;
+
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::fault::{FaultPlan, FaultyEngine};
+use kvblock::error::KvError;
+use kvblock::ffi::handle::handle_from_manager;
+use kvblock::ffi::manager::*;
+use kvblock::ffi::status::kvb_status_t;
+use kvblock::ffi::types::*;
+use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request, WindowSpec};
+use kvblock::transfer::CopyEngine;
+
+fn config(windows: usize) -> ManagerConfig {
+    ManagerConfig {
+        windows: (0..windows)
+            .map(|i| WindowSpec {
+                window_size: 64 >> i,
+                primary_blocks: 5,
+                secondary_blocks: 5,
+                num_layers: 1,
+                num_kv_heads: 1,
+                size_per_head: 2,
+            })
+            .collect(),
+        tokens_per_block: 4,
+        max_sequence_length: 64,
+        bytes_per_element: 1,
+        copy_backend: CopyBackend::HostMemory,
+        ..ManagerConfig::default()
+    }
+}
+
+fn faulty(plan: &Arc<FaultPlan>, windows: usize) -> KvCacheManager {
+    KvCacheManager::with_engines(config(windows), &mut |spec, g| {
+        Some(
+            FaultyEngine::new(plan.clone(), g, spec.primary_blocks, spec.secondary_blocks)
+                .map(|e| Box::new(e) as Box<dyn CopyEngine>),
+        )
+    })
+    .unwrap()
+}
+
+/// Every block's (level, row, in tree, ref count).
+fn table(m: &KvCacheManager) -> Vec<(kvblock::pool::Level, u32, bool, u32)> {
+    (0..10)
+        .map(|b| {
+            let i = m.block_info(64, b).unwrap();
+            (i.level, i.memory_index, i.in_reuse_tree, i.ref_count)
+        })
+        .collect()
+}
+
+/// Caches 5 blocks of `tokens` (request 1, released with store).
+fn cache(m: &mut KvCacheManager, tokens: &[i32]) {
+    m.add_sequence(&Request::new(1, tokens.to_vec())).unwrap();
+    m.remove_sequence(1, true).unwrap();
+}
+
+#[test]
+fn failed_offload_during_admission_is_rolled_back_and_the_manager_keeps_working() {
+    let plan = FaultPlan::new();
+    let mut m = faulty(&plan, 1);
+    let a: Vec<i32> = (0..17).collect();
+    let b: Vec<i32> = (100..117).collect();
+    cache(&mut m, &a);
+    let (stats, before) = (m.stats(), table(&m));
+    // Admitting b evicts a's cached blocks, which are offloaded (copied) to the host tier.
+    plan.fail_next(0);
+    let err = m
+        .transact(|m| m.add_sequence(&Request::new(2, b.clone())))
+        .unwrap_err();
+    assert!(matches!(err, KvError::CopyFailed(_)), "{err}");
+    assert_eq!(plan.injected.load(Ordering::Relaxed), 1);
+    assert_eq!(table(&m), before, "a block moved although its copy failed");
+    assert_eq!(m.stats(), stats, "counters changed by a failed call");
+    assert!(!m.has_sequence(2));
+    m.check_invariants().unwrap();
+    // It keeps working: the same admission succeeds, and a's blocks come back from the host.
+    m.transact(|m| m.add_sequence(&Request::new(2, b.clone())))
+        .unwrap();
+    assert!(m.stats().offloaded_blocks >= stats.offloaded_blocks + 4);
+    m.remove_sequence(2, false).unwrap();
+    let again = m
+        .transact(|m| m.add_sequence(&Request::new(3, a.clone())))
+        .unwrap();
+    assert_eq!(
+        again.prepopulated_prompt_len, 16,
+        "a's cached blocks were kept"
+    );
+    assert!(m.stats().onboarded_blocks > 0);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failure_after_completed_copies_is_rolled_back_too() {
+    let plan = FaultPlan::new();
+    let mut m = faulty(&plan, 1);
+    let a: Vec<i32> = (0..17).collect();
+    cache(&mut m, &a);
+    let b: Vec<i32> = (100..117).collect();
+    m.add_sequence(&Request::new(2, b.clone())).unwrap();
+    m.remove_sequence(2, true).unwrap();
+    let (before, rows) = (m.stats(), table(&m));
+    // Re-admitting a onboards its host blocks and offloads b's: two copies of the failing
+    // submission complete before it fails.
+    plan.fail_next(2);
+    let err = m
+        .transact(|m| m.add_sequence(&Request::new(3, a.clone())))
+        .unwrap_err();
+    assert!(matches!(err, KvError::CopyFailed(_)));
+    assert_eq!(plan.completed_in_failures.load(Ordering::Relaxed), 2);
+    m.check_invariants().unwrap();
+    // The rows those copies wrote belonged to blocks outside the tree here, so nothing else
+    // changes (tests/soak.rs checks the bytes when they belong to cached blocks).
+    assert_eq!(table(&m), rows, "a block moved although the call failed");
+    assert_eq!(m.stats(), before);
+    let again = m
+        .transact(|m| m.add_sequence(&Request::new(3, a.clone())))
+        .unwrap();
+    assert_eq!(again.prepopulated_prompt_len, 16);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn failed_copy_through_the_c_abi_returns_copy_failed_and_does_not_poison() {
+    let plan = FaultPlan::new();
+    let mut m = faulty(&plan, 2);
+    let a: Vec<i32> = (0..17).collect();
+    cache(&mut m, &a);
+    let h = handle_from_manager(m);
+    let b: Vec<i32> = (100..117).collect();
+    // SAFETY: plain C struct, filled by request_init.
+    let mut r = unsafe { std::mem::zeroed::<kvb_request_t>() };
+    assert_eq!(kvb_request_init(&mut r), kvb_status_t::KVB_OK);
+    r.request_id = 2;
+    r.tokens = b.as_ptr();
+    r.num_tokens = b.len();
+    r.input_length = b.len() as i32;
+    // SAFETY: plain C struct.
+    let mut stats = unsafe { std::mem::zeroed::<kvb_kv_cache_stats_t>() };
+    assert_eq!(
+        kvb_manager_get_kv_cache_stats(h, &mut stats),
+        kvb_status_t::KVB_OK
+    );
+    plan.fail_next(0);
+    assert_eq!(
+        kvb_manager_add_sequence(h, &r, null_mut()),
+        kvb_status_t::KVB_STATUS_COPY_FAILED
+    );
+    // SAFETY: plain C struct.
+    let mut after = unsafe { std::mem::zeroed::<kvb_kv_cache_stats_t>() };
+    assert_eq!(
+        kvb_manager_get_kv_cache_stats(h, &mut after),
+        kvb_status_t::KVB_OK
+    );
+    assert_eq!(
+        (
+            after.free_num_blocks,
+            after.offloaded_blocks,
+            after.alloc_total_blocks
+        ),
+        (
+            stats.free_num_blocks,
+            stats.offloaded_blocks,
+            stats.alloc_total_blocks
+        )
+    );
+    assert_eq!(kvb_manager_check_invariants(h), kvb_status_t::KVB_OK);
+    assert_eq!(
+        kvb_manager_add_sequence(h, &r, null_mut()),
+        kvb_status_t::KVB_OK
+    );
+    assert_eq!(kvb_manager_destroy(h), kvb_status_t::KVB_OK);
+}
+
+#[test]
+fn failed_pool_allocation_fails_the_creation() {
+    let plan = FaultPlan::new();
+    let mut made = 0;
+    let err = KvCacheManager::with_engines(config(2), &mut |spec, g| {
+        made += 1;
+        Some(if made == 2 {
+            Err(KvError::OutOfMemory(
+                "injected pool allocation failure".into(),
+            ))
+        } else {
+            FaultyEngine::new(plan.clone(), g, spec.primary_blocks, spec.secondary_blocks)
+                .map(|e| Box::new(e) as Box<dyn CopyEngine>)
+        })
+    })
+    .unwrap_err();
+    assert!(matches!(err, KvError::OutOfMemory(_)), "{err}");
+    assert_eq!(made, 2);
+}
