@@ -716,12 +716,26 @@ void bind_results(nb::module_& m) {
 
     auto stats = nb::class_<kvb_kv_cache_stats_t>(
         m, "KvCacheStats", "Whole-manager statistics (TensorRT-LLM ``KvCacheStats``).");
-#define KVB_STATS_FIELDS(X)                                                         \
-    X(max_num_blocks)                                                               \
-    X(free_num_blocks) X(used_num_blocks) X(tokens_per_block) X(alloc_total_blocks) \
-        X(alloc_new_blocks) X(reused_blocks) X(missed_blocks) X(cache_hit_rate)     \
-            X(num_primary_blocks) X(num_secondary_blocks) X(free_secondary_blocks)  \
-                X(offloaded_blocks) X(onboarded_blocks) X(evicted_blocks) X(allocated_bytes)
+    // One field per line; clang-format would re-indent the list on every run.
+    // clang-format off
+#define KVB_STATS_FIELDS(X) \
+    X(max_num_blocks)       \
+    X(free_num_blocks)      \
+    X(used_num_blocks)      \
+    X(tokens_per_block)     \
+    X(alloc_total_blocks)   \
+    X(alloc_new_blocks)     \
+    X(reused_blocks)        \
+    X(missed_blocks)        \
+    X(cache_hit_rate)       \
+    X(num_primary_blocks)   \
+    X(num_secondary_blocks) \
+    X(free_secondary_blocks) \
+    X(offloaded_blocks)     \
+    X(onboarded_blocks)     \
+    X(evicted_blocks)       \
+    X(allocated_bytes)
+    // clang-format on
 #define X(name) stats.def_ro(#name, &kvb_kv_cache_stats_t::name);
     KVB_STATS_FIELDS(X)
 #undef X
