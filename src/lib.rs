@@ -10,6 +10,7 @@ pub mod ffi;
 pub mod key;
 pub mod manager;
 pub mod pool;
+pub mod publisher;
 pub mod retention;
 pub mod sizing;
 pub mod transfer;

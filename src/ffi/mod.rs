@@ -8,6 +8,7 @@
 pub mod events;
 pub mod handle;
 pub mod manager;
+pub mod publisher;
 pub mod sizing;
 pub mod status;
 pub mod types;

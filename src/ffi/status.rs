@@ -45,6 +45,8 @@ pub enum kvb_status_t {
     KVB_STATUS_POISONED = 16,
     /// A bug inside the library (a caught panic). The handle is now poisoned.
     KVB_STATUS_INTERNAL = 17,
+    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+    KVB_STATUS_TRANSPORT = 18,
 }
 
 thread_local! {
@@ -63,6 +65,11 @@ pub(crate) fn clear_last_error() {
             *e.borrow_mut() = CString::default();
         }
     });
+}
+
+/// The last-error message of this thread (to pass on the failure of a nested entry point).
+pub(crate) fn last_error_string() -> String {
+    LAST_ERROR.with(|e| e.borrow().to_string_lossy().into_owned())
 }
 
 /// Records `message` and returns `status`.
@@ -120,6 +127,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_DESTROYED,
         KVB_STATUS_POISONED,
         KVB_STATUS_INTERNAL,
+        KVB_STATUS_TRANSPORT,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -143,6 +151,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_DESTROYED => b"destroyed handle\0",
         KVB_STATUS_POISONED => b"poisoned handle\0",
         KVB_STATUS_INTERNAL => b"internal error\0",
+        KVB_STATUS_TRANSPORT => b"transport error\0",
     };
     s.as_ptr().cast()
 }
