@@ -29,6 +29,9 @@ for tool in cmake:cmake g++:g++ make:make pkg-config:pkg-config curl:curl python
 done
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+# libzmq: the event publisher (src/publisher) links it; python3-venv: the wire test's venv.
+[[ -e /usr/include/zmq.h ]] || missing+=(libzmq3-dev)
+python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
 # Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.86) and
@@ -53,3 +56,17 @@ if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION
 fi
 cbindgen --version
 
+
+# The KV-events wire test (scripts/events_wire_test.py) runs in a git-ignored venv: pyzmq and
+# msgspec for the subscriber and vLLM's schema, NVIDIA Dynamo's runtime for its standalone KV
+# indexer (`python -m dynamo.indexer`, a real router; no GPU needed).
+PY_TEST_DEPS=(pyzmq==27.3.0 msgspec==0.22.0 ai-dynamo-runtime==1.6.1)
+[[ -x .venv/bin/python ]] || { echo "+ python3 -m venv .venv"; python3 -m venv .venv; }
+if .venv/bin/python -m pip freeze 2>/dev/null | grep -qx -e "${PY_TEST_DEPS[0]}" &&
+    .venv/bin/python -m pip freeze | grep -qx -e "${PY_TEST_DEPS[1]}" &&
+    .venv/bin/python -m pip freeze | grep -qx -e "${PY_TEST_DEPS[2]}"; then
+    echo "python test deps: present"
+else
+    echo "+ .venv/bin/pip install ${PY_TEST_DEPS[*]}"
+    .venv/bin/python -m pip install -q "${PY_TEST_DEPS[@]}"
+fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite: Rust lints and tests, header freshness, then the C++ tests through CMake.
+# The full test suite: Rust lints and tests, header freshness, the C++ tests through CMake, then
+# KV events on the wire (schema, transport, Dynamo's indexer) against the replay.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,3 +23,5 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVBLOCK_BUILD_TESTS=ON -DKVBLOC
 cmake --build build -j2
 step "ctest"
 ctest --test-dir build --output-on-failure --no-tests=error -j2
+step "KV events on the wire: schema, transport, Dynamo indexer (scripts/events_wire_test.py)"
+.venv/bin/python scripts/events_wire_test.py build/examples/replay

@@ -86,7 +86,10 @@ fn replay(ctx: &zmq::Context, p: &Publisher, start: u64) -> Vec<(u64, Vec<u8>)> 
 fn wait_for_batches(p: &Publisher, n: u64) {
     let deadline = std::time::Instant::now() + WAIT;
     while p.stats().batches < n {
-        assert!(std::time::Instant::now() < deadline, "{n} batches published");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} batches published"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -128,7 +131,6 @@ fn all_blocks_cleared_comes_first_when_asked() {
     let text = String::from_utf8_lossy(&batches[0].1);
     assert!(text.contains("AllBlocksCleared"));
 }
-
 
 #[test]
 fn dropped_events_skip_a_sequence_number_and_replay_serves_the_ring() {

@@ -40,6 +40,10 @@ impl ReplayRing {
     pub fn len(&self) -> usize {
         self.batches.len()
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
 }
 
 #[cfg(test)]
