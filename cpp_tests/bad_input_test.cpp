@@ -1065,15 +1065,15 @@ TEST(BadInputHandleTest, PoisoningIsPerHandle) {
 // status" (never null).
 TEST(BadInputStatusTest, EveryStatusHasADistinctName) {
     std::set<std::string> names;
-    for (int32_t s = 0; s <= static_cast<int32_t>(KVB_STATUS_INTERNAL); ++s) {
+    for (int32_t s = 0; s <= static_cast<int32_t>(KVB_STATUS_TRANSPORT); ++s) {
         const char* name = kvb_status_string(s);
         ASSERT_NE(name, nullptr) << s;
         EXPECT_STRNE(name, "") << s;
         EXPECT_STRNE(name, "unknown status") << s;
         names.insert(name);
     }
-    EXPECT_EQ(names.size(), static_cast<size_t>(KVB_STATUS_INTERNAL) + 1);
-    for (int32_t s : {-1, static_cast<int32_t>(KVB_STATUS_INTERNAL) + 1, 1000, INT32_MIN,
+    EXPECT_EQ(names.size(), static_cast<size_t>(KVB_STATUS_TRANSPORT) + 1);
+    for (int32_t s : {-1, static_cast<int32_t>(KVB_STATUS_TRANSPORT) + 1, 1000, INT32_MIN,
                       INT32_MAX}) {
         const char* name = kvb_status_string(s);
         ASSERT_NE(name, nullptr) << s;

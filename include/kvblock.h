@@ -596,7 +596,7 @@ typedef struct kvb_event_publisher_config_t {
      */
     uint32_t struct_size;
     /**
-     * ZeroMQ endpoint the PUB socket binds, e.g. "tcp://*:5557" (required). A "*" port picks a
+     * ZeroMQ endpoint the PUB socket binds, e.g. "tcp://0.0.0.0:5557" (required). A "*" port picks a
      * free one: read it back with `kvb_event_publisher_get_endpoint`.
      */
     const char *endpoint;

@@ -114,7 +114,6 @@ fn live_frames_carry_topic_and_consecutive_sequence_numbers() {
     }
     let s = p.stats();
     assert_eq!((s.batches, s.gaps, s.next_sequence), (3, 0, 10));
-    // The removal of the withheld partial blocks is not published: eviction only.
 }
 
 #[test]

@@ -19,7 +19,7 @@ use crate::publisher::{PublishError, Publisher, PublisherConfig, PublisherStats}
 pub struct kvb_event_publisher_config_t {
     /// `sizeof(kvb_event_publisher_config_t)`, set by `kvb_event_publisher_config_init`.
     pub struct_size: u32,
-    /// ZeroMQ endpoint the PUB socket binds, e.g. "tcp://*:5557" (required). A "*" port picks a
+    /// ZeroMQ endpoint the PUB socket binds, e.g. "tcp://0.0.0.0:5557" (required). A "*" port picks a
     /// free one: read it back with `kvb_event_publisher_get_endpoint`.
     pub endpoint: *const c_char,
     /// First frame of every message; null = "" (vLLM's default).
