@@ -105,6 +105,7 @@
 
 #include "kvblock.h"
 #include "replay/report.hpp"
+#include "replay/publish.hpp"
 #include "replay/trace.hpp"
 
 #ifndef KVBLOCK_REPLAY_DEFAULT_TRACE
@@ -140,6 +141,7 @@ struct Options {
     bool svg_set = false;
     bool quiet = false;
     bool self_test = false;
+    replay::PublishOptions publish;
 };
 
 constexpr int32_t kEngineDefaultPrimary = 30000;
@@ -172,7 +174,16 @@ void usage(std::FILE* out) {
         "  --svg PATH              plot (default: JSON path with .svg, else replay.svg)\n"
         "  --no-svg                no plot\n"
         "  --quiet                 no progress bar\n"
-        "  --self-test             check the token synthesis against its reference values\n",
+        "  --self-test             check the token synthesis against its reference values\n"
+        "  --publish ENDPOINT      publish KV events over ZeroMQ (vLLM/Dynamo format), e.g.\n"
+        "                          tcp://*:5557; implies --events\n"
+        "  --publish-replay EP     ROUTER socket answering routers' gap replay requests\n"
+        "  --publish-wait-subscribers N  wait for N subscriptions before the first step\n"
+        "  --publish-late-subscribers N  --publish-check waits for N subscriptions in total first\n"
+        "  --publish-check PATH    after the run: one probe prompt, then JSON lines of sampled\n"
+        "                          prompts and kvblock's reusable blocks (router check)\n"
+        "  --publish-hold          after the run, print 'publish-hold: ready' and keep publishing\n"
+        "                          and answering replays until standard input closes\n",
         KVBLOCK_REPLAY_DEFAULT_TRACE, kEngineDefaultPrimary, kEngineDefaultSecondary);
 }
 
@@ -264,6 +275,20 @@ Options parse_options(int argc, char** argv) {
             o.quiet = true;
         else if (arg == "--self-test")
             o.self_test = true;
+        else if (arg == "--publish")
+            o.publish.endpoint = next();
+        else if (arg == "--publish-replay")
+            o.publish.replay_endpoint = next();
+        else if (arg == "--publish-wait-subscribers")
+            o.publish.wait_subscribers =
+                static_cast<uint64_t>(parse_int(arg, next(), 0, INT64_MAX));
+        else if (arg == "--publish-late-subscribers")
+            o.publish.late_subscribers =
+                static_cast<uint64_t>(parse_int(arg, next(), 0, INT64_MAX));
+        else if (arg == "--publish-check")
+            o.publish.check = next();
+        else if (arg == "--publish-hold")
+            o.publish.hold = true;
         else
             throw std::runtime_error("unknown option '" + arg + "' (see --help)");
     }
@@ -271,7 +296,15 @@ Options parse_options(int argc, char** argv) {
         o.primary_blocks = o.loop == Loop::Engine ? kEngineDefaultPrimary : kPeerDefaultPrimary;
     if (o.secondary_blocks < 0)
         o.secondary_blocks = o.loop == Loop::Engine ? kEngineDefaultSecondary : 0;
+    if (!o.publish.endpoint.empty() && o.events < 0) o.events = 1;
     if (o.events < 0) o.events = o.loop == Loop::Engine ? 1 : 0;
+    if (!o.publish.endpoint.empty() && !o.events)
+        throw std::runtime_error("--publish needs events (drop --no-events)");
+    if (o.publish.endpoint.empty() &&
+        (!o.publish.replay_endpoint.empty() || o.publish.wait_subscribers ||
+         o.publish.late_subscribers || !o.publish.check.empty() || o.publish.hold)) {
+        throw std::runtime_error("the --publish-* options need --publish");
+    }
     if (o.block_bytes % (2 * static_cast<int64_t>(o.tokens_per_block)) != 0) {
         throw std::runtime_error("--block-bytes must be a multiple of 2 x tokens per block (" +
                                  std::to_string(2 * o.tokens_per_block) + ")");
@@ -1140,8 +1173,14 @@ int run(const Options& o) {
     EventCounts events;
     RunResult result;
     {
+        // A publisher is the events' consumer; otherwise a drainer thread counts them.
+        std::unique_ptr<replay::EventPublisher> publisher;
+        if (!o.publish.endpoint.empty())
+            publisher = std::make_unique<replay::EventPublisher>(manager.m, o.publish);
+        if (publisher) publisher->wait_for_subscribers(o.publish.wait_subscribers);
+        const auto publish_start = Clock::now();
         std::unique_ptr<EventDrainer> drainer;
-        if (o.events) drainer = std::make_unique<EventDrainer>(manager.m);
+        if (o.events && !publisher) drainer = std::make_unique<EventDrainer>(manager.m);
         replay::Progress progress(reqs.size(), !o.quiet);
         if (o.loop == Loop::Engine) {
             result = EngineLoop(o, manager.m, reqs, progress).run();
@@ -1156,6 +1195,22 @@ int run(const Options& o) {
             drainer->stop();
             if (!drainer->error().empty()) throw std::runtime_error(drainer->error());
             events = drainer->counts();
+        }
+        if (publisher) {
+            check(kvb_manager_flush_iteration_events(manager.m),
+                  "kvb_manager_flush_iteration_events");
+            replay::report_published(*publisher, publish_start);
+            if (!o.publish.check.empty()) {
+                std::vector<std::vector<int32_t>> prompts;
+                const size_t stride = std::max<size_t>(1, reqs.size() / 32);
+                for (size_t i = 0; i < reqs.size(); i += stride) {
+                    prompts.push_back(
+                        replay::synthesize_prompt(*reqs[i].trace));  // freed at finish
+                }
+                replay::write_publish_check(manager.m, *publisher, o.publish, std::move(prompts),
+                                            max_sequence_length, o.tokens_per_block, reqs.size());
+            }
+            replay::hold_publisher(*publisher, o.publish);
         }
     }
     check(kvb_manager_check_invariants(manager.m), "kvb_manager_check_invariants");

@@ -218,11 +218,10 @@ typedef enum kvb_status_t {
      */
     KVB_STATUS_INTERNAL = 17,
     /**
-     * A CUDA call failed (the message names it and the driver's error). A copy launch that
-     * failed before anything of the call was enqueued is rolled back like
-     * `KVB_STATUS_COPY_FAILED` (the manager is unchanged and keeps working); a failure after
-     * copies of the call were enqueued, or of a later synchronization, poisons the handle: the
-     * bytes in the pools can no longer be trusted.
+     * A CUDA call failed (the message names it and the driver's error). At creation or in
+     * `kvb_manager_register_pool` / `kvb_manager_set_stream` nothing changed; a failed copy
+     * launch (or a later synchronization) poisons the handle: the bookkeeping of the call moved
+     * on, the bytes in the pools did not.
      */
     KVB_STATUS_CUDA = 18,
     /**
@@ -236,12 +235,22 @@ typedef enum kvb_status_t {
      * Blocks whose rows the call had already overwritten leave the reuse tree.
      */
     KVB_STATUS_COPY_FAILED = 20,
+    /**
+     * The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+     */
+    KVB_STATUS_TRANSPORT = 21,
 } kvb_status_t;
 
 /**
  * A drained batch of events. Free with `kvb_event_batch_free`.
  */
 typedef struct kvb_event_batch_t kvb_event_batch_t;
+
+/**
+ * Opaque publisher handle. Create with `kvb_event_publisher_create`, free with
+ * `kvb_event_publisher_destroy`.
+ */
+typedef struct kvb_event_publisher_t kvb_event_publisher_t;
 
 /**
  * Opaque handle to a KV-cache manager. Create with `kvb_manager_create`, free with
@@ -661,6 +670,95 @@ typedef struct kvb_block_info_t {
      */
     int64_t parent;
 } kvb_block_info_t;
+
+/**
+ * Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`
+ * and whatever else differs from the defaults. Strings are copied by create.
+ */
+typedef struct kvb_event_publisher_config_t {
+    /**
+     * `sizeof(kvb_event_publisher_config_t)`, set by `kvb_event_publisher_config_init`.
+     */
+    uint32_t struct_size;
+    /**
+     * ZeroMQ endpoint the PUB socket binds, e.g. "tcp://0.0.0.0:5557" (required). A "*" port picks a
+     * free one: read it back with `kvb_event_publisher_get_endpoint`.
+     */
+    const char *endpoint;
+    /**
+     * First frame of every message; null = "" (vLLM's default).
+     */
+    const char *topic;
+    /**
+     * Data-parallel rank carried by every batch (nil when `has_dp_rank` is false).
+     */
+    bool has_dp_rank;
+    int32_t dp_rank;
+    /**
+     * Send high-water mark in messages per subscriber (default 100000, 0 = unlimited).
+     */
+    int32_t send_hwm;
+    /**
+     * Endpoint of the replay ROUTER socket; null = no replay (default).
+     */
+    const char *replay_endpoint;
+    /**
+     * Batches kept for replay (default 10000).
+     */
+    int32_t replay_buffer_steps;
+    /**
+     * Sequence number of the first batch (default 0). Routers ignore batches at or below the
+     * last sequence number they applied: a restarted publisher should start above it, or set
+     * `all_blocks_cleared_first`.
+     */
+    uint64_t start_sequence;
+    /**
+     * Publish a lone AllBlocksCleared as the first batch (default false).
+     */
+    bool all_blocks_cleared_first;
+    /**
+     * The window published; 0 (default) = the largest (full attention) window.
+     */
+    int32_t window_size;
+    /**
+     * How long destroy lets queued messages leave, in ms (default 1000).
+     */
+    int32_t linger_ms;
+} kvb_event_publisher_config_t;
+
+/**
+ * Counters of a publisher (`kvb_event_publisher_get_stats`).
+ */
+typedef struct kvb_event_publisher_stats_t {
+    /**
+     * Batches published.
+     */
+    uint64_t batches;
+    /**
+     * Events in those batches (BlockStored, BlockRemoved, AllBlocksCleared).
+     */
+    uint64_t events;
+    /**
+     * Events the manager's buffer dropped before the publisher took them.
+     */
+    uint64_t dropped_events;
+    /**
+     * Sequence numbers skipped to show those drops to routers.
+     */
+    uint64_t gaps;
+    /**
+     * Subscriptions received (each joining subscriber sends at least one).
+     */
+    uint64_t subscriptions;
+    /**
+     * Replay requests answered.
+     */
+    uint64_t replay_requests;
+    /**
+     * Sequence number of the next batch.
+     */
+    uint64_t next_sequence;
+} kvb_event_publisher_stats_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1158,6 +1256,63 @@ enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager
  * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
  */
 enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+
+/**
+ * Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay
+ * steps, sequence from 0, largest window, linger 1 s) and sets `struct_size`.
+ */
+enum kvb_status_t kvb_event_publisher_config_init(struct kvb_event_publisher_config_t *config);
+
+/**
+ * Starts publishing a manager's KV events over ZeroMQ (vLLM / Dynamo wire format): binds the
+ * sockets (a bind error is returned here, `KVB_STATUS_TRANSPORT`) and starts a thread that
+ * drains the manager's flushed events and sends one batch per flushed iteration. The engine
+ * thread never waits on the network. The manager must have events on
+ * (`max_kv_event_entries` > 0); while the publisher runs it is the only consumer of the
+ * manager's events (do not call `kvb_manager_get_latest_events` too). Only the chosen window's
+ * full blocks are published; a trailing partial block is withheld, with its removal. When the
+ * manager's buffer drops events, one sequence number is skipped so that routers see a gap.
+ * `*out` receives a handle to free with `kvb_event_publisher_destroy` (null on failure). The
+ * publisher may outlive the manager (it then publishes nothing more).
+ */
+enum kvb_status_t kvb_event_publisher_create(struct kvb_manager_t *manager,
+                                             const struct kvb_event_publisher_config_t *config,
+                                             struct kvb_event_publisher_t **out);
+
+/**
+ * Waits until at least `min_subscriptions` subscriptions have reached the publisher since it
+ * was created, or `timeout_ms` passed (-1 = no limit); writes the number received to
+ * `*out_subscriptions`. Returns `KVB_OK` either way: compare the count. Use it before the first
+ * iteration so that a subscriber that joins slowly does not miss the first batches.
+ */
+enum kvb_status_t kvb_event_publisher_wait_for_subscribers(const struct kvb_event_publisher_t *publisher,
+                                                           uint64_t min_subscriptions,
+                                                           int64_t timeout_ms,
+                                                           uint64_t *out_subscriptions);
+
+/**
+ * The publisher's counters.
+ */
+enum kvb_status_t kvb_event_publisher_get_stats(const struct kvb_event_publisher_t *publisher,
+                                                struct kvb_event_publisher_stats_t *out);
+
+/**
+ * Copies the bound endpoint of the PUB socket (`replay` false) or of the replay socket
+ * (`replay` true), NUL-terminated, into `buf` of `buf_size` bytes; `*out_len` receives its
+ * length without the NUL. `KVB_STATUS_BUFFER_TOO_SMALL` when it does not fit;
+ * `KVB_STATUS_INVALID_ARGUMENT` for the replay endpoint of a publisher without replay.
+ */
+enum kvb_status_t kvb_event_publisher_get_endpoint(const struct kvb_event_publisher_t *publisher,
+                                                   bool replay,
+                                                   char *buf,
+                                                   size_t buf_size,
+                                                   size_t *out_len);
+
+/**
+ * Publishes what the manager flushed before this call, stops the thread and joins it (waiting
+ * up to `linger_ms` for queued messages to leave), then frees the handle. Null is accepted.
+ */
+enum kvb_status_t kvb_event_publisher_destroy(struct kvb_event_publisher_t *publisher);
 
 /**
  * Blocks one beam needs for `sequence_length` tokens under `window_size`

@@ -31,12 +31,15 @@ done
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+# libzmq: the event publisher (src/publisher) links it; python3-venv: the wire test's venv.
+[[ -e /usr/include/zmq.h ]] || missing+=(libzmq3-dev)
+python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
-# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.88) and
+# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.86) and
 # cbindgen's, so Rust comes from rustup (also when only that old distro Rust is present).
 rust_minor="$(rustc --version 2>/dev/null | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p' || true)"
-if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 88)); then
+if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 86)); then
     echo "+ installing Rust (stable) via rustup"
     # The path check would stop rustup-init when an old distro rustc is on PATH.
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
@@ -113,3 +116,17 @@ then
     .venv/bin/pip install --quiet --disable-pip-version-check -r python/requirements-dev.txt
 fi
 .venv/bin/python -c 'import nanobind, scikit_build_core, numpy, pytest; print("python venv: nanobind", nanobind.__version__, "numpy", numpy.__version__, "pytest", pytest.__version__)'
+
+# The KV-events wire test (scripts/events_wire_test.py) runs in a git-ignored venv: pyzmq and
+# msgspec for the subscriber and vLLM's schema, NVIDIA Dynamo's runtime for its standalone KV
+# indexer (`python -m dynamo.indexer`, a real router; no GPU needed).
+PY_TEST_DEPS=(pyzmq==27.3.0 msgspec==0.22.0 ai-dynamo-runtime==1.6.1)
+[[ -x .venv/bin/python ]] || { echo "+ python3 -m venv .venv"; python3 -m venv .venv; }
+if .venv/bin/python -m pip freeze 2>/dev/null | grep -qx -e "${PY_TEST_DEPS[0]}" &&
+    .venv/bin/python -m pip freeze | grep -qx -e "${PY_TEST_DEPS[1]}" &&
+    .venv/bin/python -m pip freeze | grep -qx -e "${PY_TEST_DEPS[2]}"; then
+    echo "python test deps: present"
+else
+    echo "+ .venv/bin/pip install ${PY_TEST_DEPS[*]}"
+    .venv/bin/python -m pip install -q "${PY_TEST_DEPS[@]}"
+fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite: Rust lints, docs, formatting, the MSRV build and tests, header freshness,
 # the C++ tests through CMake (with the install/consumer test), the Python module (built,
-# installed into .venv, pytest), then the hardening runs: the C-ABI fuzz target (bounded), the
-# sanitizer builds and the soak.
+# installed into .venv, pytest), KV events on the wire (schema, transport, Dynamo's indexer)
+# against the replay, then the hardening runs: the C-ABI fuzz target (bounded), the sanitizer
+# builds and the soak.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,6 +46,9 @@ step "python: pytest"
 # From outside the source tree, so `import kvblock` is the installed package.
 (cd /tmp && KVBLOCK_REPLAY="$OLDPWD/build/examples/replay" "$OLDPWD/.venv/bin/python" -m pytest -q \
     -p no:cacheprovider "$OLDPWD/python/tests")
+
+step "KV events on the wire: schema, transport, Dynamo indexer (scripts/events_wire_test.py)"
+.venv/bin/python scripts/events_wire_test.py build/examples/replay
 
 # Hardening (issue 12): each stage says how to run it longer or alone.
 step "fuzz the C ABI (scripts/fuzz.sh, ${FUZZ_SECONDS:=120} s)"

@@ -190,6 +190,8 @@ impl EventQueue {
 #[derive(Debug, Default)]
 struct DeliveryState {
     events: VecDeque<KvCacheEvent>,
+    /// Event id of the last event of each pushed (flushed) batch still buffered, oldest first.
+    iteration_ends: VecDeque<u64>,
     dropped: u64,
     shutdown: bool,
 }
@@ -228,10 +230,20 @@ impl EventDelivery {
             return;
         }
         let mut st = self.lock();
+        let last_id = batch[batch.len() - 1].event_id;
         st.events.extend(batch);
+        st.iteration_ends.push_back(last_id);
         while st.events.len() > self.capacity {
             st.events.pop_front();
             st.dropped += 1;
+        }
+        // Forget the ends of iterations whose events were all dropped.
+        let first_id = st.events.front().map(|e| e.event_id);
+        while let Some(&end) = st.iteration_ends.front() {
+            if first_id.is_some_and(|f| end >= f) {
+                break;
+            }
+            st.iteration_ends.pop_front();
         }
         drop(st);
         self.ready.notify_all();
@@ -240,6 +252,11 @@ impl EventDelivery {
     /// Takes everything delivered so far, waiting up to `timeout` for at least one event.
     /// With events off (capacity 0) nothing can arrive, so it returns at once.
     pub fn drain(&self, timeout: Duration) -> DrainedEvents {
+        self.take(timeout).0
+    }
+
+    /// `drain`, also returning the buffered iteration ends (taken under the same lock).
+    fn take(&self, timeout: Duration) -> (DrainedEvents, VecDeque<u64>) {
         let deadline = Instant::now().checked_add(timeout);
         let mut st = self.lock();
         while self.capacity > 0 && st.events.is_empty() && !st.shutdown {
@@ -255,10 +272,39 @@ impl EventDelivery {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        DrainedEvents {
+        let ends = std::mem::take(&mut st.iteration_ends);
+        let drained = DrainedEvents {
             events: st.events.drain(..).collect(),
             dropped: std::mem::take(&mut st.dropped),
+        };
+        (drained, ends)
+    }
+
+    /// Like `drain`, but split into the flushed iterations the events came from (one inner
+    /// vector per `push`, oldest first; an iteration whose oldest events were dropped keeps the
+    /// rest). Used by the wire publisher, which sends one batch per iteration.
+    pub fn drain_iterations(&self, timeout: Duration) -> (Vec<Vec<KvCacheEvent>>, u64) {
+        let (drained, ends) = self.take(timeout);
+        let mut out = Vec::new();
+        let mut current = Vec::new();
+        let mut ends = ends.into_iter().peekable();
+        for e in drained.events {
+            let id = e.event_id;
+            current.push(e);
+            while ends.next_if(|&end| end < id).is_some() {}
+            if ends.next_if_eq(&id).is_some() {
+                out.push(std::mem::take(&mut current));
+            }
         }
+        if !current.is_empty() {
+            out.push(current);
+        }
+        (out, drained.dropped)
+    }
+
+    /// Whether `shutdown` was called (the manager is gone; nothing more will arrive).
+    pub fn is_shut_down(&self) -> bool {
+        self.lock().shutdown
     }
 
     /// Wakes every waiting drainer for good (the manager is going away).
@@ -379,6 +425,34 @@ mod tests {
         assert_eq!(out.events.len(), 2);
         assert_eq!(out.events[0].event_id, 1);
         assert_eq!(d.drain(Duration::ZERO), DrainedEvents::default());
+    }
+
+    #[test]
+    fn drain_iterations_splits_at_flushes_and_survives_drops() {
+        let d = EventDelivery::new(3);
+        let mut q = EventQueue::new(&[8], None);
+        q.absorb(8, [stored(1), stored(2)]);
+        d.push(q.flush()); // ids 0, 1
+        q.absorb(8, [stored(3)]);
+        d.push(q.flush()); // id 2
+        let (iters, dropped) = d.drain_iterations(Duration::ZERO);
+        let ids: Vec<Vec<u64>> = iters
+            .iter()
+            .map(|it| it.iter().map(|e| e.event_id).collect())
+            .collect();
+        assert_eq!((ids, dropped), (vec![vec![0, 1], vec![2]], 0));
+
+        // Capacity 3: the first iteration loses one event, the rest keeps its boundaries.
+        q.absorb(8, [stored(4), stored(5)]);
+        d.push(q.flush()); // ids 3, 4
+        q.absorb(8, [stored(6), stored(7)]);
+        d.push(q.flush()); // ids 5, 6
+        let (iters, dropped) = d.drain_iterations(Duration::ZERO);
+        let ids: Vec<Vec<u64>> = iters
+            .iter()
+            .map(|it| it.iter().map(|e| e.event_id).collect())
+            .collect();
+        assert_eq!((ids, dropped), (vec![vec![4], vec![5, 6]], 1));
     }
 
     #[test]

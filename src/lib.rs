@@ -13,6 +13,7 @@ pub mod key;
 pub mod manager;
 pub mod pool;
 pub mod premixed;
+pub mod publisher;
 pub mod retention;
 pub mod sizing;
 pub mod transfer;

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod events;
 pub mod handle;
 pub mod manager;
+pub mod publisher;
 pub mod sizing;
 pub mod status;
 pub mod types;

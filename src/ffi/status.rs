@@ -45,11 +45,10 @@ pub enum kvb_status_t {
     KVB_STATUS_POISONED = 16,
     /// A bug inside the library (a caught panic). The handle is now poisoned.
     KVB_STATUS_INTERNAL = 17,
-    /// A CUDA call failed (the message names it and the driver's error). A copy launch that
-    /// failed before anything of the call was enqueued is rolled back like
-    /// `KVB_STATUS_COPY_FAILED` (the manager is unchanged and keeps working); a failure after
-    /// copies of the call were enqueued, or of a later synchronization, poisons the handle: the
-    /// bytes in the pools can no longer be trusted.
+    /// A CUDA call failed (the message names it and the driver's error). At creation or in
+    /// `kvb_manager_register_pool` / `kvb_manager_set_stream` nothing changed; a failed copy
+    /// launch (or a later synchronization) poisons the handle: the bookkeeping of the call moved
+    /// on, the bytes in the pools did not.
     KVB_STATUS_CUDA = 18,
     /// Memory for the pools could not be allocated (or their size overflows); nothing was
     /// created.
@@ -58,6 +57,8 @@ pub enum kvb_status_t {
     /// stays where its bytes are, the counters are as before, and the manager keeps working.
     /// Blocks whose rows the call had already overwritten leave the reuse tree.
     KVB_STATUS_COPY_FAILED = 20,
+    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+    KVB_STATUS_TRANSPORT = 21,
 }
 
 thread_local! {
@@ -76,6 +77,11 @@ pub(crate) fn clear_last_error() {
             *e.borrow_mut() = CString::default();
         }
     });
+}
+
+/// The last-error message of this thread (to pass on the failure of a nested entry point).
+pub(crate) fn last_error_string() -> String {
+    LAST_ERROR.with(|e| e.borrow().to_string_lossy().into_owned())
 }
 
 /// Records `message` and returns `status`.
@@ -139,6 +145,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_CUDA,
         KVB_STATUS_OUT_OF_MEMORY,
         KVB_STATUS_COPY_FAILED,
+        KVB_STATUS_TRANSPORT,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -165,6 +172,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_CUDA => b"CUDA error\0",
         KVB_STATUS_OUT_OF_MEMORY => b"out of memory\0",
         KVB_STATUS_COPY_FAILED => b"copy failed\0",
+        KVB_STATUS_TRANSPORT => b"transport error\0",
     };
     s.as_ptr().cast()
 }
