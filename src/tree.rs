@@ -198,6 +198,33 @@ impl ReuseTree {
             .fold(0, |parent_hash, &b| block_hash(&self.key(b), parent_hash))
     }
 
+    /// Prefetches what evicting `block` first touches: its node and its key slot.
+    pub fn prefetch_block(&self, block: u32) {
+        let b = block as usize;
+        crate::prefetch::prefetch(&self.nodes[b]);
+        let slot = b * self.tokens_per_block;
+        let mut at = slot;
+        // Every cache line of the slot (16 tokens of 4 bytes per line).
+        while at < slot + self.tokens_per_block {
+            crate::prefetch::prefetch(&self.token_ids[at]);
+            at += 16;
+        }
+    }
+
+    /// Prefetches the nodes unlinking `block` from the tree touches (parent, siblings); reads
+    /// its node, so call it after `prefetch_block` had time to bring that in.
+    pub fn prefetch_neighbors(&self, block: u32) {
+        let n = &self.nodes[block as usize];
+        if !n.in_tree {
+            return;
+        }
+        for b in [n.parent, n.prev_sibling, n.next_sibling] {
+            if b != NIL {
+                crate::prefetch::prefetch(&self.nodes[b as usize]);
+            }
+        }
+    }
+
     /// Tree parent (the root for first-level blocks), or `None` when not in the tree.
     pub fn parent(&self, block: u32) -> Option<u32> {
         let n = &self.nodes[block as usize];
