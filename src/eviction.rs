@@ -143,6 +143,18 @@ impl FreeQueues {
         Some((block, can_offload))
     }
 
+    /// The block queued after `block` in its queue (`None` when it is the last or not queued):
+    /// the next victim once `block` is claimed, for prefetching.
+    pub fn next_queued(&self, block: u32) -> Option<u32> {
+        let link = &self.links[block as usize];
+        (link.slot.is_some() && link.next != NIL).then_some(link.next)
+    }
+
+    /// Prefetches the queue link of `block`.
+    pub fn prefetch(&self, block: u32) {
+        crate::prefetch::prefetch(&self.links[block as usize]);
+    }
+
     /// Removes `block` from its queue if it is queued (using the recorded slot) and drops its
     /// pending expiry. Returns whether it was queued.
     pub fn claim(&mut self, block: u32) -> bool {

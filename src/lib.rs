@@ -1,7 +1,7 @@
 //! kvblock: a KV-cache block manager for LLM inference engines with TensorRT-LLM V1 semantics.
 //!
 //! Layers (dependencies point downwards): `ffi` → `manager` → `window` → `tree`, `eviction`,
-//! `pool`, `transfer` → `key`, `retention`, `error`, `premixed`; the CUDA backend `cuda` implements
+//! `pool`, `transfer` → `key`, `retention`, `error`, `premixed`, `prefetch`; the CUDA backend `cuda` implements
 //! `transfer::CopyEngine` and is chosen by `manager` at creation.
 
 pub mod cuda;
@@ -12,6 +12,7 @@ pub mod ffi;
 pub mod key;
 pub mod manager;
 pub mod pool;
+pub mod prefetch;
 pub mod premixed;
 pub mod publisher;
 pub mod retention;

@@ -167,6 +167,11 @@ impl BlockArena {
         self.rows.swap(a as usize, b as usize);
     }
 
+    /// Prefetches the reference count of `block` (the next allocation's victim).
+    pub fn prefetch(&self, block: u32) {
+        crate::prefetch::prefetch(&self.ref_count[block as usize]);
+    }
+
     pub fn ref_count(&self, block: u32) -> u32 {
         self.ref_count[block as usize]
     }

@@ -82,6 +82,14 @@ const EMPTY_NODE: Node = Node {
     has_attrs: false,
 };
 
+/// The key attributes a sequence gives every block key cut from its tokens (`slot_key`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotKeyAttrs {
+    pub uses_extra_ids: bool,
+    pub lora_task_id: Option<u64>,
+    pub cache_salt: Option<u64>,
+}
+
 /// Result of matching one key under a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Match {
@@ -190,6 +198,33 @@ impl ReuseTree {
             .fold(0, |parent_hash, &b| block_hash(&self.key(b), parent_hash))
     }
 
+    /// Prefetches what evicting `block` first touches: its node and its key slot.
+    pub fn prefetch_block(&self, block: u32) {
+        let b = block as usize;
+        crate::prefetch::prefetch(&self.nodes[b]);
+        let slot = b * self.tokens_per_block;
+        let mut at = slot;
+        // Every cache line of the slot (16 tokens of 4 bytes per line).
+        while at < slot + self.tokens_per_block {
+            crate::prefetch::prefetch(&self.token_ids[at]);
+            at += 16;
+        }
+    }
+
+    /// Prefetches the nodes unlinking `block` from the tree touches (parent, siblings); reads
+    /// its node, so call it after `prefetch_block` had time to bring that in.
+    pub fn prefetch_neighbors(&self, block: u32) {
+        let n = &self.nodes[block as usize];
+        if !n.in_tree {
+            return;
+        }
+        for b in [n.parent, n.prev_sibling, n.next_sibling] {
+            if b != NIL {
+                crate::prefetch::prefetch(&self.nodes[b as usize]);
+            }
+        }
+    }
+
     /// Tree parent (the root for first-level blocks), or `None` when not in the tree.
     pub fn parent(&self, block: u32) -> Option<u32> {
         let n = &self.nodes[block as usize];
@@ -232,7 +267,8 @@ impl ReuseTree {
         (n.key_current && n.key_len as usize == len).then_some(n.lookup)
     }
 
-    /// The block goes to a new holder: its slot no longer holds that holder's tokens.
+    /// The block goes to a new holder: its key is no longer the holder's (the holder writes its
+    /// own tokens into the slot).
     pub fn disown_key(&mut self, block: u32) {
         self.nodes[block as usize].key_current = false;
     }
@@ -245,26 +281,135 @@ impl ReuseTree {
         let start = block as usize * self.tokens_per_block;
         self.token_ids[start..start + key.len()].copy_from_slice(key.token_ids);
         if let Some(extra) = key.extra_ids {
-            if self.extra_ids.is_empty() {
-                self.extra_ids = vec![0; self.token_ids.len()];
-            }
+            self.ensure_extra_ids();
             self.extra_ids[start..start + key.len()].copy_from_slice(extra);
         }
-        if !key.extra_keys.is_empty() {
-            self.mm_keys.insert(block, key.extra_keys.into());
+        self.set_key_fields(
+            block,
+            key.len(),
+            key.extra_ids.is_some(),
+            key.lora_task_id,
+            key.cache_salt,
+            key.extra_keys,
+            lookup,
+        );
+    }
+
+    fn ensure_extra_ids(&mut self) {
+        if self.extra_ids.is_empty() {
+            self.extra_ids = vec![0; self.token_ids.len()];
+        }
+    }
+
+    /// The key of the first `len` tokens already in the block's slot, with the holder's key
+    /// attributes (`uses_extra_ids`: the extra ids in the slot are part of it). The slot of a
+    /// block a sequence holds carries that sequence's tokens (see `write_token`).
+    pub fn slot_key<'s>(
+        &'s self,
+        block: u32,
+        len: usize,
+        attrs: SlotKeyAttrs,
+        extra_keys: &'s [MmKey],
+    ) -> BlockKeyRef<'s> {
+        debug_assert!(len <= self.tokens_per_block);
+        let start = block as usize * self.tokens_per_block;
+        BlockKeyRef {
+            token_ids: &self.token_ids[start..start + len],
+            extra_ids: attrs
+                .uses_extra_ids
+                .then(|| &self.extra_ids[start..start + len]),
+            lora_task_id: attrs.lora_task_id,
+            extra_keys,
+            cache_salt: attrs.cache_salt,
+        }
+    }
+
+    /// Makes the first `len` tokens of the block's slot its key (`slot_key` with the same
+    /// arguments, whose `lookup_hash` is `lookup`) without copying them. The block must not be
+    /// in the tree.
+    pub fn adopt_slot_key(
+        &mut self,
+        block: u32,
+        len: usize,
+        attrs: SlotKeyAttrs,
+        extra_keys: &[MmKey],
+        lookup: u64,
+    ) {
+        debug_assert!(!self.is_in_tree(block));
+        debug_assert_eq!(
+            lookup,
+            lookup_hash(&self.slot_key(block, len, attrs, extra_keys))
+        );
+        self.set_key_fields(
+            block,
+            len,
+            attrs.uses_extra_ids,
+            attrs.lora_task_id,
+            attrs.cache_salt,
+            extra_keys,
+            lookup,
+        );
+    }
+
+    /// Writes the holder's token at position `pos` of the block's slot (its extra id too when
+    /// the holder has extra ids). Positions inside a cached key are never written; writing
+    /// inside a private block's key makes that key no longer the holder's (see `disown_key`).
+    pub fn write_token(&mut self, block: u32, pos: usize, token: i32, extra: Option<u64>) {
+        debug_assert!(pos < self.tokens_per_block);
+        let n = &mut self.nodes[block as usize];
+        debug_assert!(
+            !n.in_tree || pos >= n.key_len as usize,
+            "cached key written"
+        );
+        if pos < n.key_len as usize {
+            n.key_current = false;
+        }
+        let at = block as usize * self.tokens_per_block + pos;
+        self.token_ids[at] = token;
+        if let Some(e) = extra {
+            self.ensure_extra_ids();
+            self.extra_ids[at] = e;
+        }
+    }
+
+    /// Copies the first `len` slot tokens (and extra ids) of `src` into the slot of `dst` (a
+    /// private block whose key is not its holder's).
+    pub fn copy_slot(&mut self, src: u32, dst: u32, len: usize) {
+        debug_assert!(!self.is_in_tree(dst) && !self.nodes[dst as usize].key_current);
+        let tpb = self.tokens_per_block;
+        let (s, d) = (src as usize * tpb, dst as usize * tpb);
+        self.token_ids.copy_within(s..s + len, d);
+        if !self.extra_ids.is_empty() {
+            self.extra_ids.copy_within(s..s + len, d);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_key_fields(
+        &mut self,
+        block: u32,
+        len: usize,
+        uses_extra_ids: bool,
+        lora_task_id: Option<u64>,
+        cache_salt: Option<u64>,
+        extra_keys: &[MmKey],
+        lookup: u64,
+    ) {
+        if !extra_keys.is_empty() {
+            self.mm_keys.insert(block, extra_keys.into());
         } else if !self.mm_keys.is_empty() {
             self.mm_keys.remove(&block);
         }
         let n = &mut self.nodes[block as usize];
-        n.key_len = key.len() as u32;
+        n.key_len = len as u32;
         n.lookup = lookup;
         n.key_current = true;
         n.has_key = true;
-        n.uses_extra_ids = key.extra_ids.is_some();
-        n.is_full = key.len() == self.tokens_per_block;
+        n.uses_extra_ids = uses_extra_ids;
+        n.is_full = len == self.tokens_per_block;
         let attrs = KeyAttrs {
-            lora_task_id: key.lora_task_id,
-            cache_salt: key.cache_salt,
+            lora_task_id,
+            cache_salt,
         };
         let had_attrs = n.has_attrs;
         n.has_attrs = attrs != KeyAttrs::default();

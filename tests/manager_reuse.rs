@@ -129,3 +129,58 @@ fn host_data_survives_offload_and_onboard() {
     assert!(bytes.iter().all(|&x| x == 10));
     m.check_invariants().unwrap();
 }
+
+/// A sequence keeps its tokens only in its blocks' key slots: generated tokens (extra id 0),
+/// a rewind that copies a shared block, and the tokens written after it are what gets stored.
+#[test]
+fn stored_keys_are_the_tokens_written_into_the_slots() {
+    let mut m = KvCacheManager::new(config(32, 0, 4)).unwrap();
+    let with_extra = |id: u64, t: Vec<i32>| {
+        let mut r = Request::new(id, t.clone());
+        r.extra_ids = Some(t.iter().map(|&x| x as u64 * 7).collect());
+        r
+    };
+    // 6 prompt tokens, 6 generated: 12 tokens, the last not stored.
+    m.add_sequence(&with_extra(1, tokens(0..6))).unwrap();
+    for t in 100..106 {
+        m.add_token(1, t).unwrap();
+    }
+    m.store_blocks_for_reuse(1, false, None).unwrap();
+    // A second sequence shares the three stored blocks' first two, then rewinding the first
+    // into its shared second block copies it (copy on write) and writes other tokens there.
+    let mut full: Vec<i32> = tokens(0..6);
+    full.extend(100..106);
+    let mut extra: Vec<u64> = (0..6).map(|x| x * 7).collect();
+    extra.extend([0; 6]);
+    let mut r2 = Request::new(2, full[..9].to_vec());
+    r2.extra_ids = Some(extra[..9].to_vec());
+    assert_eq!(m.add_sequence(&r2).unwrap().prepopulated_prompt_len, 8);
+    m.rewind(1, 6).unwrap();
+    for t in 200..206 {
+        m.add_token(1, t).unwrap();
+    }
+    m.check_invariants().unwrap();
+    m.remove_sequence(1, true).unwrap();
+    m.remove_sequence(2, true).unwrap();
+    m.check_invariants().unwrap();
+    let mut rewritten: Vec<i32> = tokens(0..6);
+    rewritten.extend(200..206);
+    let mut r3 = Request::new(3, rewritten);
+    r3.extra_ids = Some(extra.clone());
+    assert_eq!(
+        m.add_sequence(&r3).unwrap().prepopulated_prompt_len,
+        11,
+        "the rewritten tokens were stored, the partial last block too (the 12th is the last token)"
+    );
+    // Without extra ids no block matches exactly: they are part of the key (only token 0, extra
+    // id 0 on both sides, matches partially).
+    let mut plain: Vec<i32> = tokens(0..6);
+    plain.extend(200..206);
+    assert_eq!(
+        m.add_sequence(&Request::new(4, plain))
+            .unwrap()
+            .prepopulated_prompt_len,
+        1
+    );
+    m.check_invariants().unwrap();
+}

@@ -4,6 +4,7 @@
 use super::{absorb, Admission, KvCacheManager, Request, RequestRef, RequestStats, Sequence};
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
+use crate::tree::SlotKeyAttrs;
 use crate::window::{AdmissionPlan, AdmitItem};
 
 /// The scheduler's estimate of one request of a candidate batch (counting the requests before
@@ -232,8 +233,9 @@ impl KvCacheManager {
     }
 
     /// `add_sequence_batch` over borrowed requests: the tokens of each admitted request are
-    /// copied once, into its sequence; nothing is copied or allocated for a batch that does not
-    /// fit (once the planning buffers have grown).
+    /// copied once, into its blocks' key slots (the sequence keeps no copy of its own); nothing
+    /// is copied or allocated for a batch that does not fit (once the planning buffers have
+    /// grown).
     pub fn add_sequence_batch_refs(
         &mut self,
         reqs: &[RequestRef<'_>],
@@ -280,8 +282,8 @@ impl KvCacheManager {
         self.fitting_prefix(reqs.len(), longest_prefix)
     }
 
-    /// Records the sequence of an admitted request (its tokens copied once, with room for the
-    /// generated ones) and returns its admission figures.
+    /// Records the sequence of an admitted request and returns its admission figures. Its
+    /// tokens are not copied here: admission wrote them into its blocks' key slots.
     fn record_sequence(
         &mut self,
         req: &RequestRef<'_>,
@@ -301,28 +303,19 @@ impl KvCacheManager {
             prepopulated_prompt_len: plan.matched_tokens,
             stats,
         };
-        let input = req.input_length;
-        // Room for the generated tokens, so that decoding does not copy the prompt again.
-        let reserve = self.token_reserve(input);
-        let mut token_ids = Vec::with_capacity(input + reserve);
-        token_ids.extend_from_slice(&req.token_ids[..input]);
-        let extra_ids = req.extra_ids.map(|e| {
-            let mut v = Vec::with_capacity(input + reserve);
-            v.extend_from_slice(&e[..input]);
-            v
-        });
         self.sequences.insert(
             req.id,
             Sequence {
-                input_length: input,
+                input_length: req.input_length,
                 beam_width: req.beam_width,
-                token_ids,
-                extra_ids,
-                lora_task_id: req.lora_task_id,
-                cache_salt: req.cache_salt,
+                key_attrs: SlotKeyAttrs {
+                    uses_extra_ids: req.extra_ids.is_some(),
+                    lora_task_id: req.lora_task_id,
+                    cache_salt: req.cache_salt,
+                },
                 mm_items: req.mm_items.to_vec(),
                 retention: req.retention.clone(),
-                num_tokens: input,
+                num_tokens: req.input_length,
                 admission,
             },
         );
@@ -341,20 +334,11 @@ impl KvCacheManager {
         self.add_sequence(&req)
     }
 
-    /// `add_sequence` over a borrowed request: its tokens are copied once, into the sequence,
-    /// and only when it is admitted. A request that does not fit costs one planning walk over
+    /// `add_sequence` over a borrowed request: its tokens are copied once, into its blocks' key
+    /// slots, and only when it is admitted. A request that does not fit costs one planning walk over
     /// its reusable prefix and allocates nothing.
     pub fn add_sequence_ref(&mut self, req: &RequestRef<'_>) -> KvResult<Admission> {
         let mut admitted = self.add_sequence_batch_refs(std::slice::from_ref(req), false)?;
         Ok(admitted.pop().expect("a batch of one admitted"))
-    }
-
-    /// Tokens reserved past the prompt in a new sequence: enough for a typical generation
-    /// (an eighth of the prompt, at least four blocks), never beyond the longest sequence.
-    fn token_reserve(&self, input: usize) -> usize {
-        let tpb = self.cfg.tokens_per_block;
-        (input / 8)
-            .max(4 * tpb)
-            .min(self.cfg.max_sequence_length.saturating_sub(input))
     }
 }

@@ -40,17 +40,16 @@ use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::key::MultimodalItem;
 use crate::retention::RetentionConfig;
-use crate::tree::PremixedMap;
-use crate::window::{KeySource, WindowBlockManager};
+use crate::tree::{PremixedMap, SlotKeyAttrs};
+use crate::window::{SeqKeyAttrs, WindowBlockManager};
 
 #[derive(Clone, Debug)]
 struct Sequence {
     input_length: usize,
     beam_width: usize,
-    token_ids: Vec<i32>,
-    extra_ids: Option<Vec<u64>>,
-    lora_task_id: Option<u64>,
-    cache_salt: Option<u64>,
+    /// Key attributes of its blocks; its tokens themselves are kept only in its blocks' key
+    /// slots (written at admission and by `add_token`, read when storing).
+    key_attrs: SlotKeyAttrs,
     mm_items: Vec<MultimodalItem>,
     retention: RetentionConfig,
     num_tokens: usize,
@@ -58,12 +57,9 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn key_source(&self) -> KeySource<'_> {
-        KeySource {
-            token_ids: &self.token_ids,
-            extra_ids: self.extra_ids.as_deref(),
-            lora_task_id: self.lora_task_id,
-            cache_salt: self.cache_salt,
+    fn key_attrs(&self) -> SeqKeyAttrs<'_> {
+        SeqKeyAttrs {
+            slot: self.key_attrs,
             mm_items: &self.mm_items,
         }
     }

@@ -51,8 +51,8 @@ impl Request {
 }
 
 /// A request whose arrays are borrowed from the caller for the duration of one call: admission
-/// plans against the caller's tokens and copies them (once) only into a sequence it admits, so
-/// an admission that does not fit copies nothing.
+/// plans against the caller's tokens and copies them (once) only into the key slots of the blocks
+/// of a sequence it admits, so an admission that does not fit copies nothing.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestRef<'a> {
     pub id: u64,

@@ -22,14 +22,12 @@ impl KvCacheManager {
         let now = self.op_now_ms();
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = num_tokens;
-        seq.token_ids.push(token_id);
-        if let Some(extra) = &mut seq.extra_ids {
-            extra.push(0);
-        }
+        // Generated tokens have no extra id (0).
+        let extra = seq.key_attrs.uses_extra_ids.then_some(0);
         let decode = seq.retention.decode_retention();
         for w in &mut self.windows {
             let swa = w.config().is_swa(max_len);
-            w.add_token(id, num_tokens, swa, decode, now);
+            w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
             absorb(&mut self.events, w);
         }
         Ok(())
@@ -91,10 +89,6 @@ impl KvCacheManager {
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = target;
-        seq.token_ids.truncate(target);
-        if let Some(extra) = &mut seq.extra_ids {
-            extra.truncate(target);
-        }
         Ok(())
     }
 
@@ -114,10 +108,10 @@ impl KvCacheManager {
         }
         let n = context_position.min(seq.input_length - 1);
         let seq = self.sequences.get(&id).expect("checked");
-        let src = seq.key_source();
+        let attrs = seq.key_attrs();
         for w in self.windows.iter_mut().rev() {
             if w.is_valid_for_store(id) {
-                w.store_blocks(id, &src, n, false, false);
+                w.store_blocks(id, &attrs, n, false, false);
                 absorb(&mut self.events, w);
             }
         }
@@ -135,10 +129,10 @@ impl KvCacheManager {
         let max_len = self.cfg.max_sequence_length;
         let n = seq.num_tokens - 1;
         let seq = self.sequences.get(&id).expect("checked");
-        let src = seq.key_source();
+        let attrs = seq.key_attrs();
         for w in self.windows.iter_mut().rev() {
             if !w.config().is_swa(max_len) && w.is_valid_for_store(id) {
-                w.store_blocks(id, &src, n, false, false);
+                w.store_blocks(id, &attrs, n, false, false);
                 absorb(&mut self.events, w);
             }
         }
@@ -164,11 +158,11 @@ impl KvCacheManager {
         }
         let n = seq.num_tokens - 1;
         let seq = self.sequences.get(&id).expect("checked");
-        let src = seq.key_source();
+        let attrs = seq.key_attrs();
         let mut out = Vec::new();
         for (i, w) in self.windows.iter_mut().enumerate().rev() {
             if w.is_valid_for_store(id) {
-                let (_, pinned) = w.store_blocks(id, &src, n, true, pin);
+                let (_, pinned) = w.store_blocks(id, &attrs, n, true, pin);
                 absorb(&mut self.events, w);
                 if i == pin_window {
                     out = pinned;

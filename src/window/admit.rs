@@ -134,6 +134,19 @@ impl WindowBlockManager {
             }
             self.stats.missed += 1;
         }
+        if self.cfg.enable_reuse {
+            // The keys stop before the last prompt token; the slot holds it too, so that the
+            // blocks' slots spell the whole sequence (see `write_token`).
+            let last = input_length - 1;
+            for beam in &beams {
+                self.tree.write_token(
+                    beam[last / tpb],
+                    last % tpb,
+                    src.token_ids[last],
+                    src.extra_ids.map(|e| e[last]),
+                );
+            }
+        }
         self.seqs.insert(
             id,
             SeqBlocks {

@@ -57,6 +57,15 @@ impl WindowBlockManager {
             .queues
             .peek(Level::Primary)
             .expect("capacity is checked before allocation");
+        // The next two victims: bring in what evicting them touches while this one is handled.
+        if let Some(next) = self.queues.next_queued(candidate) {
+            self.tree.prefetch_neighbors(next);
+            if let Some(after) = self.queues.next_queued(next) {
+                self.queues.prefetch(after);
+                self.tree.prefetch_block(after);
+                self.arena.prefetch(after);
+            }
+        }
         if !self.tree.has_key(candidate) {
             self.stats.alloc_new += 1;
         }

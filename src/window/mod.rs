@@ -33,7 +33,7 @@ use crate::eviction::FreeQueues;
 use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
 use crate::pool::{BlockArena, Level, PoolGeometry};
 use crate::transfer::{CopyEngine, RowCopy};
-use crate::tree::{PremixedMap, ReuseTree};
+use crate::tree::{PremixedMap, ReuseTree, SlotKeyAttrs};
 use plan::ClaimUse;
 
 /// Static configuration of one window.
@@ -104,6 +104,13 @@ impl<'a> KeySource<'a> {
             cache_salt: self.cache_salt,
         }
     }
+}
+
+/// The key attributes of a running sequence (its tokens are in its blocks' slots).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqKeyAttrs<'a> {
+    pub slot: SlotKeyAttrs,
+    pub mm_items: &'a [MultimodalItem],
 }
 
 /// Per-sequence blocks in this window.

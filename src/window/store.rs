@@ -1,19 +1,20 @@
 //! The reuse tree seen from a sequence: storing its blocks for reuse, and counting the reusable
 //! prefix of a prompt.
 
-use super::{KeySource, WindowBlockManager};
+use super::{KeySource, SeqKeyAttrs, WindowBlockManager};
 use crate::events::{StoredBlock, WindowEvent};
-use crate::key::lookup_hash;
+use crate::key::{lookup_hash, multimodal_keys_for_range};
 
 impl WindowBlockManager {
     /// Stores the first `num_tokens` tokens of sequence `id` (beam 0 blocks) in the reuse tree.
-    /// Only full blocks unless `allow_partial`. Existing equal blocks are descended into and the
-    /// sequence's own copies stay private; with `pin`, every block on the path gets a pin.
-    /// Returns the ids of the newly stored blocks and of the pinned blocks.
+    /// Only full blocks unless `allow_partial`. The keys are the sequence's tokens in its
+    /// blocks' slots, with `attrs`. Existing equal blocks are descended into and the sequence's
+    /// own copies stay private; with `pin`, every block on the path gets a pin. Returns the ids
+    /// of the newly stored blocks and of the pinned blocks.
     pub fn store_blocks(
         &mut self,
         id: u64,
-        src: &KeySource<'_>,
+        attrs: &SeqKeyAttrs<'_>,
         num_tokens: usize,
         allow_partial: bool,
         pin: bool,
@@ -52,9 +53,15 @@ impl WindowBlockManager {
         for (i, &block) in ids.iter().enumerate().take(num_blocks).skip(first) {
             let start = i * tpb;
             let end = ((i + 1) * tpb).min(num_tokens);
-            let key = src.key(start, end, &mut scratch);
-            // Admission wrote the key of a prompt block and hashed it: neither again here.
-            let current = self.tree.current_lookup(block, end - start);
+            let len = end - start;
+            if attrs.mm_items.is_empty() {
+                scratch.clear();
+            } else {
+                multimodal_keys_for_range(attrs.mm_items, start as i32, end as i32, &mut scratch);
+            }
+            // Admission hashed a prompt block's key when it wrote it: not again here.
+            let current = self.tree.current_lookup(block, len);
+            let key = self.tree.slot_key(block, len, attrs.slot, &scratch);
             let lookup = current.unwrap_or_else(|| lookup_hash(&key));
             let existing = if matching {
                 let found = self.tree.find_exact(parent, &key, lookup);
@@ -70,7 +77,8 @@ impl WindowBlockManager {
                         break;
                     }
                     if current.is_none() {
-                        self.tree.set_key_with_lookup(block, &key, lookup);
+                        self.tree
+                            .adopt_slot_key(block, len, attrs.slot, &scratch, lookup);
                     }
                     if !self.tree.insert_with_lookup(parent, block, lookup) {
                         break;

@@ -47,12 +47,17 @@ impl WindowBlockManager {
         Ok(())
     }
 
-    /// Grows sequence `id` to `num_tokens` tokens: detaches out-of-window blocks (SWA), then
-    /// allocates a new last block (per beam with beam search) when a block boundary is crossed.
+    /// Grows sequence `id` to `num_tokens` tokens, the last being `token` (with extra id
+    /// `extra` when the sequence has extra ids): detaches out-of-window blocks (SWA), allocates a
+    /// new last block (per beam with beam search) when a block boundary is crossed, and writes
+    /// the token into the last block's slot (with reuse on: storing reads the slots).
+    #[allow(clippy::too_many_arguments)]
     pub fn add_token(
         &mut self,
         id: u64,
         num_tokens: usize,
+        token: i32,
+        extra: Option<u64>,
         swa: bool,
         decode: BlockRetention,
         now_ms: u64,
@@ -81,6 +86,15 @@ impl WindowBlockManager {
                 }
             }
             self.flush_copies();
+        }
+        if self.cfg.enable_reuse {
+            let pos = num_tokens - 1;
+            let tpb = self.cfg.tokens_per_block;
+            let seq = &self.seqs[&id];
+            for beam in &seq.beams {
+                self.tree
+                    .write_token(beam[pos / tpb], pos % tpb, token, extra);
+            }
         }
     }
 
@@ -166,6 +180,7 @@ impl WindowBlockManager {
             if self.arena.ref_count(block) > 1 {
                 let fresh = self.get_free_block(decode, now_ms);
                 self.queue_copy(block, fresh, kept);
+                self.tree.copy_slot(block, fresh, kept);
                 self.arena.remove_ref(block);
                 self.arena.add_refs(fresh, 1);
                 self.seqs.get_mut(&id).expect("exists").beams[0][index] = fresh;

@@ -43,6 +43,16 @@ impl WindowBlockManager {
                     }
                 }
             }
+            // A sequence's tokens live in its blocks' slots: a cached block it holds must not
+            // have a key longer than the sequence's tokens there (it would be overwritten).
+            for (i, &b) in seq.beams[0].iter().enumerate().skip(seq.front_removed) {
+                let held = num_tokens.saturating_sub(i * tpb).min(tpb);
+                if self.tree.is_in_tree(b) && self.tree.key(b).len() > held {
+                    return Err(format!(
+                        "window {w}: sequence {id} holds cached block {b} with a key longer than its {held} tokens there"
+                    ));
+                }
+            }
             // The prompt is allocated whole; detaching starts with the first generated token.
             let generating = num_tokens > input_length;
             if swa
