@@ -5,7 +5,9 @@
 //! Descriptors are written into pinned, device-mapped host buffers that the kernel reads
 //! directly, so an operation costs no separate upload. A buffer is reused once the event
 //! recorded after its launch has completed; while every buffer is still in flight a new one is
-//! allocated, so submitting never waits for the GPU (up to `MAX_DESCRIPTOR_BUFFERS`).
+//! allocated, so submitting never waits for the GPU (up to `MAX_DESCRIPTOR_BUFFERS`). When no
+//! buffer can be had, a launch waits for one and takes the descriptors in chunks, so it never
+//! fails for want of pinned memory: the only failures left are a broken context.
 
 use std::sync::Arc;
 
@@ -100,6 +102,10 @@ impl CudaCopyEngine {
             // On failure `engine` drops and frees what was allocated.
             engine.allocate_pools()?;
         }
+        // One descriptor buffer from the start: a launch can then always fall back on it.
+        let _ctx = ContextGuard::enter(engine.device.context())?;
+        let first = new_buffer(MIN_DESCRIPTORS_PER_BUFFER)?;
+        engine.buffers.push(first);
         Ok(engine)
     }
 
@@ -149,66 +155,85 @@ impl CudaCopyEngine {
             return Ok(());
         }
         let _ctx = ContextGuard::enter(self.device.context())?;
-        let index = self.take_buffer(count)?;
-        let buffer = &mut self.buffers[index];
-        // SAFETY: the buffer holds `capacity >= count` descriptors and no launch reads it now.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.plan.descriptors.as_ptr(), buffer.host, count);
-        }
-        // The kernel reads the descriptors from host memory: make the writes visible first.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let stream = self.device.launch_stream()?;
-        // In flight from the first launch on: a failure after it must not free the buffer early.
-        buffer.in_flight = true;
         let mut slices = self.plan.slices_per_copy();
         let max_ctas = self.device.sm_count() * CTAS_PER_SM;
-        for wave in &self.plan.waves {
-            let mut descriptors =
-                buffer.device + (wave.start * std::mem::size_of::<CopyDescriptor>()) as u64;
-            let mut num = wave.len() as u32;
-            let units = u64::from(num) * u64::from(slices);
-            let grid = units.min(u64::from(max_ctas)).max(1) as u32;
-            let mut params = [
-                (&mut descriptors as *mut CUdeviceptr).cast::<std::ffi::c_void>(),
-                (&mut num as *mut u32).cast(),
-                (&mut slices as *mut u32).cast(),
-            ];
-            // SAFETY: the kernel's three parameters, in order, point at live locals.
+        // Usually one buffer takes every descriptor; under pinned-memory pressure a smaller one
+        // takes them in chunks, launched in order on the same stream.
+        let mut next = 0;
+        while next < count {
+            let (index, capacity) = self.descriptor_buffer(count - next)?;
+            let end = count.min(next + capacity);
+            let buffer = &mut self.buffers[index];
+            // SAFETY: the buffer holds `capacity >= end - next` descriptors; no launch reads it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.plan.descriptors[next..].as_ptr(),
+                    buffer.host,
+                    end - next,
+                );
+            }
+            // The kernel reads the descriptors from host memory: make the writes visible first.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // In flight from its first launch on: a failure after it must not free it early.
+            buffer.in_flight = true;
+            // One launch per wave (or the part of it in this chunk).
+            for wave in &self.plan.waves {
+                let (lo, hi) = (wave.start.max(next), wave.end.min(end));
+                if lo >= hi {
+                    continue;
+                }
+                let mut descriptors =
+                    buffer.device + ((lo - next) * std::mem::size_of::<CopyDescriptor>()) as u64;
+                let mut num = (hi - lo) as u32;
+                let units = u64::from(num) * u64::from(slices);
+                let grid = units.min(u64::from(max_ctas)).max(1) as u32;
+                let mut params = [
+                    (&mut descriptors as *mut CUdeviceptr).cast::<std::ffi::c_void>(),
+                    (&mut num as *mut u32).cast(),
+                    (&mut slices as *mut u32).cast(),
+                ];
+                // SAFETY: the kernel's three parameters, in order, point at live locals.
+                check(
+                    unsafe {
+                        sys::cuLaunchKernel(
+                            self.device.kernel(),
+                            grid,
+                            1,
+                            1,
+                            THREADS_PER_CTA,
+                            1,
+                            1,
+                            0,
+                            stream,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    },
+                    "cuLaunchKernel (block copy)",
+                )?;
+                self.launches += 1;
+            }
+            // SAFETY: event created with the buffer; recorded on the stream that read it.
             check(
-                unsafe {
-                    sys::cuLaunchKernel(
-                        self.device.kernel(),
-                        grid,
-                        1,
-                        1,
-                        THREADS_PER_CTA,
-                        1,
-                        1,
-                        0,
-                        stream,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                },
-                "cuLaunchKernel (block copy)",
+                unsafe { sys::cuEventRecord(buffer.done, stream) },
+                "cuEventRecord",
             )?;
-            self.launches += 1;
+            next = end;
         }
-        // SAFETY: event created with the buffer; recorded on the stream that read it.
-        check(
-            unsafe { sys::cuEventRecord(buffer.done, stream) },
-            "cuEventRecord",
-        )?;
         self.device.copies_launched()
     }
 
-    /// A descriptor buffer of at least `count` entries that no launch is reading.
-    fn take_buffer(&mut self, count: usize) -> CudaResult<usize> {
+    /// A descriptor buffer no launch is reading, and its capacity: one of at least `wanted`
+    /// entries when one is free or can be allocated; otherwise (back pressure, or pinned memory
+    /// exhausted) the largest buffer once its launch has finished, and the caller takes the
+    /// descriptors in chunks. Allocation pressure therefore never fails a launch.
+    fn descriptor_buffer(&mut self, wanted: usize) -> CudaResult<(usize, usize)> {
         let n = self.buffers.len();
         for k in 0..n {
             let i = (self.next_buffer + k) % n;
             let b = &mut self.buffers[i];
-            if b.capacity < count {
+            if b.capacity < wanted {
                 continue;
             }
             if b.in_flight {
@@ -220,45 +245,26 @@ impl CudaCopyEngine {
                 }
             }
             self.next_buffer = (i + 1) % n;
-            return Ok(i);
+            return Ok((i, b.capacity));
         }
-        if n >= MAX_DESCRIPTOR_BUFFERS {
-            // Back pressure: the GPU is far behind. Wait for the oldest buffer.
-            let i = self.next_buffer % n;
-            // SAFETY: as above.
-            check(
-                unsafe { sys::cuEventSynchronize(self.buffers[i].done) },
-                "cuEventSynchronize",
-            )?;
-            self.buffers[i].in_flight = false;
-            if self.buffers[i].capacity >= count {
-                self.next_buffer = (i + 1) % n;
-                return Ok(i);
+        if n < MAX_DESCRIPTOR_BUFFERS {
+            if let Ok(b) = new_buffer(wanted.max(MIN_DESCRIPTORS_PER_BUFFER)) {
+                let capacity = b.capacity;
+                self.buffers.push(b);
+                return Ok((n, capacity));
             }
-            let old = self.buffers.swap_remove(i);
-            free_buffer(old);
         }
-        let capacity = count.max(MIN_DESCRIPTORS_PER_BUFFER);
-        let (host, device) = alloc_mapped_host(capacity * std::mem::size_of::<CopyDescriptor>())?;
-        let mut done: CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: out-pointer to a local.
-        if let Err(e) = check(
-            unsafe { sys::cuEventCreate(&mut done, flags) },
-            "cuEventCreate",
-        ) {
-            // SAFETY: frees the allocation just made.
-            unsafe { sys::cuMemFreeHost(host) };
-            return Err(e);
-        }
-        self.buffers.push(DescriptorBuffer {
-            host: host.cast(),
-            device,
-            capacity,
-            done,
-            in_flight: false,
-        });
-        Ok(self.buffers.len() - 1)
+        // Wait for the largest buffer (the GPU is far behind, or pinned memory ran out).
+        let i = (0..n)
+            .max_by_key(|&i| self.buffers[i].capacity)
+            .ok_or_else(|| CudaError::Call("no descriptor buffer".into()))?;
+        // SAFETY: waiting on an event this engine created.
+        check(
+            unsafe { sys::cuEventSynchronize(self.buffers[i].done) },
+            "cuEventSynchronize",
+        )?;
+        self.buffers[i].in_flight = false;
+        Ok((i, self.buffers[i].capacity))
     }
 
     /// Waits on the host until every copy this engine launched has finished (destroy and pool
@@ -373,6 +379,29 @@ fn device_visible(level: Level, address: u64) -> CudaResult<CUdeviceptr> {
     Ok(device)
 }
 
+/// A descriptor buffer of `capacity` entries in pinned, device-mapped memory, with its event.
+fn new_buffer(capacity: usize) -> CudaResult<DescriptorBuffer> {
+    let (host, device) = alloc_mapped_host(capacity * std::mem::size_of::<CopyDescriptor>())?;
+    let mut done: CUevent = std::ptr::null_mut();
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    // SAFETY: out-pointer to a local.
+    if let Err(e) = check(
+        unsafe { sys::cuEventCreate(&mut done, flags) },
+        "cuEventCreate",
+    ) {
+        // SAFETY: frees the allocation just made.
+        unsafe { sys::cuMemFreeHost(host) };
+        return Err(e);
+    }
+    Ok(DescriptorBuffer {
+        host: host.cast(),
+        device,
+        capacity,
+        done,
+        in_flight: false,
+    })
+}
+
 fn free_buffer(b: DescriptorBuffer) {
     // SAFETY: frees a buffer and event this engine created; no launch reads it any more.
     unsafe {
@@ -401,9 +430,10 @@ impl CopyEngine for CudaCopyEngine {
         Ok(())
     }
 
-    /// False: the rollback path snapshots every window before each call that may copy, which
-    /// costs time proportional to the pool on the GPU hot path. A failed launch (rare: a
-    /// descriptor buffer that cannot be allocated, a broken context) poisons the handle instead.
+    /// False: a launch does not fail for want of resources (descriptor buffers degrade to
+    /// waiting and chunking), so what is left is a broken context, which no rollback repairs;
+    /// and the rollback path snapshots every window before each call that may copy, a cost
+    /// proportional to the pool on the GPU hot path. A failed launch poisons the handle.
     fn can_fail(&self) -> bool {
         false
     }
