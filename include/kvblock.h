@@ -896,9 +896,9 @@ enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
  * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
  * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
  * receives the prepopulated prompt length and the per-request counters. Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED` /
- * `KVB_STATUS_CUDA` when the copy backend fails (the call is rolled back); a failed call
- * changes nothing.
+ * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED`
+ * when the copy backend fails (the call is rolled back); a failed call changes nothing. A
+ * failed CUDA launch returns `KVB_STATUS_CUDA` and poisons the handle.
  */
 enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
                                            const struct kvb_request_t *request,
@@ -933,8 +933,9 @@ enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
 /**
  * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
  * at block boundaries and detaches blocks that left a sliding window. Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED` /
- * `KVB_STATUS_CUDA` (rolled back) when offloading an evicted block fails.
+ * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
+ * (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
+ * failed CUDA launch).
  */
 enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
                                         uint64_t request_id,
@@ -962,8 +963,8 @@ enum kvb_status_t kvb_manager_add_token_batch(struct kvb_manager_t *manager,
  * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
  * `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
  * it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
- * sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
- * (rolled back) when the copy backend fails.
+ * sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` (rolled back) when the
+ * copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
  */
 enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);
 
@@ -972,8 +973,8 @@ enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64
  * blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
  * when the new last block is shared and no free block is left to copy it into,
  * `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
- * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
- * (rolled back) when the copy backend fails.
+ * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
+ * the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
  */
 enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
                                               uint64_t request_id,
@@ -1181,7 +1182,7 @@ enum kvb_status_t kvb_manager_get_max_capacity_batch_size(struct kvb_manager_t *
 /**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
  * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
- * (`KVB_STATUS_COPY_FAILED` rolled back, `KVB_STATUS_CUDA`).
+ * (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
  */
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
 
@@ -1223,7 +1224,8 @@ enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
  * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
  * `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
  * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
- * block, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA` (rolled back) when the copy fails.
+ * block, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+ * poisoned, for a failed CUDA launch).
  */
 enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             int32_t window_size,

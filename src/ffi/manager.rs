@@ -74,9 +74,9 @@ pub extern "C" fn kvb_manager_destroy(manager: *mut kvb_manager_t) -> kvb_status
 /// Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
 /// blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
 /// receives the prepopulated prompt length and the per-request counters. Fails with
-/// `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED` /
-/// `KVB_STATUS_CUDA` when the copy backend fails (the call is rolled back); a failed call
-/// changes nothing.
+/// `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED`
+/// when the copy backend fails (the call is rolled back); a failed call changes nothing. A
+/// failed CUDA launch returns `KVB_STATUS_CUDA` and poisons the handle.
 #[no_mangle]
 pub extern "C" fn kvb_manager_add_sequence(
     manager: *mut kvb_manager_t,
@@ -168,8 +168,9 @@ fn requests_arg<'a>(
 
 /// Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
 /// at block boundaries and detaches blocks that left a sliding window. Fails with
-/// `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED` /
-/// `KVB_STATUS_CUDA` (rolled back) when offloading an evicted block fails.
+/// `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
+/// (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
+/// failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_add_token(
     manager: *mut kvb_manager_t,
@@ -222,8 +223,8 @@ pub extern "C" fn kvb_manager_add_token_batch(
 /// Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
 /// `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
 /// it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
-/// sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
-/// (rolled back) when the copy backend fails.
+/// sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` (rolled back) when the
+/// copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_remove_token(
     manager: *mut kvb_manager_t,
@@ -236,8 +237,8 @@ pub extern "C" fn kvb_manager_remove_token(
 /// blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
 /// when the new last block is shared and no free block is left to copy it into,
 /// `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
-/// `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA`
-/// (rolled back) when the copy backend fails.
+/// `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
+/// the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_rewind_kv_cache(
     manager: *mut kvb_manager_t,
@@ -655,7 +656,7 @@ pub extern "C" fn kvb_manager_get_max_capacity_batch_size(
 
 /// Expires timed retentions and syncs outstanding copies; call once per iteration
 /// (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
-/// (`KVB_STATUS_COPY_FAILED` rolled back, `KVB_STATUS_CUDA`).
+/// (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
 #[no_mangle]
 pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {
     with_manager_tx(manager, |m| {
@@ -728,7 +729,8 @@ pub extern "C" fn kvb_manager_get_block_info(
 /// Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
 /// `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
 /// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
-/// block, and `KVB_STATUS_COPY_FAILED` / `KVB_STATUS_CUDA` (rolled back) when the copy fails.
+/// block, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+/// poisoned, for a failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_offload_block(
     manager: *mut kvb_manager_t,
