@@ -48,17 +48,18 @@ impl PoolGeometry {
         self.num_layers * self.kv_factor * self.num_kv_heads * self.head_slab_bytes()
     }
 
-    /// `row_bytes`, or `None` when the product of the caller's sizes overflows `usize`.
+    /// `row_bytes`, or `None` when it, or any partial product the other sizes compute
+    /// (`token_bytes`, `head_slab_bytes`, `slabs_per_row`), overflows `usize`. Each is checked in
+    /// the order those functions multiply: with a zero size the row is empty, yet a partial
+    /// product of the others can still overflow.
     pub fn checked_row_bytes(&self) -> Option<usize> {
-        [
-            self.kv_factor,
-            self.num_kv_heads,
-            self.tokens_per_block,
-            self.size_per_head,
-            self.bytes_per_element,
-        ]
-        .iter()
-        .try_fold(self.num_layers, |acc, &v| acc.checked_mul(v))
+        let token = self.size_per_head.checked_mul(self.bytes_per_element)?;
+        let slab = self.tokens_per_block.checked_mul(token)?;
+        let slabs = self
+            .num_layers
+            .checked_mul(self.kv_factor)?
+            .checked_mul(self.num_kv_heads)?;
+        slabs.checked_mul(slab)
     }
 
     /// Number of (layer, K|V, head) slabs in a row.
@@ -246,6 +247,27 @@ impl BlockArena {
 
 #[cfg(test)]
 mod tests {
+
+    /// A zero size makes an empty row, but the other sizes' partial products must still fit
+    /// (the fuzz target found `num_layers = 0` with a huge head size overflowing a statistic).
+    #[test]
+    fn checked_row_bytes_covers_partial_products() {
+        let g = PoolGeometry {
+            num_layers: 0,
+            kv_factor: 2,
+            num_kv_heads: 1,
+            size_per_head: usize::MAX / 2,
+            tokens_per_block: 4,
+            bytes_per_element: 1,
+        };
+        assert_eq!(g.checked_row_bytes(), None);
+        let fine = PoolGeometry {
+            num_layers: 3,
+            size_per_head: 8,
+            ..g
+        };
+        assert_eq!(fine.checked_row_bytes(), Some(fine.row_bytes()));
+    }
     use super::*;
 
     #[test]
