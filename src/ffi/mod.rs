@@ -8,6 +8,7 @@
 pub mod cuda;
 pub mod events;
 pub mod handle;
+pub mod lifecycle;
 pub mod manager;
 pub mod publisher;
 pub mod sizing;

@@ -2,6 +2,7 @@
 
 use super::KvCacheManager;
 use crate::error::{KvError, KvResult};
+use crate::window::SeqLengths;
 
 impl KvCacheManager {
     /// Verifies the invariants of reference §10 in every window and per sequence; the error
@@ -11,9 +12,11 @@ impl KvCacheManager {
         for w in &self.windows {
             w.verify(
                 |id| {
-                    self.sequences
-                        .get(&id)
-                        .map(|s| (s.num_tokens, s.input_length))
+                    self.sequences.get(&id).map(|s| SeqLengths {
+                        num_tokens: s.num_tokens,
+                        input_length: s.input_length,
+                        capacity: s.life.capacity,
+                    })
                 },
                 max_len,
             )
@@ -28,6 +31,8 @@ impl KvCacheManager {
             }
         }
         for (&id, s) in &self.sequences {
+            self.verify_lifecycle(id)
+                .map_err(KvError::InvariantViolation)?;
             if s.admission.prepopulated_prompt_len >= s.input_length {
                 return Err(KvError::InvariantViolation(format!(
                     "sequence {id} reuses its whole prompt"
