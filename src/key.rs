@@ -223,6 +223,14 @@ pub fn multimodal_keys_for_range(
     }
 }
 
+/// The 32-byte content digest of one multimodal item (an image, an audio clip, ...): BLAKE3 of
+/// its raw bytes. Items whose placeholder token ids are equal but whose content differs get
+/// different digests, so their blocks never match in the reuse tree; the same bytes give the
+/// same digest in every process and on every run (BLAKE3 is unkeyed and fully specified).
+pub fn multimodal_digest(content: &[u8]) -> [u8; 32] {
+    *blake3::hash(content).as_bytes()
+}
+
 /// Expands TensorRT-LLM's representation of a multimodal digest (8 × int32, each written
 /// big-endian) into the 32-byte digest used by keys.
 pub fn digest_from_i32_words(words: &[i32; 8]) -> [u8; 32] {
@@ -367,6 +375,32 @@ mod tests {
             lookup_hash(&a),
             lookup_hash(&BlockKeyRef::plain(&[1, 2, 3, 4]))
         );
+    }
+
+    fn hex(d: &[u8; 32]) -> String {
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn multimodal_digest_matches_blake3_known_answers() {
+        // BLAKE3's published vector for the empty input.
+        assert_eq!(
+            hex(&multimodal_digest(&[])),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+        // Checked against the Python `blake3` package.
+        assert_eq!(
+            hex(&multimodal_digest(b"abc")),
+            "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+        );
+        // BLAKE3's published vector for 1025 bytes of the pattern 0, 1, ..., 250, 0, 1, ...:
+        // it crosses the 1024-byte chunk boundary, so the tree mode is covered too.
+        let input: Vec<u8> = (0..1025).map(|i| (i % 251) as u8).collect();
+        assert_eq!(
+            hex(&multimodal_digest(&input)),
+            "d00278ae47eb27b34faecf67b4fe263f82d5412916c1ffd97c8cb7fb814b8444"
+        );
+        assert_ne!(multimodal_digest(b"abc"), multimodal_digest(b"abd"));
     }
 
     #[test]

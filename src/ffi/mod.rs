@@ -10,6 +10,7 @@ pub mod events;
 pub mod handle;
 pub mod lifecycle;
 pub mod manager;
+pub mod multimodal;
 pub mod publisher;
 pub mod sizing;
 pub mod status;
