@@ -178,6 +178,7 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     rec("get_cache_block_ids",
         kvb_manager_get_cache_block_ids(m, kLive, kWindow, 0, ids.data(), ids.size(), &count));
     rec("get_offset_table_dimensions", kvb_manager_get_offset_table_dimensions(m, &i32, &j32));
+    rec("get_max_blocks_per_seq", kvb_manager_get_max_blocks_per_seq(m, kWindow, &i32));
     rec("copy_block_offsets",
         kvb_manager_copy_block_offsets(m, table.data(), table.size(), 1, 0, kLive, &i32));
     rec("get_block_offsets_of_batch",
@@ -1089,8 +1090,7 @@ TEST(BadInputStatusTest, EveryStatusHasADistinctName) {
         names.insert(name);
     }
     EXPECT_EQ(names.size(), static_cast<size_t>(kLastStatus) + 1);
-    for (int32_t s :
-         {-1, static_cast<int32_t>(kLastStatus) + 1, 1000, INT32_MIN, INT32_MAX}) {
+    for (int32_t s : {-1, static_cast<int32_t>(kLastStatus) + 1, 1000, INT32_MIN, INT32_MAX}) {
         const char* name = kvb_status_string(s);
         ASSERT_NE(name, nullptr) << s;
         EXPECT_STREQ(name, "unknown status") << s;

@@ -533,6 +533,23 @@ typedef struct kvb_manager_config_t {
      * returns `KVB_STATUS_STALLED` (default 1000; at least 1).
      */
     int32_t stall_pass_threshold;
+    /**
+     * KV slots a sequence may hold beyond `max_sequence_length` for tokens that are not part
+     * of its text, e.g. the extra KV of some speculative-decoding heads (default 0; at least
+     * 0). Counted in `max_blocks_per_seq` and in the capacity limit of `kvb_manager_resize`.
+     */
+    int32_t num_extra_kv_tokens;
+    /**
+     * The most draft tokens one generation step reserves slots for (default 0; at least 0).
+     * Each window's `max_blocks_per_seq` (the last dimension of offset tables, see
+     * `kvb_manager_get_max_blocks_per_seq`) is `ceil((min(max_sequence_length, window limit) +
+     * num_extra_kv_tokens + max_draft_tokens) / tokens_per_block)`, and a sequence's capacity
+     * may reach `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` tokens, so a
+     * sequence at its maximum length with a full draft still fits its table row.
+     * `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` must be at most
+     * `INT32_MAX`.
+     */
+    int32_t max_draft_tokens;
 } kvb_manager_config_t;
 
 /**
@@ -952,7 +969,8 @@ enum kvb_status_t kvb_manager_get_sequence_lengths(struct kvb_manager_t *manager
  * tokens past a smaller capacity are kept and written back when it grows again. Forgets the
  * recorded generation and context allocations (their reverts become no-ops). Fails with
  * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
- * beyond the maximum sequence length, `KVB_STATUS_UNSUPPORTED` with beam search.
+ * beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
+ * `KVB_STATUS_UNSUPPORTED` with beam search.
  */
 enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
                                      uint64_t request_id,
@@ -961,7 +979,8 @@ enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
 
 /**
  * Reserves KV slots for a generation step: capacity for `1 + num_draft_tokens` tokens past
- * the known ones (capped at the maximum sequence length), so that the step's
+ * the known ones (capped at `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`
+ * of the config, the capacity whose blocks still fit the offset table), so that the step's
  * `kvb_manager_add_token` calls cannot run out of blocks. `*out_allocated` is false, with
  * nothing changed, when the blocks cannot be had (suspend a victim and retry). Records the
  * capacity before it for `kvb_manager_revert_allocate_generation`. Fails with
@@ -1260,6 +1279,17 @@ enum kvb_status_t kvb_manager_get_cache_block_ids(struct kvb_manager_t *manager,
 enum kvb_status_t kvb_manager_get_offset_table_dimensions(struct kvb_manager_t *manager,
                                                           int32_t *out_max_blocks_per_seq,
                                                           int32_t *out_num_pools);
+
+/**
+ * The most blocks one beam of a sequence may list in window `window_size`: `ceil((min(
+ * max_sequence_length, window limit) + num_extra_kv_tokens + max_draft_tokens) /
+ * tokens_per_block)`, where the window limit is `max(window_size, max_sequence_length)`.
+ * `kvb_manager_get_offset_table_dimensions` reports the largest of these over windows.
+ * `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
+ */
+enum kvb_status_t kvb_manager_get_max_blocks_per_seq(struct kvb_manager_t *manager,
+                                                     int32_t window_size,
+                                                     int32_t *out_max_blocks_per_seq);
 
 /**
  * Writes a sequence's block offsets into `table` (`table_len` int32 entries, layout

@@ -99,7 +99,8 @@ pub extern "C" fn kvb_manager_get_sequence_lengths(
 /// tokens past a smaller capacity are kept and written back when it grows again. Forgets the
 /// recorded generation and context allocations (their reverts become no-ops). Fails with
 /// `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
-/// beyond the maximum sequence length, `KVB_STATUS_UNSUPPORTED` with beam search.
+/// beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
+/// `KVB_STATUS_UNSUPPORTED` with beam search.
 #[no_mangle]
 pub extern "C" fn kvb_manager_resize(
     manager: *mut kvb_manager_t,
@@ -111,7 +112,8 @@ pub extern "C" fn kvb_manager_resize(
 }
 
 /// Reserves KV slots for a generation step: capacity for `1 + num_draft_tokens` tokens past
-/// the known ones (capped at the maximum sequence length), so that the step's
+/// the known ones (capped at `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`
+/// of the config, the capacity whose blocks still fit the offset table), so that the step's
 /// `kvb_manager_add_token` calls cannot run out of blocks. `*out_allocated` is false, with
 /// nothing changed, when the blocks cannot be had (suspend a victim and retry). Records the
 /// capacity before it for `kvb_manager_revert_allocate_generation`. Fails with

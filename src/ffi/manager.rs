@@ -411,6 +411,28 @@ pub extern "C" fn kvb_manager_get_offset_table_dimensions(
     })
 }
 
+/// The most blocks one beam of a sequence may list in window `window_size`: `ceil((min(
+/// max_sequence_length, window limit) + num_extra_kv_tokens + max_draft_tokens) /
+/// tokens_per_block)`, where the window limit is `max(window_size, max_sequence_length)`.
+/// `kvb_manager_get_offset_table_dimensions` reports the largest of these over windows.
+/// `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_max_blocks_per_seq(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    out_max_blocks_per_seq: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_max_blocks_per_seq, "out_max_blocks_per_seq")?;
+        let blocks = m.max_blocks_per_seq(window_arg(window_size)?)?;
+        write_out(
+            out_max_blocks_per_seq,
+            blocks as i32,
+            "out_max_blocks_per_seq",
+        )
+    })
+}
+
 /// Writes a sequence's block offsets into `table` (`table_len` int32 entries, layout
 /// `[pool][num_slots][K|V][max_blocks_per_seq]`) at slots `slot_offset..+beam_width`
 /// (TensorRT-LLM `copyBlockOffsets`). Entry for block b: `memory_index(b) * 2 * num_layers`

@@ -144,6 +144,19 @@ pub struct kvb_manager_config_t {
     /// Consecutive stalled scheduling passes after which `kvb_manager_end_scheduling_pass`
     /// returns `KVB_STATUS_STALLED` (default 1000; at least 1).
     pub stall_pass_threshold: i32,
+    /// KV slots a sequence may hold beyond `max_sequence_length` for tokens that are not part
+    /// of its text, e.g. the extra KV of some speculative-decoding heads (default 0; at least
+    /// 0). Counted in `max_blocks_per_seq` and in the capacity limit of `kvb_manager_resize`.
+    pub num_extra_kv_tokens: i32,
+    /// The most draft tokens one generation step reserves slots for (default 0; at least 0).
+    /// Each window's `max_blocks_per_seq` (the last dimension of offset tables, see
+    /// `kvb_manager_get_max_blocks_per_seq`) is `ceil((min(max_sequence_length, window limit) +
+    /// num_extra_kv_tokens + max_draft_tokens) / tokens_per_block)`, and a sequence's capacity
+    /// may reach `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` tokens, so a
+    /// sequence at its maximum length with a full draft still fits its table row.
+    /// `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` must be at most
+    /// `INT32_MAX`.
+    pub max_draft_tokens: i32,
 }
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
@@ -366,6 +379,8 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         cuda_allocate_pools: d.cuda.allocate_pools,
         max_utilization_for_resume: d.max_utilization_for_resume,
         stall_pass_threshold: d.stall_pass_threshold as i32,
+        num_extra_kv_tokens: d.num_extra_kv_tokens as i32,
+        max_draft_tokens: d.max_draft_tokens as i32,
     }
 }
 
@@ -422,6 +437,22 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
             format!("secondary_offload_min_priority {min_priority} is outside 0..=100"),
         ));
     }
+    let num_extra_kv_tokens = usize_field(c.num_extra_kv_tokens, "num_extra_kv_tokens")?;
+    let max_draft_tokens = usize_field(c.max_draft_tokens, "max_draft_tokens")?;
+    // Positions, capacities and offset-table dimensions are int32 in the C ABI.
+    let max_kv_tokens = i64::from(c.max_sequence_length)
+        + i64::from(c.num_extra_kv_tokens)
+        + i64::from(c.max_draft_tokens);
+    if max_kv_tokens > i64::from(i32::MAX) {
+        return Err(FfiError(
+            kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+            format!(
+                "max_sequence_length {} + num_extra_kv_tokens {} + max_draft_tokens {} exceeds \
+                 INT32_MAX",
+                c.max_sequence_length, c.num_extra_kv_tokens, c.max_draft_tokens
+            ),
+        ));
+    }
     Ok(ManagerConfig {
         windows,
         tokens_per_block: usize_field(c.tokens_per_block, "tokens_per_block")?,
@@ -457,6 +488,8 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
                 ),
             )
         })?,
+        num_extra_kv_tokens,
+        max_draft_tokens,
     })
 }
 

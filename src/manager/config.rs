@@ -62,6 +62,12 @@ pub struct ManagerConfig {
     /// Consecutive scheduling passes without progress after which `end_scheduling_pass`
     /// reports a stall; at least 1.
     pub stall_pass_threshold: u32,
+    /// KV slots a sequence may hold beyond `max_sequence_length` for tokens that are not part
+    /// of its text (e.g. the extra KV of some speculative-decoding heads). Default 0.
+    pub num_extra_kv_tokens: usize,
+    /// The most draft tokens one generation step reserves slots for (speculative decoding);
+    /// a sequence at its maximum length may hold this many more slots. Default 0.
+    pub max_draft_tokens: usize,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -93,6 +99,8 @@ impl Default for ManagerConfig {
             attention_dp_rank: None,
             max_utilization_for_resume: DEFAULT_MAX_UTILIZATION_FOR_RESUME,
             stall_pass_threshold: DEFAULT_STALL_PASS_THRESHOLD,
+            num_extra_kv_tokens: 0,
+            max_draft_tokens: 0,
         }
     }
 }
@@ -168,6 +176,31 @@ fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
     Ok(())
 }
 
+/// The most tokens a sequence may have KV slots for: `max_sequence_length` plus the extra KV
+/// and draft tokens; `None` when that overflows.
+pub(super) fn max_kv_tokens(cfg: &ManagerConfig) -> Option<usize> {
+    cfg.max_sequence_length
+        .checked_add(cfg.num_extra_kv_tokens)?
+        .checked_add(cfg.max_draft_tokens)
+}
+
+/// Rows of a window's offset table, the most blocks one beam may list there:
+/// `ceil((min(max_sequence_length, window_tokens) + beyond_length) / tokens_per_block)`, where
+/// `window_tokens` is the window's own token limit and `beyond_length` the extra KV and draft
+/// tokens a sequence may hold past its maximum length. The length is clamped first and the
+/// extra slots added after, so that a sequence at its maximum length with a full draft fits.
+fn max_blocks_per_seq(
+    max_sequence_length: usize,
+    window_tokens: usize,
+    beyond_length: usize,
+    tokens_per_block: usize,
+) -> usize {
+    max_sequence_length
+        .min(window_tokens)
+        .saturating_add(beyond_length)
+        .div_ceil(tokens_per_block)
+}
+
 /// Makes the copy engine of a window instead of the config's backend (`None` = the backend's
 /// own): fault-injection and other test backends.
 pub type EngineFactory<'a> =
@@ -192,6 +225,12 @@ impl KvCacheManager {
             )));
         }
         positive(cfg.stall_pass_threshold as usize, "stall_pass_threshold")?;
+        let max_kv_tokens = max_kv_tokens(&cfg).ok_or_else(|| {
+            KvError::InvalidConfig(format!(
+                "max_sequence_length {} + num_extra_kv_tokens {} + max_draft_tokens {} overflows",
+                cfg.max_sequence_length, cfg.num_extra_kv_tokens, cfg.max_draft_tokens
+            ))
+        })?;
         if cfg.windows.is_empty() {
             return Err(KvError::InvalidConfig(
                 "at least one window is required".into(),
@@ -234,17 +273,22 @@ impl KvCacheManager {
                     geometry,
                 )?,
             };
-            let max_token_num = spec.window_size.max(cfg.max_sequence_length);
+            // The window's own limit, then the slots past the maximum length that extra KV
+            // and draft tokens may take (both fit: `max_kv_tokens` did not overflow).
+            let window_tokens = spec.window_size.max(cfg.max_sequence_length);
+            let beyond_length = max_kv_tokens - cfg.max_sequence_length;
             let wc = WindowConfig {
                 window_size: spec.window_size,
                 num_primary: spec.primary_blocks,
                 num_secondary: spec.secondary_blocks,
                 tokens_per_block: cfg.tokens_per_block,
-                max_token_num,
-                max_blocks_per_seq: cfg
-                    .max_sequence_length
-                    .min(max_token_num)
-                    .div_ceil(cfg.tokens_per_block),
+                max_token_num: window_tokens.saturating_add(beyond_length),
+                max_blocks_per_seq: max_blocks_per_seq(
+                    cfg.max_sequence_length,
+                    window_tokens,
+                    beyond_length,
+                    cfg.tokens_per_block,
+                ),
                 enable_reuse: cfg.enable_block_reuse,
                 enable_partial_reuse: cfg.enable_partial_reuse,
                 copy_on_partial_reuse: cfg.copy_on_partial_reuse,
@@ -284,5 +328,25 @@ impl KvCacheManager {
             unregistered_pools,
             stall: super::stall::StallDetector::default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_blocks_per_seq;
+
+    #[test]
+    fn max_blocks_per_seq_clamps_the_length_then_adds_extra_and_draft_tokens() {
+        // 100 tokens at 16 per block: 7 blocks; 3 extra KV + 4 draft tokens: 107 -> 7 blocks;
+        // 13 beyond the length: 113 -> 8 blocks.
+        assert_eq!(max_blocks_per_seq(100, 100, 0, 16), 7);
+        assert_eq!(max_blocks_per_seq(100, 100, 7, 16), 7);
+        assert_eq!(max_blocks_per_seq(100, 100, 13, 16), 8);
+        // A window wider than the maximum length: the length is the limit.
+        assert_eq!(max_blocks_per_seq(96, 4096, 0, 32), 3);
+        assert_eq!(max_blocks_per_seq(96, 4096, 1, 32), 4);
+        // Exactly on a block boundary, and one past it.
+        assert_eq!(max_blocks_per_seq(64, 64, 0, 8), 8);
+        assert_eq!(max_blocks_per_seq(64, 64, 1, 8), 9);
     }
 }

@@ -138,10 +138,11 @@ impl KvCacheManager {
                 "capacity operations need beam width 1".into(),
             ));
         }
-        if capacity > self.cfg.max_sequence_length {
+        let max_kv_tokens = self.max_kv_tokens();
+        if capacity > max_kv_tokens {
             return Err(KvError::SequenceTooLong {
                 length: capacity,
-                max: self.cfg.max_sequence_length,
+                max: max_kv_tokens,
             });
         }
         let current = seq.life.capacity;
@@ -237,7 +238,8 @@ impl KvCacheManager {
     }
 
     /// Reserves KV slots for the next generation step: `1 + num_draft_tokens` tokens past the
-    /// known ones (capped at the maximum sequence length). Returns `Ok(false)`, changing
+    /// known ones (capped at `max_kv_tokens`: the maximum sequence length plus the configured
+    /// extra KV and draft tokens). Returns `Ok(false)`, changing
     /// nothing, when the blocks cannot be had. Records the capacity before, so that
     /// `revert_allocate_generation` undoes exactly this allocation.
     pub fn allocate_generation(&mut self, id: u64, num_draft_tokens: usize) -> KvResult<bool> {
@@ -250,7 +252,7 @@ impl KvCacheManager {
         }
         let pre_capacity = seq.life.capacity;
         let target = (seq.num_tokens + 1 + num_draft_tokens)
-            .min(self.cfg.max_sequence_length)
+            .min(self.max_kv_tokens())
             .max(pre_capacity);
         if !self.resize_to(id, target)? {
             return Ok(false);

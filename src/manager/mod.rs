@@ -125,6 +125,14 @@ impl KvCacheManager {
         self.cfg.tokens_per_block
     }
 
+    /// The most tokens a sequence may have KV slots for (its capacity): the maximum sequence
+    /// length plus the configured extra KV tokens and draft tokens. Known tokens stay within
+    /// the maximum sequence length.
+    pub fn max_kv_tokens(&self) -> usize {
+        // Checked when the manager was created.
+        config::max_kv_tokens(&self.cfg).expect("validated at creation")
+    }
+
     /// Window sizes in ascending order.
     pub fn window_sizes(&self) -> Vec<usize> {
         self.windows.iter().map(|w| w.window_size()).collect()

@@ -20,6 +20,13 @@ impl KvCacheManager {
         Ok(w.block_ids(id, beam).unwrap_or(&[]).to_vec())
     }
 
+    /// The most blocks one beam of a sequence may list in a window: the rows of its offset
+    /// table, `ceil((min(max_sequence_length, window limit) + num_extra_kv_tokens +
+    /// max_draft_tokens) / tokens_per_block)`.
+    pub fn max_blocks_per_seq(&self, window_size: usize) -> KvResult<usize> {
+        Ok(self.window(window_size)?.config().max_blocks_per_seq)
+    }
+
     /// `(max blocks per sequence over windows, number of pools)`: the last and first dimensions
     /// of an offset table `[pools][slots][2][max_blocks]`.
     pub fn offset_table_dimensions(&self) -> (usize, usize) {
@@ -64,6 +71,16 @@ impl KvCacheManager {
             let layers = w.config().geometry.num_layers.max(1) as i64;
             for beam in 0..seq.beam_width {
                 let ids = w.block_ids(id, beam).unwrap_or(&[]);
+                // A sequence never lists more blocks than its table row holds (an invariant:
+                // capacities stay within `max_kv_tokens`); refuse rather than truncate.
+                if ids.len() > max_blocks {
+                    return Err(KvError::InvariantViolation(format!(
+                        "sequence {id} lists {} blocks in window {}, more than the {max_blocks} \
+                         of an offset table row",
+                        ids.len(),
+                        w.window_size()
+                    )));
+                }
                 max_count = max_count.max(ids.len());
                 for field in 0..2 {
                     let base = ((pool * num_slots + slot_offset + beam) * 2 + field) * max_blocks;

@@ -46,8 +46,10 @@ pub struct WindowConfig {
     pub num_primary: usize,
     pub num_secondary: usize,
     pub tokens_per_block: usize,
-    /// Most tokens a sequence may hold in this window (`max(window, max_sequence_length)`).
+    /// Most tokens a sequence may hold slots for in this window: `max(window,
+    /// max_sequence_length)` plus the extra KV and draft tokens.
     pub max_token_num: usize,
+    /// Most blocks one beam may list (the rows of the window's offset table).
     pub max_blocks_per_seq: usize,
     pub enable_reuse: bool,
     pub enable_partial_reuse: bool,

@@ -44,6 +44,13 @@ impl WindowBlockManager {
             };
             let suspended = seq.suspended_at.is_some();
             for beam in &seq.beams {
+                if beam.len() > self.cfg.max_blocks_per_seq {
+                    return Err(format!(
+                        "window {w}: sequence {id} lists {} blocks, more than max_blocks_per_seq {}",
+                        beam.len(),
+                        self.cfg.max_blocks_per_seq
+                    ));
+                }
                 if beam.len() != self.blocks_for_tokens(capacity) {
                     return Err(format!(
                         "window {w}: sequence {id} lists {} blocks for a capacity of {capacity} tokens",
