@@ -179,6 +179,7 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
         kvb_manager_get_cache_block_ids(m, kLive, kWindow, 0, ids.data(), ids.size(), &count));
     rec("get_offset_table_dimensions", kvb_manager_get_offset_table_dimensions(m, &i32, &j32));
     rec("get_max_blocks_per_seq", kvb_manager_get_max_blocks_per_seq(m, kWindow, &i32));
+    rec("get_host_tier_blocks", kvb_manager_get_host_tier_blocks(m, kWindow, &i64));
     rec("copy_block_offsets",
         kvb_manager_copy_block_offsets(m, table.data(), table.size(), 1, 0, kLive, &i32));
     rec("get_block_offsets_of_batch",

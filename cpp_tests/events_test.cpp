@@ -885,7 +885,7 @@ RouterTree actualTree(const kvb::Manager& m, int32_t window, int32_t numBlocks) 
 
 struct RouterWorkload {
     const char* name;
-    std::vector<kvb_window_config_t> windows;  // window, primary, secondary
+    std::vector<kvb_window_config_t> windows;  // window, primary, secondary, ...
     bool partialReuse;
     bool copyOnPartialReuse;
     int32_t dpRank;  // -1: none
@@ -1013,11 +1013,11 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
 // Event ids strictly increase and carry the configured attention DP rank.
 TEST(KVCacheManagerEventRouterModel, RouterViewEqualsReuseTrees) {
     const std::vector<RouterWorkload> workloads = {
-        {"single window with host tier", {{48, 24, 16, 1, 1, 1}}, true, true, 3},
-        {"no copy on partial reuse", {{48, 20, 8, 1, 1, 1}}, true, false, -1},
-        {"no partial reuse, no host tier", {{48, 16, 0, 1, 1, 1}}, false, false, -1},
+        {"single window with host tier", {{48, 24, 16, 1, 1, 1, false}}, true, true, 3},
+        {"no copy on partial reuse", {{48, 20, 8, 1, 1, 1, false}}, true, false, -1},
+        {"no partial reuse, no host tier", {{48, 16, 0, 1, 1, 1, false}}, false, false, -1},
         {"variable windows with host tier",
-         {{16, 30, 10, 1, 1, 1}, {48, 24, 12, 1, 1, 1}},
+         {{16, 30, 10, 1, 1, 1, false}, {48, 24, 12, 1, 1, 1, false}},
          true,
          true,
          0},

@@ -34,7 +34,7 @@ double median(std::vector<double> v) {
 }
 
 kvb_manager_t* make_manager(int32_t blocks) {
-    kvb_window_config_t window{8192 + 64, blocks, 0, 1, 1, 1};
+    kvb_window_config_t window{8192 + 64, blocks, 0, 1, 1, 1, false};
     kvb_manager_config_t config;
     check(kvb_manager_config_init(&config), "config_init");
     config.windows = &window;

@@ -67,8 +67,9 @@ void print_stats(kvb_manager_t* m) {
 }  // namespace
 
 int main() {
-    kvb_window_config_t window{kWindow,        /*primary*/ 24, /*secondary*/ 16, /*layers*/ 2,
-                               /*kv heads*/ 2, /*head size*/ 8};
+    kvb_window_config_t window{kWindow,        /*primary*/ 24,  /*secondary*/ 16,
+                               /*layers*/ 2,
+                               /*kv heads*/ 2, /*head size*/ 8, /*auto host tier*/ false};
     kvb_manager_config_t config;
     check(kvb_manager_config_init(&config), "kvb_manager_config_init");
     config.windows = &window;

@@ -433,6 +433,18 @@ typedef struct kvb_window_config_t {
      * Elements per head.
      */
     int32_t size_per_head;
+    /**
+     * Provision the host tier automatically (default false; `secondary_blocks` must then be
+     * 0). Its size is `min(primary_blocks, 50% of the available host memory / row bytes,
+     * 80% of RLIMIT_MEMLOCK / row bytes)` (row bytes: one block row of this window); a figure
+     * the system does not give, or an unlimited one, caps nothing, and caps that round down to
+     * no block fall back to `primary_blocks`. Several automatic windows split the memory and
+     * lock budgets in proportion to their GPU pool bytes. The size chosen is reported by
+     * `kvb_manager_get_host_tier_blocks` (and in the statistics' secondary blocks). A host tier
+     * gives suspended sequences somewhere to go, so that suspend/resume scheduling cannot
+     * deadlock on a full GPU pool.
+     */
+    bool auto_host_tier;
 } kvb_window_config_t;
 
 /**
@@ -1339,6 +1351,15 @@ enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_man
                                                                   int64_t *out_secondary);
 
 /**
+ * Host-tier (secondary) blocks of window `window_size`: the configured `secondary_blocks`, or
+ * the size chosen for an automatic host tier (`kvb_window_config_t::auto_host_tier`).
+ * `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
+ */
+enum kvb_status_t kvb_manager_get_host_tier_blocks(struct kvb_manager_t *manager,
+                                                   int32_t window_size,
+                                                   int64_t *out_blocks);
+
+/**
  * The admission result of a live sequence: prepopulated length and per-request counters
  * (TensorRT-LLM's per-request stats on `LlmRequest`).
  */
@@ -1625,6 +1646,20 @@ enum kvb_status_t kvb_calculate_max_num_blocks(const uint64_t *bytes_per_token,
                                                int32_t tokens_per_block,
                                                uint64_t *out_primary_blocks,
                                                uint64_t *out_secondary_blocks);
+
+/**
+ * The size policy of an automatic host tier (`kvb_window_config_t::auto_host_tier`) on given
+ * figures: `min(gpu_quota_blocks, 50% of available_host_bytes / row_bytes, 80% of
+ * memlock_limit_bytes / row_bytes)`, rounded down. A figure of 0 is unknown and caps nothing;
+ * pass `UINT64_MAX` for an unlimited one (RLIM_INFINITY). A `row_bytes` of 0 leaves the quota,
+ * and caps that round down to 0 blocks fall back to the quota. `KVB_STATUS_INVALID_ARGUMENT`
+ * for a negative quota.
+ */
+enum kvb_status_t kvb_calculate_auto_host_tier_blocks(int64_t gpu_quota_blocks,
+                                                      uint64_t available_host_bytes,
+                                                      uint64_t memlock_limit_bytes,
+                                                      uint64_t row_bytes,
+                                                      int64_t *out_blocks);
 
 /**
  * The message of the last failed kvblock call on this thread ("" if none). The pointer stays

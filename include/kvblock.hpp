@@ -46,7 +46,17 @@ struct Config {
     Config& addWindow(int32_t window_size, int32_t primary_blocks, int32_t secondary_blocks = 0,
                       int32_t num_layers = 1, int32_t num_kv_heads = 1, int32_t size_per_head = 1) {
         windows.push_back(kvb_window_config_t{window_size, primary_blocks, secondary_blocks,
-                                              num_layers, num_kv_heads, size_per_head});
+                                              num_layers, num_kv_heads, size_per_head,
+                                              /*auto_host_tier*/ false});
+        return *this;
+    }
+    /// Adds a window whose host tier the library sizes (kvb_window_config_t::auto_host_tier).
+    Config& addWindowWithAutoHostTier(int32_t window_size, int32_t primary_blocks,
+                                      int32_t num_layers = 1, int32_t num_kv_heads = 1,
+                                      int32_t size_per_head = 1) {
+        windows.push_back(kvb_window_config_t{window_size, primary_blocks, 0, num_layers,
+                                              num_kv_heads, size_per_head,
+                                              /*auto_host_tier*/ true});
         return *this;
     }
 };
@@ -281,6 +291,19 @@ class Manager {
         int32_t blocks = 0, pools = 0;
         check(kvb_manager_get_offset_table_dimensions(handle_, &blocks, &pools));
         return {blocks, pools};
+    }
+    /// The most blocks one beam may list in a window (kvb_manager_get_max_blocks_per_seq).
+    int32_t getMaxBlocksPerSeq(int32_t window) const {
+        int32_t blocks = 0;
+        check(kvb_manager_get_max_blocks_per_seq(handle_, window, &blocks));
+        return blocks;
+    }
+    /// Host-tier blocks of a window, configured or chosen automatically
+    /// (kvb_manager_get_host_tier_blocks).
+    int64_t getHostTierBlocks(int32_t window) const {
+        int64_t blocks = 0;
+        check(kvb_manager_get_host_tier_blocks(handle_, window, &blocks));
+        return blocks;
     }
     int32_t copyBlockOffsets(std::vector<int32_t>& table, int32_t numSlots, int32_t slotOffset,
                              uint64_t id) const {

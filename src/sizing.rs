@@ -110,9 +110,166 @@ pub fn max_num_blocks(
         .collect()
 }
 
+/// Share of available host memory an automatic host tier may take (50%).
+pub const AUTO_HOST_TIER_MEMORY_PERCENT: u64 = 50;
+/// Share of the locked-memory limit (`RLIMIT_MEMLOCK`) an automatic host tier may take (80%).
+pub const AUTO_HOST_TIER_MEMLOCK_PERCENT: u64 = 80;
+
+/// Host blocks of an automatic host tier (a window config's `auto_host_tier`): as many blocks as
+/// the window has GPU blocks (`gpu_quota_blocks`), at most 50% of `available_host_bytes` and at
+/// most 80% of `memlock_limit_bytes`, each divided by `row_bytes` (the bytes of one block row)
+/// and rounded down:
+///
+/// `min(gpu_quota_blocks, 50% × available_host_bytes / row_bytes, 80% × memlock_limit_bytes /
+/// row_bytes)`.
+///
+/// A figure of 0 means "unknown" and caps nothing; an unlimited figure is `u64::MAX` (it then
+/// never caps either). A `row_bytes` of 0 (a pool without bytes) leaves only the quota. If the
+/// caps round down to 0 blocks the tier falls back to the GPU quota, so that suspended sequences
+/// always have somewhere to go.
+pub fn auto_host_tier_blocks(
+    gpu_quota_blocks: usize,
+    available_host_bytes: u64,
+    memlock_limit_bytes: u64,
+    row_bytes: u64,
+) -> usize {
+    if row_bytes == 0 {
+        return gpu_quota_blocks;
+    }
+    let cap = |figure: u64, percent: u64| -> Option<u64> {
+        // u128: a figure near u64::MAX times 100 must not wrap.
+        (figure > 0).then(|| {
+            let bytes = u128::from(figure) * u128::from(percent) / 100;
+            u64::try_from(bytes / u128::from(row_bytes)).unwrap_or(u64::MAX)
+        })
+    };
+    let blocks = [
+        cap(available_host_bytes, AUTO_HOST_TIER_MEMORY_PERCENT),
+        cap(memlock_limit_bytes, AUTO_HOST_TIER_MEMLOCK_PERCENT),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(gpu_quota_blocks, |n, c| {
+        n.min(usize::try_from(c).unwrap_or(usize::MAX))
+    });
+    if blocks == 0 {
+        gpu_quota_blocks
+    } else {
+        blocks
+    }
+}
+
+/// What this machine says about host memory, for `auto_host_tier_blocks`: bytes available
+/// (`sysinfo(2)`: free plus buffer memory; the page cache is not counted, so the figure errs
+/// low) and the soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX` when unlimited). A figure the system
+/// does not give is 0 (unknown).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostMemoryFigures {
+    pub available_bytes: u64,
+    pub memlock_limit_bytes: u64,
+}
+
+impl HostMemoryFigures {
+    /// Reads the figures of this process and machine.
+    pub fn read() -> Self {
+        HostMemoryFigures {
+            available_bytes: available_host_bytes(),
+            memlock_limit_bytes: memlock_limit_bytes(),
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn available_host_bytes() -> u64 {
+    // SAFETY: sysinfo only writes the struct it is given; all-zero is a valid value of it.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return 0;
+    }
+    let unit = u64::from(info.mem_unit).max(1);
+    (info.freeram as u64)
+        .saturating_add(info.bufferram as u64)
+        .saturating_mul(unit)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn available_host_bytes() -> u64 {
+    0
+}
+
+#[cfg(unix)]
+fn memlock_limit_bytes() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return 0;
+    }
+    if limit.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        // `rlim_t` is 32 bits on some targets.
+        #[allow(clippy::unnecessary_cast)]
+        let bytes = limit.rlim_cur as u64;
+        bytes
+    }
+}
+
+#[cfg(not(unix))]
+fn memlock_limit_bytes() -> u64 {
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn auto_host_tier_is_the_smallest_of_quota_memory_and_memlock() {
+        // 1 MiB rows, 100 GPU blocks.
+        // Plenty of memory and no lock limit: the GPU quota.
+        assert_eq!(auto_host_tier_blocks(100, 1024 * MIB, u64::MAX, MIB), 100);
+        // 50% of 64 MiB available = 32 blocks.
+        assert_eq!(auto_host_tier_blocks(100, 64 * MIB, u64::MAX, MIB), 32);
+        // 80% of 50 MiB locked = 40 blocks (memory would allow 512).
+        assert_eq!(auto_host_tier_blocks(100, 1024 * MIB, 50 * MIB, MIB), 40);
+        // Both cap: the smaller wins (50% of 70 MiB = 35 < 80% of 50 MiB = 40).
+        assert_eq!(auto_host_tier_blocks(100, 70 * MIB, 50 * MIB, MIB), 35);
+        // Rounded down: 50% of 3 MiB = 1.5 blocks -> 1.
+        assert_eq!(auto_host_tier_blocks(100, 3 * MIB, u64::MAX, MIB), 1);
+    }
+
+    #[test]
+    fn auto_host_tier_falls_back_to_the_gpu_quota() {
+        // Unknown figures (0) cap nothing.
+        assert_eq!(auto_host_tier_blocks(100, 0, 0, MIB), 100);
+        assert_eq!(auto_host_tier_blocks(100, 0, 50 * MIB, MIB), 40);
+        assert_eq!(auto_host_tier_blocks(100, 64 * MIB, 0, MIB), 32);
+        // Caps that round down to no block at all: the GPU quota.
+        assert_eq!(auto_host_tier_blocks(100, MIB, u64::MAX, MIB), 100);
+        assert_eq!(auto_host_tier_blocks(100, 1024 * MIB, 64 * 1024, MIB), 100);
+        // A row without bytes: only the quota.
+        assert_eq!(auto_host_tier_blocks(7, 64 * MIB, 50 * MIB, 0), 7);
+        // Extreme figures do not overflow.
+        assert_eq!(auto_host_tier_blocks(5, u64::MAX, u64::MAX, 1), 5);
+        assert_eq!(
+            auto_host_tier_blocks(usize::MAX, u64::MAX, u64::MAX, 1) as u64,
+            u64::MAX / 2
+        );
+    }
+
+    #[test]
+    fn host_memory_figures_are_read() {
+        // Linux always answers sysinfo and getrlimit.
+        let f = HostMemoryFigures::read();
+        if cfg!(target_os = "linux") {
+            assert!(f.available_bytes > 0);
+        }
+    }
 
     #[test]
     fn per_beam_requirements() {

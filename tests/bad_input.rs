@@ -44,6 +44,7 @@ fn window(primary: i32, secondary: i32) -> kvb_window_config_t {
         num_layers: 1,
         num_kv_heads: 1,
         size_per_head: 4,
+        auto_host_tier: false,
     }
 }
 

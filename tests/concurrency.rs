@@ -28,6 +28,7 @@ fn create() -> Shared {
         num_layers: 1,
         num_kv_heads: 1,
         size_per_head: 2,
+        auto_host_tier: false,
     }];
     // SAFETY: plain C struct, filled by config_init.
     let mut c = unsafe { std::mem::zeroed::<kvb_manager_config_t>() };

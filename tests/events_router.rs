@@ -106,6 +106,7 @@ fn spec(window_size: usize, primary: usize, secondary: usize) -> WindowSpec {
         num_layers: 1,
         num_kv_heads: 1,
         size_per_head: 1,
+        auto_host_tier: false,
     }
 }
 

@@ -50,6 +50,7 @@ fn manager(primary: usize) -> KvCacheManager {
             num_layers: 1,
             num_kv_heads: 1,
             size_per_head: 1,
+            auto_host_tier: false,
         }],
         tokens_per_block: 4,
         max_sequence_length: 4096,

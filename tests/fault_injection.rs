@@ -29,6 +29,7 @@ fn config(windows: usize) -> ManagerConfig {
                 num_layers: 1,
                 num_kv_heads: 1,
                 size_per_head: 2,
+                auto_host_tier: false,
             })
             .collect(),
         tokens_per_block: 4,

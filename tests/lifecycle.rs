@@ -23,6 +23,7 @@ fn config(primary: usize, secondary: usize, tpb: usize) -> ManagerConfig {
             num_layers: 1,
             num_kv_heads: 1,
             size_per_head: 1,
+            auto_host_tier: false,
         }],
         tokens_per_block: tpb,
         max_sequence_length: W,

@@ -25,6 +25,7 @@ fn config(extra: usize, draft: usize) -> ManagerConfig {
                 num_layers: 1,
                 num_kv_heads: 1,
                 size_per_head: 1,
+                auto_host_tier: false,
             })
             .collect(),
         tokens_per_block: TPB,

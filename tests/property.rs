@@ -107,6 +107,7 @@ impl Scenario {
                     num_layers: LAYERS,
                     num_kv_heads: HEADS,
                     size_per_head: HEAD_SIZE,
+                    auto_host_tier: false,
                 })
                 .collect(),
             tokens_per_block: TPB,
@@ -1186,6 +1187,7 @@ fn swa_host_manager(secondary: usize) -> KvCacheManager {
         num_layers: 1,
         num_kv_heads: 1,
         size_per_head: 1,
+        auto_host_tier: false,
     };
     KvCacheManager::new(ManagerConfig {
         windows: vec![spec(8), spec(32)],
@@ -1344,6 +1346,7 @@ fn rewinding_into_stored_blocks_keeps_cached_kv() {
         num_layers: 1,
         num_kv_heads: 1,
         size_per_head: 1,
+        auto_host_tier: false,
     };
     let mut m = KvCacheManager::new(ManagerConfig {
         windows: vec![spec],

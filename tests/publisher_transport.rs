@@ -19,6 +19,7 @@ fn manager(event_capacity: usize) -> KvCacheManager {
             num_layers: 1,
             num_kv_heads: 1,
             size_per_head: 1,
+            auto_host_tier: false,
         }],
         tokens_per_block: TPB,
         max_sequence_length: 64,

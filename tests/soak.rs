@@ -49,6 +49,7 @@ fn config() -> ManagerConfig {
                 num_layers: 1,
                 num_kv_heads: 1,
                 size_per_head: TOKEN_BYTES,
+                auto_host_tier: false,
             })
             .collect(),
         tokens_per_block: TPB,

@@ -342,6 +342,7 @@ fn create(inp: &mut Input) -> Option<Managed> {
             num_layers: 1 + i32::from(inp.u8() % 2),
             num_kv_heads: 1,
             size_per_head: 1 + i32::from(inp.u8() % 4),
+            auto_host_tier: false,
         };
         if wild {
             // Raw geometry: only bookkeeping-only managers, so no pool of that size exists.

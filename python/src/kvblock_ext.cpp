@@ -253,7 +253,9 @@ nb::ndarray<nb::numpy, int32_t> new_int32_array(std::initializer_list<size_t> sh
     X(manual_clock, bool)                      \
     X(max_kv_event_entries, int32_t)           \
     X(cuda_device, int32_t)                    \
-    X(cuda_allocate_pools, bool)
+    X(cuda_allocate_pools, bool)               \
+    X(num_extra_kv_tokens, int32_t)            \
+    X(max_draft_tokens, int32_t)
 
 #define KVB_REQUEST_STATE_FIELDS(X) \
     X(prompt_len, int32_t)          \
@@ -437,26 +439,30 @@ void bind_config(nb::module_& m) {
                 "__init__",
                 [](kvb_window_config_t* w, int32_t window_size, int32_t primary_blocks,
                    int32_t secondary_blocks, int32_t num_layers, int32_t num_kv_heads,
-                   int32_t size_per_head) {
-                    new (w) kvb_window_config_t{window_size, primary_blocks, secondary_blocks,
-                                                num_layers,  num_kv_heads,   size_per_head};
+                   int32_t size_per_head, bool auto_host_tier) {
+                    new (w) kvb_window_config_t{window_size,   primary_blocks, secondary_blocks,
+                                                num_layers,    num_kv_heads,   size_per_head,
+                                                auto_host_tier};
                 },
                 "window_size"_a, "primary_blocks"_a, "secondary_blocks"_a = 0, "num_layers"_a = 1,
-                "num_kv_heads"_a = 1, "size_per_head"_a = 1,
+                "num_kv_heads"_a = 1, "size_per_head"_a = 1, "auto_host_tier"_a = false,
                 "A window of ``window_size`` tokens with ``primary_blocks`` GPU blocks and "
                 "``secondary_blocks`` host blocks; a pool row is layers x 2 x heads x "
                 "tokens_per_block x "
-                "size_per_head elements.")
+                "size_per_head elements. ``auto_host_tier`` (with ``secondary_blocks`` 0) lets "
+                "the library size the host tier (``Manager.get_host_tier_blocks`` reports it).")
             .def_rw("window_size", &kvb_window_config_t::window_size, "Attention window in tokens.")
             .def_rw("primary_blocks", &kvb_window_config_t::primary_blocks, "Blocks in GPU memory.")
             .def_rw("secondary_blocks", &kvb_window_config_t::secondary_blocks,
                     "Blocks in host memory.")
             .def_rw("num_layers", &kvb_window_config_t::num_layers, "Layers using this window.")
             .def_rw("num_kv_heads", &kvb_window_config_t::num_kv_heads, "KV heads per layer.")
-            .def_rw("size_per_head", &kvb_window_config_t::size_per_head, "Elements per head.");
+            .def_rw("size_per_head", &kvb_window_config_t::size_per_head, "Elements per head.")
+            .def_rw("auto_host_tier", &kvb_window_config_t::auto_host_tier,
+                    "Let the library size the host tier (see ``kvb_window_config_t``).");
     add_repr(window, "WindowConfig",
              {"window_size", "primary_blocks", "secondary_blocks", "num_layers", "num_kv_heads",
-              "size_per_head"});
+              "size_per_head", "auto_host_tier"});
 
     auto config =
         nb::class_<kvb::Config>(m, "ManagerConfig", kConfigDoc)
@@ -505,11 +511,26 @@ void bind_config(nb::module_& m) {
         .def_prop_rw("attention_dp_rank", &get_dp_rank, &set_dp_rank,
                      "Attention data-parallel rank carried by every event, or None.");
     add_repr(config, "ManagerConfig",
-             {"windows", "tokens_per_block", "max_beam_width", "max_sequence_length",
-              "enable_block_reuse", "enable_partial_reuse", "copy_on_partial_reuse",
-              "onboard_blocks", "secondary_offload_min_priority", "bytes_per_element",
-              "copy_backend", "manual_clock", "max_kv_event_entries", "attention_dp_rank",
-              "cuda_device", "cuda_stream", "cuda_transfer_mode", "cuda_allocate_pools"});
+             {"windows",
+              "tokens_per_block",
+              "max_beam_width",
+              "max_sequence_length",
+              "enable_block_reuse",
+              "enable_partial_reuse",
+              "copy_on_partial_reuse",
+              "onboard_blocks",
+              "secondary_offload_min_priority",
+              "bytes_per_element",
+              "copy_backend",
+              "manual_clock",
+              "max_kv_event_entries",
+              "attention_dp_rank",
+              "cuda_device",
+              "cuda_stream",
+              "cuda_transfer_mode",
+              "cuda_allocate_pools",
+              "num_extra_kv_tokens",
+              "max_draft_tokens"});
 }
 
 void bind_request(nb::module_& m) {
@@ -1031,6 +1052,21 @@ void bind_manager(nb::module_& m) {
         .def("get_offset_table_dimensions", &Manager::dims,
              "``(max_blocks_per_seq, num_pools)`` of an offset table "
              "``[num_pools][num_slots][2][max_blocks_per_seq]``.")
+        .def(
+            "get_max_blocks_per_seq",
+            [](Manager& self, int32_t w) {
+                return nogil([&] { return self.m.getMaxBlocksPerSeq(w); });
+            },
+            "window_size"_a,
+            "The most blocks one beam may list in a window: ``ceil((min(max_sequence_length, "
+            "window limit) + num_extra_kv_tokens + max_draft_tokens) / tokens_per_block)``.")
+        .def(
+            "get_host_tier_blocks",
+            [](Manager& self, int32_t w) {
+                return nogil([&] { return self.m.getHostTierBlocks(w); });
+            },
+            "window_size"_a,
+            "Host-tier blocks of a window: configured, or chosen for an automatic host tier.")
         .def(
             "copy_block_offsets",
             [](Manager& self, nb::handle output, int32_t output_slot_offset, uint64_t request_id) {

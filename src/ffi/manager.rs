@@ -517,6 +517,22 @@ pub extern "C" fn kvb_manager_get_num_free_blocks_per_window_size(
     })
 }
 
+/// Host-tier (secondary) blocks of window `window_size`: the configured `secondary_blocks`, or
+/// the size chosen for an automatic host tier (`kvb_window_config_t::auto_host_tier`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_host_tier_blocks(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    out_blocks: *mut i64,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_blocks, "out_blocks")?;
+        let blocks = m.host_tier_blocks(window_arg(window_size)?)?;
+        write_out(out_blocks, blocks as i64, "out_blocks")
+    })
+}
+
 /// The admission result of a live sequence: prepopulated length and per-request counters
 /// (TensorRT-LLM's per-request stats on `LlmRequest`).
 #[no_mangle]

@@ -175,3 +175,32 @@ pub extern "C" fn kvb_calculate_max_num_blocks(
         Ok(())
     })
 }
+
+/// The size policy of an automatic host tier (`kvb_window_config_t::auto_host_tier`) on given
+/// figures: `min(gpu_quota_blocks, 50% of available_host_bytes / row_bytes, 80% of
+/// memlock_limit_bytes / row_bytes)`, rounded down. A figure of 0 is unknown and caps nothing;
+/// pass `UINT64_MAX` for an unlimited one (RLIM_INFINITY). A `row_bytes` of 0 leaves the quota,
+/// and caps that round down to 0 blocks fall back to the quota. `KVB_STATUS_INVALID_ARGUMENT`
+/// for a negative quota.
+#[no_mangle]
+pub extern "C" fn kvb_calculate_auto_host_tier_blocks(
+    gpu_quota_blocks: i64,
+    available_host_bytes: u64,
+    memlock_limit_bytes: u64,
+    row_bytes: u64,
+    out_blocks: *mut i64,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out_blocks, "out_blocks")?;
+        let quota = usize::try_from(gpu_quota_blocks).map_err(|_| {
+            super::handle::invalid(format!("gpu_quota_blocks {gpu_quota_blocks} is negative"))
+        })?;
+        let blocks = sizing::auto_host_tier_blocks(
+            quota,
+            available_host_bytes,
+            memlock_limit_bytes,
+            row_bytes,
+        );
+        write_out(out_blocks, blocks as i64, "out_blocks")
+    })
+}

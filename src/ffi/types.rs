@@ -86,6 +86,16 @@ pub struct kvb_window_config_t {
     pub num_kv_heads: i32,
     /// Elements per head.
     pub size_per_head: i32,
+    /// Provision the host tier automatically (default false; `secondary_blocks` must then be
+    /// 0). Its size is `min(primary_blocks, 50% of the available host memory / row bytes,
+    /// 80% of RLIMIT_MEMLOCK / row bytes)` (row bytes: one block row of this window); a figure
+    /// the system does not give, or an unlimited one, caps nothing, and caps that round down to
+    /// no block fall back to `primary_blocks`. Several automatic windows split the memory and
+    /// lock budgets in proportion to their GPU pool bytes. The size chosen is reported by
+    /// `kvb_manager_get_host_tier_blocks` (and in the statistics' secondary blocks). A host tier
+    /// gives suspended sequences somewhere to go, so that suspend/resume scheduling cannot
+    /// deadlock on a full GPU pool.
+    pub auto_host_tier: bool,
 }
 
 /// Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
@@ -401,6 +411,7 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
                 num_layers: usize_field(w.num_layers, "num_layers")?,
                 num_kv_heads: usize_field(w.num_kv_heads, "num_kv_heads")?,
                 size_per_head: usize_field(w.size_per_head, "size_per_head")?,
+                auto_host_tier: w.auto_host_tier,
             })
         })
         .collect::<FfiResult<Vec<_>>>()?;

@@ -9,6 +9,7 @@ use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
 use crate::pool::PoolGeometry;
+use crate::sizing::HostMemoryFigures;
 use crate::transfer::CopyEngine;
 use crate::tree::PremixedMap;
 use crate::window::{WindowBlockManager, WindowConfig};
@@ -25,14 +26,21 @@ pub enum CopyBackend {
 }
 
 /// One attention-window size and its pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WindowSpec {
     pub window_size: usize,
     pub primary_blocks: usize,
+    /// Host-tier blocks. With `auto_host_tier` it must be 0 and creation sets it to the size
+    /// chosen (so `KvCacheManager::config` reports it).
     pub secondary_blocks: usize,
     pub num_layers: usize,
     pub num_kv_heads: usize,
     pub size_per_head: usize,
+    /// Provision the host tier automatically (see `crate::sizing::auto_host_tier_blocks`):
+    /// as many blocks as `primary_blocks`, capped by 50% of the available host memory and 80%
+    /// of the locked-memory limit; several automatic windows split those budgets in proportion
+    /// to their GPU pool bytes.
+    pub auto_host_tier: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -176,6 +184,62 @@ fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
     Ok(())
 }
 
+/// Sizes the host tier of every window with `auto_host_tier` (`sizing::auto_host_tier_blocks`)
+/// from the host memory figures. Several automatic windows split the memory and lock budgets
+/// in proportion to their GPU pool bytes (one window gets all of them), so that together they
+/// stay within the limits. Fails when such a window also gives `secondary_blocks`.
+pub(crate) fn resolve_auto_host_tiers(
+    cfg: &mut ManagerConfig,
+    figures: HostMemoryFigures,
+) -> KvResult<()> {
+    let row_bytes = |cfg: &ManagerConfig, spec: &WindowSpec| {
+        pool_geometry(cfg, spec)
+            .checked_row_bytes()
+            .map_or(0, |r| r as u64)
+    };
+    let mut total_gpu_bytes: f64 = 0.0;
+    for spec in cfg.windows.iter().filter(|w| w.auto_host_tier) {
+        if spec.secondary_blocks != 0 {
+            return Err(KvError::InvalidConfig(format!(
+                "window {} asks for an automatic host tier and gives secondary_blocks {}: \
+                 choose one",
+                spec.window_size, spec.secondary_blocks
+            )));
+        }
+        total_gpu_bytes += row_bytes(cfg, spec) as f64 * spec.primary_blocks as f64;
+    }
+    // A budget split by shares (floating point: the products may exceed any integer type, and
+    // a byte more or less does not matter here). Unknown (0) and unlimited figures stay so.
+    let share = |figure: u64, gpu_bytes: f64| -> u64 {
+        if total_gpu_bytes <= 0.0 || figure == 0 || figure == u64::MAX {
+            return figure;
+        }
+        ((figure as f64 * (gpu_bytes / total_gpu_bytes)) as u64).max(1)
+    };
+    let chosen: Vec<Option<usize>> = cfg
+        .windows
+        .iter()
+        .map(|spec| {
+            spec.auto_host_tier.then(|| {
+                let row = row_bytes(cfg, spec);
+                let gpu_bytes = row as f64 * spec.primary_blocks as f64;
+                crate::sizing::auto_host_tier_blocks(
+                    spec.primary_blocks,
+                    share(figures.available_bytes, gpu_bytes),
+                    share(figures.memlock_limit_bytes, gpu_bytes),
+                    row,
+                )
+            })
+        })
+        .collect();
+    for (spec, blocks) in cfg.windows.iter_mut().zip(chosen) {
+        if let Some(blocks) = blocks {
+            spec.secondary_blocks = blocks;
+        }
+    }
+    Ok(())
+}
+
 /// The most tokens a sequence may have KV slots for: `max_sequence_length` plus the extra KV
 /// and draft tokens; `None` when that overflows.
 pub(super) fn max_kv_tokens(cfg: &ManagerConfig) -> Option<usize> {
@@ -256,6 +320,9 @@ impl KvCacheManager {
                 )));
             }
         }
+        if cfg.windows.iter().any(|w| w.auto_host_tier) {
+            resolve_auto_host_tiers(&mut cfg, HostMemoryFigures::read())?;
+        }
         check_pool_sizes(&cfg)?;
         let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
         let mut windows = Vec::with_capacity(cfg.windows.len());
@@ -333,7 +400,92 @@ impl KvCacheManager {
 
 #[cfg(test)]
 mod tests {
-    use super::max_blocks_per_seq;
+    use super::{max_blocks_per_seq, resolve_auto_host_tiers, ManagerConfig, WindowSpec};
+    use crate::error::KvError;
+    use crate::sizing::HostMemoryFigures;
+
+    /// A window whose block row is 1 x 2 x 1 x 32 tokens x 4 x 2 bytes = 512 bytes.
+    fn spec(window_size: usize, primary_blocks: usize, auto_host_tier: bool) -> WindowSpec {
+        WindowSpec {
+            window_size,
+            primary_blocks,
+            num_layers: 1,
+            num_kv_heads: 1,
+            size_per_head: 4,
+            auto_host_tier,
+            ..WindowSpec::default()
+        }
+    }
+
+    fn host_tiers(windows: Vec<WindowSpec>, available: u64, memlock: u64) -> Vec<usize> {
+        let mut cfg = ManagerConfig {
+            windows,
+            max_sequence_length: 64,
+            ..ManagerConfig::default()
+        };
+        let figures = HostMemoryFigures {
+            available_bytes: available,
+            memlock_limit_bytes: memlock,
+        };
+        resolve_auto_host_tiers(&mut cfg, figures).unwrap();
+        cfg.windows.iter().map(|w| w.secondary_blocks).collect()
+    }
+
+    #[test]
+    fn auto_host_tiers_follow_the_sizing_policy() {
+        // One window: its GPU quota (100), 50% of 64 blocks' bytes (32), 80% of 50 blocks'
+        // bytes (40).
+        assert_eq!(host_tiers(vec![spec(64, 100, true)], 0, 0), vec![100]);
+        assert_eq!(
+            host_tiers(vec![spec(64, 100, true)], 64 * 512, u64::MAX),
+            vec![32]
+        );
+        assert_eq!(host_tiers(vec![spec(64, 100, true)], 0, 50 * 512), vec![40]);
+        // A window without the flag keeps its tier (here none).
+        assert_eq!(
+            host_tiers(vec![spec(32, 100, false), spec(64, 100, true)], 64 * 512, 0),
+            vec![0, 32]
+        );
+    }
+
+    #[test]
+    fn automatic_windows_split_the_budgets_by_gpu_bytes() {
+        // 100 and 300 GPU blocks of equal rows: a quarter and three quarters of 50% of 400
+        // blocks' bytes, i.e. 50 and 150 blocks (both below their quotas).
+        assert_eq!(
+            host_tiers(
+                vec![spec(32, 100, true), spec(64, 300, true)],
+                400 * 512,
+                u64::MAX
+            ),
+            vec![50, 150]
+        );
+        // Ample memory: each its own quota.
+        assert_eq!(
+            host_tiers(
+                vec![spec(32, 100, true), spec(64, 300, true)],
+                u64::MAX / 2,
+                0
+            ),
+            vec![100, 300]
+        );
+    }
+
+    #[test]
+    fn an_automatic_tier_with_explicit_secondary_blocks_is_invalid() {
+        let mut cfg = ManagerConfig {
+            windows: vec![WindowSpec {
+                secondary_blocks: 8,
+                ..spec(64, 100, true)
+            }],
+            max_sequence_length: 64,
+            ..ManagerConfig::default()
+        };
+        assert!(matches!(
+            resolve_auto_host_tiers(&mut cfg, HostMemoryFigures::default()),
+            Err(KvError::InvalidConfig(_))
+        ));
+    }
 
     #[test]
     fn max_blocks_per_seq_clamps_the_length_then_adds_extra_and_draft_tokens() {

@@ -125,6 +125,12 @@ impl KvCacheManager {
         self.cfg.tokens_per_block
     }
 
+    /// Host-tier (secondary) blocks of a window: the configured ones, or the size chosen for
+    /// an automatic host tier (`WindowSpec::auto_host_tier`).
+    pub fn host_tier_blocks(&self, window_size: usize) -> KvResult<usize> {
+        Ok(self.window(window_size)?.config().num_secondary)
+    }
+
     /// The most tokens a sequence may have KV slots for (its capacity): the maximum sequence
     /// length plus the configured extra KV tokens and draft tokens. Known tokens stay within
     /// the maximum sequence length.
