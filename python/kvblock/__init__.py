@@ -67,6 +67,7 @@ from ._kvblock import (
     UnknownRequestError,
     UnsupportedError,
     WindowConfig,
+    multimodal_digest,
     version,
 )
 
@@ -122,5 +123,6 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedError",
     "WindowConfig",
+    "multimodal_digest",
     "version",
 ]

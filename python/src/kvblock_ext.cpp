@@ -1409,7 +1409,21 @@ void bind_manager(nb::module_& m) {
             "(TensorRT-LLM "
             "``calculateMaxNumBlocks`` on one rank); ``bytes_per_token[w]``: KV bytes of one token "
             "in "
-            "window w.");
+            "window w.")
+        .def_static(
+            "calculate_auto_host_tier_blocks",
+            [](int64_t gpu_quota_blocks, uint64_t available_host_bytes,
+               uint64_t memlock_limit_bytes, uint64_t row_bytes) {
+                int64_t blocks = 0;
+                kvb::check(
+                    kvb_calculate_auto_host_tier_blocks(gpu_quota_blocks, available_host_bytes,
+                                                        memlock_limit_bytes, row_bytes, &blocks));
+                return blocks;
+            },
+            "gpu_quota_blocks"_a, "available_host_bytes"_a, "memlock_limit_bytes"_a, "row_bytes"_a,
+            "Host blocks of an automatic host tier: ``min(gpu_quota_blocks, 50% of "
+            "available_host_bytes / row_bytes, 80% of memlock_limit_bytes / row_bytes)``; 0 = an "
+            "unknown figure (caps nothing), caps of no block fall back to the quota.");
 }
 
 }  // namespace
@@ -1552,6 +1566,19 @@ NB_MODULE(_kvblock, m) {
     bind_events(m);
     bind_manager(m);
     bind_publisher(m);
+    m.def(
+        "multimodal_digest",
+        [](nb::bytes content) {
+            uint8_t digest[32];
+            call([&] {
+                return kvb_multimodal_digest(reinterpret_cast<const uint8_t*>(content.c_str()),
+                                             content.size(), digest);
+            });
+            return digest_bytes(digest);
+        },
+        "content"_a,
+        "The 32-byte content digest of a multimodal item's raw bytes (BLAKE3, "
+        "``kvb_multimodal_digest``), for :class:`MultimodalItem`.");
     m.def(
         "version",
         [] {

@@ -82,6 +82,37 @@ def test_multimodal_digest_is_part_of_the_key(manager):
         kvblock.MultimodalItem(b"short", 0, 4)
 
 
+def test_multimodal_digest_of_content_bytes(manager):
+    # BLAKE3 of b"abc": the same in every process and run.
+    assert kvblock.multimodal_digest(b"abc").hex() == (
+        "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    )
+    image_a, image_b = bytes(range(200)), bytes(range(1, 201))
+    tokens = np.array([1, 2, 3, 4] + [9000] * 8 + [5], dtype=np.int32)  # same placeholders
+    item = lambda image: kvblock.MultimodalItem(kvblock.multimodal_digest(image), 4, 8)
+    manager.add_sequence(1, tokens, mm_items=[item(image_a)])
+    manager.store_context_blocks(1, len(tokens))
+    manager.remove_sequence(1, True)
+    assert manager.add_sequence(2, tokens, mm_items=[item(image_b)]).prepopulated_prompt_len == 4
+    assert manager.add_sequence(3, tokens, mm_items=[item(image_a)]).prepopulated_prompt_len == 12
+
+
+def test_extra_kv_and_draft_tokens_widen_the_offset_table():
+    with make_manager(window=30, num_extra_kv_tokens=2, max_draft_tokens=5) as m:
+        assert m.get_max_blocks_per_seq(30) == 10  # ceil(37 / 4)
+        assert m.get_offset_table_dimensions() == (10, 1)
+
+
+def test_automatic_host_tier():
+    config = kvblock.ManagerConfig(
+        [kvblock.WindowConfig(64, 8, auto_host_tier=True)], tokens_per_block=TPB, max_sequence_length=64
+    )
+    with kvblock.KVCacheManager(config) as m:
+        assert m.get_host_tier_blocks(64) == 8
+    mib = 1 << 20
+    assert kvblock.KVCacheManager.calculate_auto_host_tier_blocks(100, 64 * mib, 50 * mib, mib) == 32
+
+
 def test_eviction_drops_the_least_recently_used_cached_blocks():
     with make_manager(primary=4) as m:
         admit_and_release(m, 1, prompt(9))  # 3 blocks cached
