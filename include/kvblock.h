@@ -975,9 +975,9 @@ enum kvb_status_t kvb_manager_allocate_generation(struct kvb_manager_t *manager,
 /**
  * Undoes the last `kvb_manager_allocate_generation` of a sequence (with its padding
  * extensions), using what was recorded at allocation, not the current draft length: the
- * capacity returns to its value before. `*out_reverted` is false when there was none to undo
- * (nothing changed). Fails with `KVB_STATUS_INVALID_ARGUMENT` if tokens were added into the
- * reserved slots since (rewind them first).
+ * capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
+ * there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
+ * a resize or rewind forgets it.
  */
 enum kvb_status_t kvb_manager_revert_allocate_generation(struct kvb_manager_t *manager,
                                                          uint64_t request_id,
