@@ -769,7 +769,10 @@ fn lifecycle_call(inp: &mut Input, h: *mut kvb_manager_t) -> (kvb_status_t, &'st
         }
         3 => {
             let (id, n) = (inp.request_id(), size(inp) % 8);
-            (kvb_manager_allocate_generation(h, id, n, &mut done), "allocate_generation")
+            (
+                kvb_manager_allocate_generation(h, id, n, &mut done),
+                "allocate_generation",
+            )
         }
         4 => (
             kvb_manager_revert_allocate_generation(h, inp.request_id(), &mut done),
@@ -777,11 +780,17 @@ fn lifecycle_call(inp: &mut Input, h: *mut kvb_manager_t) -> (kvb_status_t, &'st
         ),
         5 => {
             let (id, n) = (inp.request_id(), size(inp) % 8);
-            (kvb_manager_extend_capacity_for_tokens(h, id, n, &mut done), "extend_capacity")
+            (
+                kvb_manager_extend_capacity_for_tokens(h, id, n, &mut done),
+                "extend_capacity",
+            )
         }
         6 => {
             let (id, n) = (inp.request_id(), size(inp));
-            (kvb_manager_allocate_context(h, id, n, &mut done), "allocate_context")
+            (
+                kvb_manager_allocate_context(h, id, n, &mut done),
+                "allocate_context",
+            )
         }
         7 => {
             let mut outcome = kvb_context_revert_t::KVB_CONTEXT_REVERT_NOTHING;
