@@ -267,7 +267,7 @@ typedef enum kvb_status_t {
     KVB_STATUS_SEQUENCE_SUSPENDED = 22,
     /**
      * `kvb_manager_end_scheduling_pass`: that many consecutive passes had generation requests
-     * but scheduled, suspended, resumed or moved nothing. The message names the cause (no host
+     * but scheduled nothing and moved no block between the tiers. The message names the cause (no host
      * tier, host tier too small, a request larger than the pool) and the remedy.
      */
     KVB_STATUS_STALLED = 23,
@@ -1006,9 +1006,9 @@ enum kvb_status_t kvb_manager_allocate_generation(struct kvb_manager_t *manager,
 /**
  * Undoes the last `kvb_manager_allocate_generation` of a sequence (with its padding
  * extensions), using what was recorded at allocation, not the current draft length: the
- * capacity returns to its value before. `*out_reverted` is false when there was none to undo
- * (nothing changed). Fails with `KVB_STATUS_INVALID_ARGUMENT` if tokens were added into the
- * reserved slots since (rewind them first).
+ * capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
+ * there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
+ * a resize or rewind forgets it.
  */
 enum kvb_status_t kvb_manager_revert_allocate_generation(struct kvb_manager_t *manager,
                                                          uint64_t request_id,
@@ -1088,7 +1088,8 @@ enum kvb_status_t kvb_manager_get_gpu_utilization(struct kvb_manager_t *manager,
 /**
  * Ends a scheduling pass: `num_generation_requests` generation requests wanted to run and
  * `num_scheduled` requests were scheduled. A pass with generation requests in which nothing
- * was scheduled, suspended, resumed or moved to the host tier is stalled; after the config's
+ * was scheduled and no block moved between the GPU and the host tier is stalled (a suspension
+ * counts once its blocks move: without a host tier it frees nothing); after the config's
  * `stall_pass_threshold` stalled passes in a row this returns `KVB_STATUS_STALLED` (and keeps
  * doing so until a pass makes progress), with a message naming the cause (no host tier, host
  * tier too small, a request larger than the pool) and the remedy.

@@ -132,9 +132,9 @@ pub extern "C" fn kvb_manager_allocate_generation(
 
 /// Undoes the last `kvb_manager_allocate_generation` of a sequence (with its padding
 /// extensions), using what was recorded at allocation, not the current draft length: the
-/// capacity returns to its value before. `*out_reverted` is false when there was none to undo
-/// (nothing changed). Fails with `KVB_STATUS_INVALID_ARGUMENT` if tokens were added into the
-/// reserved slots since (rewind them first).
+/// capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
+/// there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
+/// a resize or rewind forgets it.
 #[no_mangle]
 pub extern "C" fn kvb_manager_revert_allocate_generation(
     manager: *mut kvb_manager_t,
@@ -253,7 +253,8 @@ pub extern "C" fn kvb_manager_get_gpu_utilization(
 
 /// Ends a scheduling pass: `num_generation_requests` generation requests wanted to run and
 /// `num_scheduled` requests were scheduled. A pass with generation requests in which nothing
-/// was scheduled, suspended, resumed or moved to the host tier is stalled; after the config's
+/// was scheduled and no block moved between the GPU and the host tier is stalled (a suspension
+/// counts once its blocks move: without a host tier it frees nothing); after the config's
 /// `stall_pass_threshold` stalled passes in a row this returns `KVB_STATUS_STALLED` (and keeps
 /// doing so until a pass makes progress), with a message naming the cause (no host tier, host
 /// tier too small, a request larger than the pool) and the remedy.

@@ -269,20 +269,18 @@ impl KvCacheManager {
     }
 
     /// Undoes the last `allocate_generation` (with its padding extensions): the capacity goes
-    /// back to what it was before it. Returns whether there was one to undo. Refused when tokens
-    /// were added into the reserved slots since (they would be dropped).
+    /// back to what it was before it. Returns whether there was one to undo: the step's first
+    /// `add_token` consumes the allocation (the tokens it reserved slots for are arriving), so
+    /// a revert after it changes nothing.
     pub fn revert_allocate_generation(&mut self, id: u64) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
         let Some(alloc) = seq.life.generation else {
             return Ok(false);
         };
-        if seq.num_tokens > alloc.pre_capacity {
-            return Err(KvError::InvalidArgument(format!(
-                "sequence {id} added tokens into the slots of its generation allocation \
-                 ({} tokens, {} before it): rewind them first",
-                seq.num_tokens, alloc.pre_capacity
-            )));
-        }
+        debug_assert!(
+            seq.num_tokens <= alloc.pre_capacity,
+            "add_token clears the record"
+        );
         let target = alloc.pre_capacity.max(seq.life.floor());
         self.resize_to(id, target)?;
         self.sequences
@@ -384,7 +382,6 @@ impl KvCacheManager {
             w.suspend(id);
         }
         self.sequences.get_mut(&id).expect("checked").life.suspended = true;
-        self.stall.note_progress();
         Ok(())
     }
 
@@ -419,7 +416,6 @@ impl KvCacheManager {
             absorb(&mut self.events, w);
         }
         self.sequences.get_mut(&id).expect("checked").life.suspended = false;
-        self.stall.note_progress();
         Ok(true)
     }
 
