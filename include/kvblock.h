@@ -1520,15 +1520,14 @@ enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager)
 
 /**
  * Writes the 32-byte content digest of one multimodal item (BLAKE3 of its `len` raw bytes at
- * `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items whose
- * placeholder token ids are equal but whose bytes differ get different digests, so their blocks
- * are never reused for one another; equal bytes give equal digests in every process and run.
+ * `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items
+ * whose placeholder token ids are equal but whose bytes differ get different digests, so their
+ * blocks are never reused for one another; equal bytes give equal digests in every process and
+ * run.
  * `data` may be null only when `len` is 0 (the empty input); `KVB_STATUS_NULL_POINTER` for a
  * null `data` with `len > 0` or a null `out_digest`, which is then left unchanged.
  */
-enum kvb_status_t kvb_multimodal_digest(const uint8_t *data,
-                                        size_t len,
-                                        uint8_t *out_digest);
+enum kvb_status_t kvb_multimodal_digest(const uint8_t *data, size_t len, uint8_t *out_digest);
 
 /**
  * Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay

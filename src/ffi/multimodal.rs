@@ -5,9 +5,10 @@ use super::status::kvb_status_t;
 use crate::key::multimodal_digest;
 
 /// Writes the 32-byte content digest of one multimodal item (BLAKE3 of its `len` raw bytes at
-/// `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items whose
-/// placeholder token ids are equal but whose bytes differ get different digests, so their blocks
-/// are never reused for one another; equal bytes give equal digests in every process and run.
+/// `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items
+/// whose placeholder token ids are equal but whose bytes differ get different digests, so their
+/// blocks are never reused for one another; equal bytes give equal digests in every process and
+/// run.
 /// `data` may be null only when `len` is 0 (the empty input); `KVB_STATUS_NULL_POINTER` for a
 /// null `data` with `len > 0` or a null `out_digest`, which is then left unchanged.
 #[no_mangle]
