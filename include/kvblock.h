@@ -259,87 +259,6 @@ typedef struct kvb_event_publisher_t kvb_event_publisher_t;
 typedef struct kvb_manager_t kvb_manager_t;
 
 /**
- * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
- */
-typedef struct kvb_event_t {
-    /**
-     * Strictly increasing in delivery order.
-     */
-    uint64_t event_id;
-    /**
-     * A `kvb_event_type_t` value.
-     */
-    int32_t event_type;
-    int32_t window_size;
-    bool has_attention_dp_rank;
-    int32_t attention_dp_rank;
-    /**
-     * Created.
-     */
-    int32_t num_primary_blocks;
-    int32_t num_secondary_blocks;
-    /**
-     * Stored: the first block's tree parent (none = the root).
-     */
-    bool has_parent_hash;
-    uint64_t parent_hash;
-    size_t num_stored_blocks;
-    /**
-     * Removed.
-     */
-    const uint64_t *removed_hashes;
-    size_t num_removed_hashes;
-    /**
-     * Updated.
-     */
-    uint64_t block_hash;
-    bool has_cache_level_change;
-    int32_t old_cache_level;
-    int32_t new_cache_level;
-    bool has_priority_change;
-    int32_t old_priority;
-    int32_t new_priority;
-} kvb_event_t;
-
-/**
- * A multimodal key of a stored block.
- */
-typedef struct kvb_mm_key_t {
-    uint8_t digest[32];
-    /**
-     * Where the item starts relative to the block (0 when it starts inside the block).
-     */
-    int32_t start_offset;
-} kvb_mm_key_t;
-
-/**
- * One block of a Stored event. Pointers stay valid until the batch is freed.
- */
-typedef struct kvb_stored_block_t {
-    /**
-     * TensorRT-LLM block hash.
-     */
-    uint64_t block_hash;
-    const int32_t *tokens;
-    /**
-     * Per-token extra ids, or null when the request had none.
-     */
-    const uint64_t *token_extra_ids;
-    size_t num_tokens;
-    bool has_lora_task_id;
-    uint64_t lora_task_id;
-    /**
-     * A `kvb_cache_level_t` value.
-     */
-    int32_t cache_level;
-    int32_t priority;
-    const struct kvb_mm_key_t *mm_keys;
-    size_t num_mm_keys;
-    bool has_cache_salt;
-    uint64_t cache_salt;
-} kvb_stored_block_t;
-
-/**
  * One attention-window size and its pool layout.
  */
 typedef struct kvb_window_config_t {
@@ -537,25 +456,6 @@ typedef struct kvb_request_t {
 } kvb_request_t;
 
 /**
- * Scheduler-side state of a request, for the estimates. Initialise with
- * `kvb_request_state_init`.
- */
-typedef struct kvb_request_state_t {
-    uint32_t struct_size;
-    uint64_t request_id;
-    /**
-     * A `kvb_request_phase_t` value.
-     */
-    int32_t phase;
-    int32_t prompt_len;
-    int32_t beam_width;
-    int32_t context_chunk_size;
-    int32_t num_draft_tokens;
-    int32_t max_new_tokens;
-    int32_t num_generated_tokens;
-} kvb_request_state_t;
-
-/**
  * Per-request allocation counters of an admission, summed over windows.
  */
 typedef struct kvb_request_stats_t {
@@ -605,6 +505,25 @@ typedef struct kvb_batch_estimate_t {
 } kvb_batch_estimate_t;
 
 /**
+ * Scheduler-side state of a request, for the estimates. Initialise with
+ * `kvb_request_state_init`.
+ */
+typedef struct kvb_request_state_t {
+    uint32_t struct_size;
+    uint64_t request_id;
+    /**
+     * A `kvb_request_phase_t` value.
+     */
+    int32_t phase;
+    int32_t prompt_len;
+    int32_t beam_width;
+    int32_t context_chunk_size;
+    int32_t num_draft_tokens;
+    int32_t max_new_tokens;
+    int32_t num_generated_tokens;
+} kvb_request_state_t;
+
+/**
  * Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
  * as there).
  */
@@ -638,38 +557,85 @@ typedef struct kvb_kv_cache_stats_t {
 } kvb_kv_cache_stats_t;
 
 /**
- * Snapshot of one block.
+ * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
  */
-typedef struct kvb_block_info_t {
+typedef struct kvb_event_t {
+    /**
+     * Strictly increasing in delivery order.
+     */
+    uint64_t event_id;
+    /**
+     * A `kvb_event_type_t` value.
+     */
+    int32_t event_type;
+    int32_t window_size;
+    bool has_attention_dp_rank;
+    int32_t attention_dp_rank;
+    /**
+     * Created.
+     */
+    int32_t num_primary_blocks;
+    int32_t num_secondary_blocks;
+    /**
+     * Stored: the first block's tree parent (none = the root).
+     */
+    bool has_parent_hash;
+    uint64_t parent_hash;
+    size_t num_stored_blocks;
+    /**
+     * Removed.
+     */
+    const uint64_t *removed_hashes;
+    size_t num_removed_hashes;
+    /**
+     * Updated.
+     */
+    uint64_t block_hash;
+    bool has_cache_level_change;
+    int32_t old_cache_level;
+    int32_t new_cache_level;
+    bool has_priority_change;
+    int32_t old_priority;
+    int32_t new_priority;
+} kvb_event_t;
+
+/**
+ * A multimodal key of a stored block.
+ */
+typedef struct kvb_mm_key_t {
+    uint8_t digest[32];
+    /**
+     * Where the item starts relative to the block (0 when it starts inside the block).
+     */
+    int32_t start_offset;
+} kvb_mm_key_t;
+
+/**
+ * One block of a Stored event. Pointers stay valid until the batch is freed.
+ */
+typedef struct kvb_stored_block_t {
+    /**
+     * TensorRT-LLM block hash.
+     */
+    uint64_t block_hash;
+    const int32_t *tokens;
+    /**
+     * Per-token extra ids, or null when the request had none.
+     */
+    const uint64_t *token_extra_ids;
+    size_t num_tokens;
+    bool has_lora_task_id;
+    uint64_t lora_task_id;
     /**
      * A `kvb_cache_level_t` value.
      */
     int32_t cache_level;
-    /**
-     * Row index inside the pools of that level.
-     */
-    int32_t memory_index;
-    int32_t ref_count;
     int32_t priority;
-    bool in_reuse_tree;
-    bool is_leaf;
-    /**
-     * In a free queue (evictable).
-     */
-    bool is_free;
-    /**
-     * Tokens of the block's key (0 if it never held a key).
-     */
-    int32_t num_tokens;
-    /**
-     * TensorRT-LLM block hash (valid when in the tree).
-     */
-    uint64_t hash;
-    /**
-     * Tree parent block id; -1 = the root; -2 = not in the tree.
-     */
-    int64_t parent;
-} kvb_block_info_t;
+    const struct kvb_mm_key_t *mm_keys;
+    size_t num_mm_keys;
+    bool has_cache_salt;
+    uint64_t cache_salt;
+} kvb_stored_block_t;
 
 /**
  * Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`
@@ -760,104 +726,63 @@ typedef struct kvb_event_publisher_stats_t {
     uint64_t next_sequence;
 } kvb_event_publisher_stats_t;
 
+/**
+ * Snapshot of one block.
+ */
+typedef struct kvb_block_info_t {
+    /**
+     * A `kvb_cache_level_t` value.
+     */
+    int32_t cache_level;
+    /**
+     * Row index inside the pools of that level.
+     */
+    int32_t memory_index;
+    int32_t ref_count;
+    int32_t priority;
+    bool in_reuse_tree;
+    bool is_leaf;
+    /**
+     * In a free queue (evictable).
+     */
+    bool is_free;
+    /**
+     * Tokens of the block's key (0 if it never held a key).
+     */
+    int32_t num_tokens;
+    /**
+     * TensorRT-LLM block hash (valid when in the tree).
+     */
+    uint64_t hash;
+    /**
+     * Tree parent block id; -1 = the root; -2 = not in the tree.
+     */
+    int64_t parent;
+} kvb_block_info_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
 /**
- * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
- * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
- * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
- * without CUDA.
+ * The message of the last failed kvblock call on this thread ("" if none). The pointer stays
+ * valid until the next kvblock call on this thread.
  */
-enum kvb_status_t kvb_cuda_libraries_available(bool *out);
+const char *kvb_last_error_message(void);
 
 /**
- * Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
- * submitted before stay ordered before the new stream's later work (the new stream waits on
- * the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+ * A static, human-readable name of a status code (never null; "unknown status" for values
+ * this library does not define).
  */
-enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *stream);
+const char *kvb_status_string(int32_t status);
 
 /**
- * With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
- * host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
- * enqueuing work that reads or writes blocks the manager handed out since the last call. A
- * no-op with the engine-stream ordering and for the other backends (whose copies are done when
- * the call that submitted them returns).
+ * The version of this library: its ABI major version (the `N` of the SONAME `libkvblock.so.N`),
+ * minor and patch. A program built against version `M.m.p` runs against any library of the same
+ * major `M` and a minor of at least `m`; compare with what the header was generated for when in
+ * doubt. Each out-parameter may be null when that part is not wanted.
  */
-enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
-
-/**
- * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
- * of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
- * or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
- * the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
- * only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
- * own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
- * Only for `KVB_COPY_BACKEND_CUDA` managers.
- */
-enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
-                                            int32_t window_size,
-                                            int32_t cache_level,
-                                            void *pointer,
-                                            size_t bytes);
-
-/**
- * Writes the number of batched copy submissions so far, over all windows: kernel launches for
- * `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
- * on each other inside the call), 0 for the other backends. For tests and diagnostics.
- */
-enum kvb_status_t kvb_manager_copy_launches(struct kvb_manager_t *manager, uint64_t *out);
-
-/**
- * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
- * pending removals and makes the iteration's events visible to `kvb_manager_get_latest_events`.
- * Call once per iteration. A no-op when events are off.
- */
-enum kvb_status_t kvb_manager_flush_iteration_events(struct kvb_manager_t *manager);
-
-/**
- * Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
- * Safe to call from another thread while the executor keeps using the manager: it does not
- * take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
- * with `kvb_event_batch_free`. Returns at once with an empty batch when events are off. A drain
- * waiting when the manager is destroyed returns `KVB_OK` with an empty batch; one started after
- * returns `KVB_STATUS_DESTROYED`.
- */
-enum kvb_status_t kvb_manager_get_latest_events(struct kvb_manager_t *manager,
-                                                int64_t timeout_ms,
-                                                struct kvb_event_batch_t **out_batch);
-
-/**
- * Number of events in a batch.
- */
-enum kvb_status_t kvb_event_batch_size(const struct kvb_event_batch_t *batch, size_t *out);
-
-/**
- * Events dropped because the buffer was full since the previous drain.
- */
-enum kvb_status_t kvb_event_batch_num_dropped(const struct kvb_event_batch_t *batch, uint64_t *out);
-
-/**
- * Event `index` of a batch (views valid until the batch is freed).
- */
-enum kvb_status_t kvb_event_batch_get(const struct kvb_event_batch_t *batch,
-                                      size_t index,
-                                      struct kvb_event_t *out);
-
-/**
- * Block `block_index` of Stored event `event_index`.
- */
-enum kvb_status_t kvb_event_batch_get_stored_block(const struct kvb_event_batch_t *batch,
-                                                   size_t event_index,
-                                                   size_t block_index,
-                                                   struct kvb_stored_block_t *out);
-
-/**
- * Frees a batch; null is accepted.
- */
-enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
+enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t *out_patch);
 
 /**
  * Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
@@ -865,16 +790,6 @@ enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
  * memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
  */
 enum kvb_status_t kvb_manager_config_init(struct kvb_manager_config_t *config);
-
-/**
- * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
- */
-enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
-
-/**
- * Initialises a scheduler request state (phase context-init, beam width 1).
- */
-enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
  * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
@@ -893,6 +808,16 @@ enum kvb_status_t kvb_manager_create(const struct kvb_manager_config_t *config,
 enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
 
 /**
+ * Tokens per block.
+ */
+enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
+
+/**
+ * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
+ */
+enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
+
+/**
  * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
  * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
  * receives the prepopulated prompt length and the per-request counters. Fails with
@@ -903,6 +828,17 @@ enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
 enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
                                            const struct kvb_request_t *request,
                                            struct kvb_admission_t *out);
+
+/**
+ * The scheduler's estimate for a candidate batch, in order, counting the requests before each
+ * one (a block one request allocates is not free for the next; a block one claims is reusable
+ * by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
+ * batch on the same state delivers exactly these figures.
+ */
+enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
+                                             const struct kvb_request_t *requests,
+                                             size_t num_requests,
+                                             struct kvb_batch_estimate_t *out);
 
 /**
  * Admits a batch of requests in order (TensorRT-LLM `addSequenceBatch`): every reusable block
@@ -918,17 +854,6 @@ enum kvb_status_t kvb_manager_add_sequence_batch(struct kvb_manager_t *manager,
                                                  bool longest_prefix,
                                                  struct kvb_admission_t *results,
                                                  size_t *out_admitted);
-
-/**
- * The scheduler's estimate for a candidate batch, in order, counting the requests before each
- * one (a block one request allocates is not free for the next; a block one claims is reusable
- * by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
- * batch on the same state delivers exactly these figures.
- */
-enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
-                                             const struct kvb_request_t *requests,
-                                             size_t num_requests,
-                                             struct kvb_batch_estimate_t *out);
 
 /**
  * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
@@ -979,6 +904,13 @@ enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64
 enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
                                               uint64_t request_id,
                                               int32_t num_tokens);
+
+/**
+ * Tokens (prompt + generated) of a sequence.
+ */
+enum kvb_status_t kvb_manager_get_num_tokens(struct kvb_manager_t *manager,
+                                             uint64_t request_id,
+                                             int32_t *out);
 
 /**
  * Stores the full prompt blocks computed so far (`context_position` tokens) for reuse, after a
@@ -1082,39 +1014,9 @@ enum kvb_status_t kvb_manager_get_block_offsets_of_batch(struct kvb_manager_t *m
                                                          int32_t beam_width);
 
 /**
- * Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+ * Initialises a scheduler request state (phase context-init, beam width 1).
  */
-enum kvb_status_t kvb_manager_get_kv_cache_stats(struct kvb_manager_t *manager,
-                                                 struct kvb_kv_cache_stats_t *out);
-
-/**
- * Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
- */
-enum kvb_status_t kvb_manager_get_num_free_blocks(struct kvb_manager_t *manager, int64_t *out);
-
-/**
- * Free primary and secondary blocks of one window (TensorRT-LLM
- * `getNumFreeBlocksPerWindowSize`).
- */
-enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_manager_t *manager,
-                                                                  int32_t window_size,
-                                                                  int64_t *out_primary,
-                                                                  int64_t *out_secondary);
-
-/**
- * The admission result of a live sequence: prepopulated length and per-request counters
- * (TensorRT-LLM's per-request stats on `LlmRequest`).
- */
-enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
-                                                uint64_t request_id,
-                                                struct kvb_admission_t *out);
-
-/**
- * Tokens (prompt + generated) of a sequence.
- */
-enum kvb_status_t kvb_manager_get_num_tokens(struct kvb_manager_t *manager,
-                                             uint64_t request_id,
-                                             int32_t *out);
+enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
  * Starts a scheduling simulation: copies free counts and reference counts
@@ -1180,45 +1082,39 @@ enum kvb_status_t kvb_manager_get_max_capacity_batch_size(struct kvb_manager_t *
                                                           int32_t *out);
 
 /**
+ * Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+ */
+enum kvb_status_t kvb_manager_get_kv_cache_stats(struct kvb_manager_t *manager,
+                                                 struct kvb_kv_cache_stats_t *out);
+
+/**
+ * Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks(struct kvb_manager_t *manager, int64_t *out);
+
+/**
+ * Free primary and secondary blocks of one window (TensorRT-LLM
+ * `getNumFreeBlocksPerWindowSize`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_manager_t *manager,
+                                                                  int32_t window_size,
+                                                                  int64_t *out_primary,
+                                                                  int64_t *out_secondary);
+
+/**
+ * The admission result of a live sequence: prepopulated length and per-request counters
+ * (TensorRT-LLM's per-request stats on `LlmRequest`).
+ */
+enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                struct kvb_admission_t *out);
+
+/**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
  * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
  * (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
  */
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
-
-/**
- * Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
- * counts, tree hashes and links, sliding-window bounds, ...). Returns
- * `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
- */
-enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
-
-/**
- * Advances the manual clock by `ms` (managers created with `manual_clock`).
- */
-enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
-
-/**
- * Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
- * host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
- * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
- * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
- * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
- * pool has no memory (no backend, an empty level, a pool not registered yet).
- */
-enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
-                                               int32_t window_size,
-                                               int32_t cache_level,
-                                               uint8_t **out_base,
-                                               size_t *out_row_bytes);
-
-/**
- * A snapshot of one block of a window.
- */
-enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
-                                             int32_t window_size,
-                                             int32_t block_id,
-                                             struct kvb_block_info_t *out);
 
 /**
  * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
@@ -1233,31 +1129,53 @@ enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             bool *out_offloaded);
 
 /**
- * Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
- * `getPriorityByBlockId`).
+ * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
+ * pending removals and makes the iteration's events visible to `kvb_manager_get_latest_events`.
+ * Call once per iteration. A no-op when events are off.
  */
-enum kvb_status_t kvb_manager_get_priority_by_block_id(struct kvb_manager_t *manager,
-                                                       int32_t window_size,
-                                                       int64_t block_id,
-                                                       int32_t *out);
+enum kvb_status_t kvb_manager_flush_iteration_events(struct kvb_manager_t *manager);
 
 /**
- * Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
+ * Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
+ * Safe to call from another thread while the executor keeps using the manager: it does not
+ * take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
+ * with `kvb_event_batch_free`. Returns at once with an empty batch when events are off. A drain
+ * waiting when the manager is destroyed returns `KVB_OK` with an empty batch; one started after
+ * returns `KVB_STATUS_DESTROYED`.
  */
-enum kvb_status_t kvb_manager_get_last_block_id(struct kvb_manager_t *manager,
-                                                uint64_t request_id,
-                                                int32_t *out);
+enum kvb_status_t kvb_manager_get_latest_events(struct kvb_manager_t *manager,
+                                                int64_t timeout_ms,
+                                                struct kvb_event_batch_t **out_batch);
 
 /**
- * Tokens per block.
+ * Number of events in a batch.
  */
-enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
+enum kvb_status_t kvb_event_batch_size(const struct kvb_event_batch_t *batch, size_t *out);
 
 /**
- * Test hook for the panic guard: panics inside the library while holding the manager. The call
- * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+ * Events dropped because the buffer was full since the previous drain.
  */
-enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+enum kvb_status_t kvb_event_batch_num_dropped(const struct kvb_event_batch_t *batch, uint64_t *out);
+
+/**
+ * Event `index` of a batch (views valid until the batch is freed).
+ */
+enum kvb_status_t kvb_event_batch_get(const struct kvb_event_batch_t *batch,
+                                      size_t index,
+                                      struct kvb_event_t *out);
+
+/**
+ * Block `block_index` of Stored event `event_index`.
+ */
+enum kvb_status_t kvb_event_batch_get_stored_block(const struct kvb_event_batch_t *batch,
+                                                   size_t event_index,
+                                                   size_t block_index,
+                                                   struct kvb_stored_block_t *out);
+
+/**
+ * Frees a batch; null is accepted.
+ */
+enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
 
 /**
  * Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay
@@ -1315,6 +1233,66 @@ enum kvb_status_t kvb_event_publisher_get_endpoint(const struct kvb_event_publis
  * up to `linger_ms` for queued messages to leave), then frees the handle. Null is accepted.
  */
 enum kvb_status_t kvb_event_publisher_destroy(struct kvb_event_publisher_t *publisher);
+
+/**
+ * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
+ * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
+ * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
+ * without CUDA.
+ */
+enum kvb_status_t kvb_cuda_libraries_available(bool *out);
+
+/**
+ * Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
+ * submitted before stay ordered before the new stream's later work (the new stream waits on
+ * the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *stream);
+
+/**
+ * With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
+ * host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
+ * enqueuing work that reads or writes blocks the manager handed out since the last call. A
+ * no-op with the engine-stream ordering and for the other backends (whose copies are done when
+ * the call that submitted them returns).
+ */
+enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
+
+/**
+ * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
+ * of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
+ * or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
+ * the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
+ * only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
+ * own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
+ * Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
+                                            int32_t window_size,
+                                            int32_t cache_level,
+                                            void *pointer,
+                                            size_t bytes);
+
+/**
+ * Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
+ * host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
+ * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
+ * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
+ * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
+ * pool has no memory (no backend, an empty level, a pool not registered yet).
+ */
+enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
+                                               int32_t window_size,
+                                               int32_t cache_level,
+                                               uint8_t **out_base,
+                                               size_t *out_row_bytes);
+
+/**
+ * Writes the number of batched copy submissions so far, over all windows: kernel launches for
+ * `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
+ * on each other inside the call), 0 for the other backends. For tests and diagnostics.
+ */
+enum kvb_status_t kvb_manager_copy_launches(struct kvb_manager_t *manager, uint64_t *out);
 
 /**
  * Blocks one beam needs for `sequence_length` tokens under `window_size`
@@ -1378,24 +1356,46 @@ enum kvb_status_t kvb_calculate_max_num_blocks(const uint64_t *bytes_per_token,
                                                uint64_t *out_secondary_blocks);
 
 /**
- * The message of the last failed kvblock call on this thread ("" if none). The pointer stays
- * valid until the next kvblock call on this thread.
+ * A snapshot of one block of a window.
  */
-const char *kvb_last_error_message(void);
+enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
+                                             int32_t window_size,
+                                             int32_t block_id,
+                                             struct kvb_block_info_t *out);
 
 /**
- * A static, human-readable name of a status code (never null; "unknown status" for values
- * this library does not define).
+ * Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
+ * `getPriorityByBlockId`).
  */
-const char *kvb_status_string(int32_t status);
+enum kvb_status_t kvb_manager_get_priority_by_block_id(struct kvb_manager_t *manager,
+                                                       int32_t window_size,
+                                                       int64_t block_id,
+                                                       int32_t *out);
 
 /**
- * The version of this library: its ABI major version (the `N` of the SONAME `libkvblock.so.N`),
- * minor and patch. A program built against version `M.m.p` runs against any library of the same
- * major `M` and a minor of at least `m`; compare with what the header was generated for when in
- * doubt. Each out-parameter may be null when that part is not wanted.
+ * Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
  */
-enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t *out_patch);
+enum kvb_status_t kvb_manager_get_last_block_id(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                int32_t *out);
+
+/**
+ * Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
+ * counts, tree hashes and links, sliding-window bounds, ...). Returns
+ * `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
+ */
+enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
+
+/**
+ * Advances the manual clock by `ms` (managers created with `manual_clock`).
+ */
+enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
+
+/**
+ * Test hook for the panic guard: panics inside the library while holding the manager. The call
+ * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+ */
+enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
 
 #ifdef __cplusplus
 }  // extern "C"
