@@ -301,6 +301,9 @@ typedef struct kvb_manager_config_t {
      * Array of `num_windows` windows (copied; not kept after create).
      */
     const struct kvb_window_config_t *windows;
+    /**
+     * Entries of `windows`; at least 1.
+     */
     size_t num_windows;
     /**
      * Tokens per KV block (default 32).
@@ -382,8 +385,17 @@ typedef struct kvb_manager_config_t {
  * `position`.
  */
 typedef struct kvb_multimodal_item_t {
+    /**
+     * Hash of the item's content, mixed into the keys of the blocks it covers.
+     */
     uint8_t digest[32];
+    /**
+     * First prompt token the item covers (>= 0).
+     */
     int32_t position;
+    /**
+     * Prompt tokens the item covers (> 0; `position + length` must fit in `int32_t`).
+     */
     int32_t length;
 } kvb_multimodal_item_t;
 
@@ -391,11 +403,17 @@ typedef struct kvb_multimodal_item_t {
  * Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
  */
 typedef struct kvb_token_range_retention_t {
+    /**
+     * First prompt token of the range (inclusive, >= 0). Ranges may not overlap.
+     */
     int32_t token_start;
     /**
      * Exclusive end; -1 = to the end of the sequence (only the last range may be open).
      */
     int32_t token_end;
+    /**
+     * Retention priority of the range's blocks, 0..=100 (higher is evicted later; 35 = default).
+     */
     int32_t priority;
     /**
      * Milliseconds after release before the priority decays to 35; -1 = forever.
@@ -407,7 +425,13 @@ typedef struct kvb_token_range_retention_t {
  * Retention of a request's blocks (TensorRT-LLM `KvCacheRetentionConfig`).
  */
 typedef struct kvb_retention_config_t {
+    /**
+     * Array of `num_ranges` token ranges (copied); null only when `num_ranges` is 0.
+     */
     const struct kvb_token_range_retention_t *ranges;
+    /**
+     * Entries of `ranges`; 0 = every prompt block keeps the default priority 35.
+     */
     size_t num_ranges;
     /**
      * Priority of generated (decode) blocks (35 = default).
@@ -428,6 +452,9 @@ typedef struct kvb_request_t {
      * `sizeof(kvb_request_t)`, set by `kvb_request_init`.
      */
     uint32_t struct_size;
+    /**
+     * Id of the sequence; unique among live sequences (`KVB_STATUS_DUPLICATE_REQUEST`).
+     */
     uint64_t request_id;
     /**
      * Prompt tokens; at least 1 and at most `num_tokens`.
@@ -437,17 +464,41 @@ typedef struct kvb_request_t {
      * Beams (1 = no beam search).
      */
     int32_t beam_width;
+    /**
+     * Array of `num_tokens` token ids; the first `input_length` are the prompt.
+     */
     const int32_t *tokens;
+    /**
+     * Entries of `tokens`; at least `input_length` (`KVB_STATUS_TOO_FEW_TOKENS`).
+     */
     size_t num_tokens;
     /**
      * Optional per-token extra ids (prompt tuning); null or `num_tokens` entries.
      */
     const uint64_t *token_extra_ids;
+    /**
+     * Whether `lora_task_id` is set (default false).
+     */
     bool has_lora_task_id;
+    /**
+     * LoRA task id, part of every block key (only blocks of the same task are reused).
+     */
     uint64_t lora_task_id;
+    /**
+     * Whether `cache_salt` is set (default false).
+     */
     bool has_cache_salt;
+    /**
+     * Cache salt, part of every block key (only blocks of the same salt are reused).
+     */
     uint64_t cache_salt;
+    /**
+     * Array of `num_mm_items` multimodal items (copied); null only when `num_mm_items` is 0.
+     */
     const struct kvb_multimodal_item_t *mm_items;
+    /**
+     * Entries of `mm_items` (default 0).
+     */
     size_t num_mm_items;
     /**
      * Optional retention config (null = default priority 35 everywhere).
@@ -459,9 +510,22 @@ typedef struct kvb_request_t {
  * Per-request allocation counters of an admission, summed over windows.
  */
 typedef struct kvb_request_stats_t {
+    /**
+     * Blocks taken from the free queue: misses, per-beam blocks, partial-reuse copy destinations
+     * and blocks onboarded from the host tier.
+     */
     uint64_t alloc_total_blocks;
+    /**
+     * Of `alloc_total_blocks`, those that held no cached content.
+     */
     uint64_t alloc_new_blocks;
+    /**
+     * Prompt blocks found in the reuse tree (full or partial match, onboarded ones included).
+     */
     uint64_t reused_blocks;
+    /**
+     * Prompt blocks not found in the reuse tree (computed anew; counted once for all beams).
+     */
     uint64_t missed_blocks;
     /**
      * reused / (reused + missed); 0 when nothing was reused.
@@ -477,6 +541,9 @@ typedef struct kvb_admission_t {
      * Prompt tokens already in the cache: the engine computes from this position on.
      */
     int32_t prepopulated_prompt_len;
+    /**
+     * The request's allocation counters, summed over windows.
+     */
     struct kvb_request_stats_t stats;
 } kvb_admission_t;
 
@@ -496,7 +563,13 @@ typedef struct kvb_batch_estimate_t {
      * Free primary blocks admission will consume, over windows.
      */
     int32_t free_blocks_consumed;
+    /**
+     * Prompt blocks admission will reuse, over windows (the request's `reused_blocks`).
+     */
     int32_t reused_blocks;
+    /**
+     * Prompt blocks admission will miss, over windows (the request's `missed_blocks`).
+     */
     int32_t missed_blocks;
     /**
      * Whether this request and every one before it fit in the free blocks.
@@ -509,17 +582,44 @@ typedef struct kvb_batch_estimate_t {
  * `kvb_request_state_init`.
  */
 typedef struct kvb_request_state_t {
+    /**
+     * `sizeof(kvb_request_state_t)`, set by `kvb_request_state_init`.
+     */
     uint32_t struct_size;
+    /**
+     * Id of the request's sequence: read in the generation phase (its token count) and by
+     * `kvb_manager_get_remaining_blocks_to_completion` (the blocks it already holds).
+     */
     uint64_t request_id;
     /**
      * A `kvb_request_phase_t` value.
      */
     int32_t phase;
+    /**
+     * Prompt tokens (>= 0).
+     */
     int32_t prompt_len;
+    /**
+     * Beams (> 0; default 1).
+     */
     int32_t beam_width;
+    /**
+     * Tokens of the next context chunk (>= 0): a first chunk needs blocks for at most `window_size
+     * + context_chunk_size` tokens.
+     */
     int32_t context_chunk_size;
+    /**
+     * Speculative draft tokens per step (>= 0; default 0): a generation step adds
+     * `num_draft_tokens + 1` tokens.
+     */
     int32_t num_draft_tokens;
+    /**
+     * Most tokens the request generates (>= 0).
+     */
     int32_t max_new_tokens;
+    /**
+     * Tokens generated so far (>= 0).
+     */
     int32_t num_generated_tokens;
 } kvb_request_state_t;
 
@@ -528,22 +628,62 @@ typedef struct kvb_request_state_t {
  * as there).
  */
 typedef struct kvb_kv_cache_stats_t {
+    /**
+     * Primary and secondary blocks, over windows.
+     */
     uint64_t max_num_blocks;
     /**
      * Free primary blocks.
      */
     uint64_t free_num_blocks;
+    /**
+     * `max_num_blocks - free_num_blocks` (host blocks count as used, as in TensorRT-LLM).
+     */
     uint64_t used_num_blocks;
+    /**
+     * Tokens per block (the config's `tokens_per_block`).
+     */
     uint64_t tokens_per_block;
+    /**
+     * Cumulative `kvb_request_stats_t::alloc_total_blocks` over admissions and windows, plus
+     * blocks allocated while generating.
+     */
     uint64_t alloc_total_blocks;
+    /**
+     * Of `alloc_total_blocks`, those that held no cached content.
+     */
     uint64_t alloc_new_blocks;
+    /**
+     * Cumulative prompt blocks reused from the reuse tree.
+     */
     uint64_t reused_blocks;
+    /**
+     * Cumulative prompt blocks not found in the reuse tree.
+     */
     uint64_t missed_blocks;
+    /**
+     * `reused_blocks / (reused_blocks + missed_blocks)`; 0 when nothing was reused.
+     */
     double cache_hit_rate;
+    /**
+     * Primary (GPU) blocks, over windows.
+     */
     uint64_t num_primary_blocks;
+    /**
+     * Secondary (host) blocks, over windows.
+     */
     uint64_t num_secondary_blocks;
+    /**
+     * Free secondary blocks, over windows.
+     */
     uint64_t free_secondary_blocks;
+    /**
+     * Cumulative blocks offloaded from primary to secondary memory.
+     */
     uint64_t offloaded_blocks;
+    /**
+     * Cumulative blocks onboarded from secondary to primary memory.
+     */
     uint64_t onboarded_blocks;
     /**
      * Blocks that left a reuse tree: evicted, detached with an evicted ancestor, or taken over
@@ -568,34 +708,74 @@ typedef struct kvb_event_t {
      * A `kvb_event_type_t` value.
      */
     int32_t event_type;
+    /**
+     * Attention window the event is about.
+     */
     int32_t window_size;
+    /**
+     * Whether `attention_dp_rank` is set (the config's `attention_dp_rank` is not -1).
+     */
     bool has_attention_dp_rank;
+    /**
+     * The config's attention data-parallel rank (0 when `has_attention_dp_rank` is false).
+     */
     int32_t attention_dp_rank;
     /**
      * Created.
      */
     int32_t num_primary_blocks;
+    /**
+     * Created: the window's secondary blocks.
+     */
     int32_t num_secondary_blocks;
     /**
      * Stored: the first block's tree parent (none = the root).
      */
     bool has_parent_hash;
+    /**
+     * Stored: the parent's block hash (0 when `has_parent_hash` is false).
+     */
     uint64_t parent_hash;
+    /**
+     * Stored: blocks in the chain, parent to child (read them with
+     * `kvb_event_batch_get_stored_block`).
+     */
     size_t num_stored_blocks;
     /**
      * Removed.
      */
     const uint64_t *removed_hashes;
+    /**
+     * Removed: entries of `removed_hashes`.
+     */
     size_t num_removed_hashes;
     /**
      * Updated.
      */
     uint64_t block_hash;
+    /**
+     * Updated: whether the cache level changed (`old_cache_level`, `new_cache_level`).
+     */
     bool has_cache_level_change;
+    /**
+     * Updated: the previous `kvb_cache_level_t` value.
+     */
     int32_t old_cache_level;
+    /**
+     * Updated: the new `kvb_cache_level_t` value.
+     */
     int32_t new_cache_level;
+    /**
+     * Updated: whether the priority changed (`old_priority`, `new_priority`).
+     */
     bool has_priority_change;
+    /**
+     * Updated: the previous retention priority.
+     */
     int32_t old_priority;
+    /**
+     * Updated: the new retention priority.
+     */
     int32_t new_priority;
 } kvb_event_t;
 
@@ -603,6 +783,9 @@ typedef struct kvb_event_t {
  * A multimodal key of a stored block.
  */
 typedef struct kvb_mm_key_t {
+    /**
+     * Hash of the multimodal item's content (`kvb_multimodal_item_t::digest`).
+     */
     uint8_t digest[32];
     /**
      * Where the item starts relative to the block (0 when it starts inside the block).
@@ -618,22 +801,49 @@ typedef struct kvb_stored_block_t {
      * TensorRT-LLM block hash.
      */
     uint64_t block_hash;
+    /**
+     * The block's `num_tokens` token ids.
+     */
     const int32_t *tokens;
     /**
      * Per-token extra ids, or null when the request had none.
      */
     const uint64_t *token_extra_ids;
+    /**
+     * Tokens of the block (at most `tokens_per_block`; fewer for a partial block).
+     */
     size_t num_tokens;
+    /**
+     * Whether `lora_task_id` is set.
+     */
     bool has_lora_task_id;
+    /**
+     * LoRA task id of the block's key (0 when `has_lora_task_id` is false).
+     */
     uint64_t lora_task_id;
     /**
      * A `kvb_cache_level_t` value.
      */
     int32_t cache_level;
+    /**
+     * Retention priority, 0..=100.
+     */
     int32_t priority;
+    /**
+     * Array of `num_mm_keys` multimodal keys, or null when there are none.
+     */
     const struct kvb_mm_key_t *mm_keys;
+    /**
+     * Entries of `mm_keys`.
+     */
     size_t num_mm_keys;
+    /**
+     * Whether `cache_salt` is set.
+     */
     bool has_cache_salt;
+    /**
+     * Cache salt of the block's key (0 when `has_cache_salt` is false).
+     */
     uint64_t cache_salt;
 } kvb_stored_block_t;
 
@@ -659,6 +869,9 @@ typedef struct kvb_event_publisher_config_t {
      * Data-parallel rank carried by every batch (nil when `has_dp_rank` is false).
      */
     bool has_dp_rank;
+    /**
+     * The data-parallel rank, read when `has_dp_rank` is true (default 0).
+     */
     int32_t dp_rank;
     /**
      * Send high-water mark in messages per subscriber (default 100000, 0 = unlimited).
@@ -738,9 +951,21 @@ typedef struct kvb_block_info_t {
      * Row index inside the pools of that level.
      */
     int32_t memory_index;
+    /**
+     * References: one per beam of each sequence holding the block, plus its pins.
+     */
     int32_t ref_count;
+    /**
+     * Retention priority, 0..=100 (35 = default).
+     */
     int32_t priority;
+    /**
+     * Holds reusable content in the reuse tree.
+     */
     bool in_reuse_tree;
+    /**
+     * Has no child in the reuse tree (also true outside the tree).
+     */
     bool is_leaf;
     /**
      * In a free queue (evictable).

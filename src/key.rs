@@ -1,6 +1,6 @@
 //! Tokens, block keys, multimodal extra keys and the chained block hash.
 //!
-//! The hash is bit-exact with TensorRT-LLM V1's `BlockKeyHasher` (reference §2.4) so that event
+//! The hash is bit-exact with TensorRT-LLM V1's `BlockKeyHasher` formula so that event
 //! consumers keyed on TensorRT-LLM hashes keep working. Lookups never rely on the hash alone: the
 //! reuse tree always compares full keys.
 
@@ -237,8 +237,9 @@ pub fn digest_from_i32_words(words: &[i32; 8]) -> [u8; 32] {
 mod tests {
     use super::*;
 
-    // Expected values were worked out from the formula of reference §2.4 with an independent
-    // arbitrary-precision implementation (explicit 32/64-bit masks), not from this code.
+    // Expected values were worked out from TensorRT-LLM's `BlockKeyHasher` formula with an
+    // independent arbitrary-precision implementation (explicit 32/64-bit masks), not from this
+    // code.
 
     #[test]
     fn mixers_match_worked_values() {

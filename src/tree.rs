@@ -622,8 +622,8 @@ impl ReuseTree {
         None
     }
 
-    /// Checks tree invariants (reference §10.7): every node's hash is H(key, parent hash), the
-    /// child map and sibling lists agree, parents are in the tree.
+    /// Checks tree invariants: every node's hash is H(key, parent hash), the child map and sibling
+    /// lists agree, parents are in the tree.
     pub fn verify(&self) -> Result<(), String> {
         let mut count = 0;
         let mut linked = 0;

@@ -6,7 +6,7 @@
 //! store entry points, releases with and without store, rewinds, pins and unpins, refreshes,
 //! clock steps and explicit offloads, with primary pools small enough that eviction, host offload
 //! and out-of-blocks failures are common. After every step:
-//! * `check_invariants()` holds (reference §10);
+//! * `check_invariants()` holds (queues, reference counts, trees, window bounds);
 //! * the reference model agrees: every live sequence's token count; after an admission the
 //!   prepopulated length is below the input length, the reused prompt prefix is a prefix that an
 //!   earlier store recorded (same LoRA / salt), and reused + missed = context blocks per window;

@@ -61,7 +61,7 @@ impl WindowConfig {
     }
 }
 
-/// Cumulative allocation counters (reference §2.9).
+/// Cumulative allocation counters of one window (the per-window parts of `KvCacheStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WindowStats {
     pub alloc_total: u64,

@@ -1,11 +1,16 @@
-//! The invariants of reference §10 for one window.
+//! The invariants of one window: free queues consistent with their counters, memory rows, the
+//! reuse tree, and reference counts and block lists that match the sequences and pins.
 
 use super::WindowBlockManager;
 use crate::pool::Level;
 
 impl WindowBlockManager {
-    /// Checks the invariants of reference §10 for this window. `tokens_of` gives each
-    /// sequence's (token count, input length).
+    /// Checks this window's invariants: the free queues (free counters equal queue lengths) and
+    /// memory rows are consistent, the reuse tree verifies; every sequence lists one block per
+    /// `tokens_per_block` tokens, all primary, with no cached key longer than its tokens there and
+    /// none outside a sliding window; each block's reference count equals the sequences and pins
+    /// holding it; a block is free exactly when unreferenced, queued at its row's level.
+    /// `tokens_of` gives each sequence's (token count, input length).
     pub fn verify(
         &self,
         tokens_of: impl Fn(u64) -> Option<(usize, usize)>,
