@@ -55,6 +55,27 @@ typedef enum kvb_cache_level_t {
 } kvb_cache_level_t;
 
 /**
+ * What `kvb_manager_revert_allocate_context` did.
+ */
+typedef enum kvb_context_revert_t {
+    /**
+     * No context allocation had grown the capacity: nothing changed.
+     */
+    KVB_CONTEXT_REVERT_NOTHING = 0,
+    /**
+     * The capacity is back to what it was before the allocation and the sequence is
+     * suspended: resume it and allocate its context again to continue.
+     */
+    KVB_CONTEXT_REVERT_SUSPENDED = 1,
+    /**
+     * Prefill had already computed past the old capacity, so the sequence could not shrink:
+     * its computed blocks were stored for reuse and it was released. Admit the request again
+     * (it restarts prefill, reusing what was stored).
+     */
+    KVB_CONTEXT_REVERT_RELEASED = 2,
+} kvb_context_revert_t;
+
+/**
  * Where the bytes of the KV pools live (values of `kvb_manager_config_t::copy_backend`).
  */
 typedef enum kvb_copy_backend_t {
@@ -239,6 +260,17 @@ typedef enum kvb_status_t {
      * The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
      */
     KVB_STATUS_TRANSPORT = 21,
+    /**
+     * The sequence is suspended (`kvb_manager_suspend`); resume it before adding tokens,
+     * resizing it or reading its offsets. Nothing changed.
+     */
+    KVB_STATUS_SEQUENCE_SUSPENDED = 22,
+    /**
+     * `kvb_manager_end_scheduling_pass`: that many consecutive passes had generation requests
+     * but scheduled, suspended, resumed or moved nothing. The message names the cause (no host
+     * tier, host tier too small, a request larger than the pool) and the remedy.
+     */
+    KVB_STATUS_STALLED = 23,
 } kvb_status_t;
 
 /**
@@ -378,6 +410,18 @@ typedef struct kvb_manager_config_t {
      * with `kvb_manager_register_pool` before the first admission.
      */
     bool cuda_allocate_pools;
+    /**
+     * `kvb_manager_resume` is refused while the GPU utilization is above this, in (0, 1]
+     * (default 0.97). Utilization is the maximum over windows of (total − free − movable) /
+     * total primary blocks, where movable counts suspended sequences' blocks that could move
+     * to the host tier: headroom for running sequences to grow without suspend/resume thrash.
+     */
+    double max_utilization_for_resume;
+    /**
+     * Consecutive stalled scheduling passes after which `kvb_manager_end_scheduling_pass`
+     * returns `KVB_STATUS_STALLED` (default 1000; at least 1).
+     */
+    int32_t stall_pass_threshold;
 } kvb_manager_config_t;
 
 /**
@@ -576,6 +620,39 @@ typedef struct kvb_batch_estimate_t {
      */
     bool fits;
 } kvb_batch_estimate_t;
+
+/**
+ * A sequence's lengths in tokens: `reused ≤ committed ≤ history ≤ capacity`.
+ */
+typedef struct kvb_sequence_lengths_t {
+    /**
+     * Token ids known: prompt plus generated tokens.
+     */
+    size_t num_tokens;
+    /**
+     * Tokens with KV slots (blocks). Equal to `num_tokens` in V1 use; larger after a
+     * generation allocation or padding extension, smaller after a reverted context
+     * allocation (the tokens past it are kept and get blocks when it grows again).
+     */
+    size_t capacity;
+    /**
+     * Tokens whose KV is computed: the reused prompt at admission, then each stored context
+     * chunk, `num_tokens - 1` once generating, or what `kvb_manager_advance_history` says.
+     */
+    size_t history;
+    /**
+     * Tokens reusable through this sequence: reused at admission or stored since.
+     */
+    size_t committed;
+    /**
+     * Prompt tokens reused at admission (`prepopulated_prompt_len`).
+     */
+    size_t reused;
+    /**
+     * The sequence is suspended (`kvb_manager_suspend`).
+     */
+    bool suspended;
+} kvb_sequence_lengths_t;
 
 /**
  * Scheduler-side state of a request, for the estimates. Initialise with
@@ -1190,6 +1267,136 @@ enum kvb_status_t kvb_manager_unpin_blocks_by_id(struct kvb_manager_t *manager,
                                                  int32_t window_size,
                                                  const int32_t *block_ids,
                                                  size_t num_ids);
+
+/**
+ * Writes a sequence's lengths (see `kvb_sequence_lengths_t`) into `*out`.
+ */
+enum kvb_status_t kvb_manager_get_sequence_lengths(struct kvb_manager_t *manager,
+                                                   uint64_t request_id,
+                                                   struct kvb_sequence_lengths_t *out);
+
+/**
+ * Resizes a live sequence to `capacity` tokens in every window (beam width 1). Growing
+ * allocates blocks, moving suspended sequences' blocks to the host tier where the GPU pool
+ * needs room; when the blocks cannot be had, `*out_resized` is false and nothing changed.
+ * Shrinking gives the surplus blocks back; it never drops computed, committed or reused
+ * tokens and fails with `KVB_STATUS_INVALID_ARGUMENT` (nothing changed) if asked to. Known
+ * tokens past a smaller capacity are kept and written back when it grows again. Forgets the
+ * recorded generation and context allocations (their reverts become no-ops). Fails with
+ * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
+ * beyond the maximum sequence length, `KVB_STATUS_UNSUPPORTED` with beam search.
+ */
+enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
+                                     uint64_t request_id,
+                                     size_t capacity,
+                                     bool *out_resized);
+
+/**
+ * Reserves KV slots for a generation step: capacity for `1 + num_draft_tokens` tokens past
+ * the known ones (capped at the maximum sequence length), so that the step's
+ * `kvb_manager_add_token` calls cannot run out of blocks. `*out_allocated` is false, with
+ * nothing changed, when the blocks cannot be had (suspend a victim and retry). Records the
+ * capacity before it for `kvb_manager_revert_allocate_generation`. Fails with
+ * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence (resume it first).
+ */
+enum kvb_status_t kvb_manager_allocate_generation(struct kvb_manager_t *manager,
+                                                  uint64_t request_id,
+                                                  size_t num_draft_tokens,
+                                                  bool *out_allocated);
+
+/**
+ * Undoes the last `kvb_manager_allocate_generation` of a sequence (with its padding
+ * extensions), using what was recorded at allocation, not the current draft length: the
+ * capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
+ * there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
+ * a resize or rewind forgets it.
+ */
+enum kvb_status_t kvb_manager_revert_allocate_generation(struct kvb_manager_t *manager,
+                                                         uint64_t request_id,
+                                                         bool *out_reverted);
+
+/**
+ * Extends a sequence's capacity by `num_tokens` padding tokens: a CUDA graph that pads a
+ * step's draft tokens to a fixed count needs KV slots for the padded length, so that the
+ * rewind after verification matches. The padding counts as draft tokens of the recorded
+ * generation allocation (its revert undoes both). `*out_extended` is false, with nothing
+ * changed, when the blocks cannot be had.
+ */
+enum kvb_status_t kvb_manager_extend_capacity_for_tokens(struct kvb_manager_t *manager,
+                                                         uint64_t request_id,
+                                                         size_t num_tokens,
+                                                         bool *out_extended);
+
+/**
+ * The context allocation of a chunked prefill: grows the capacity to the history plus
+ * `num_tokens` (never shrinks it). `kvb_manager_add_sequence` is the first one (from the
+ * reused tokens to the whole prompt); this one serves the chunks after a reverted allocation.
+ * Records the capacity before when it grew, for `kvb_manager_revert_allocate_context`.
+ * `*out_allocated` is false, with nothing changed, when the blocks cannot be had.
+ */
+enum kvb_status_t kvb_manager_allocate_context(struct kvb_manager_t *manager,
+                                               uint64_t request_id,
+                                               size_t num_tokens,
+                                               bool *out_allocated);
+
+/**
+ * Undoes the last context allocation of a request whose prefill the scheduler deferred (delay
+ * batching), so its fresh blocks do not sit idle. `*out_outcome` says what happened: nothing
+ * (no allocation grew the capacity); shrunk back and suspended; or released, because prefill
+ * had already computed past the old capacity: then the computed blocks were stored for reuse,
+ * the sequence is gone, and the caller restarts prefill by admitting the request again.
+ */
+enum kvb_status_t kvb_manager_revert_allocate_context(struct kvb_manager_t *manager,
+                                                      uint64_t request_id,
+                                                      enum kvb_context_revert_t *out_outcome);
+
+/**
+ * Advances a sequence's history (tokens whose KV is computed) for engines that compute
+ * without storing: it never decreases (a smaller value changes nothing) and fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` beyond the capacity or the known tokens.
+ */
+enum kvb_status_t kvb_manager_advance_history(struct kvb_manager_t *manager,
+                                              uint64_t request_id,
+                                              size_t history);
+
+/**
+ * Suspends an active sequence to free GPU memory: every block it holds becomes movable to the
+ * host tier but never droppable. No data moves now; blocks move lazily, when an allocation
+ * needs their GPU rows. Until `kvb_manager_resume`, the sequence takes no tokens and has no
+ * offsets (`KVB_STATUS_SEQUENCE_SUSPENDED`); it can be removed. Fails with
+ * `KVB_STATUS_SEQUENCE_SUSPENDED` when it already is.
+ */
+enum kvb_status_t kvb_manager_suspend(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Resumes a suspended sequence: all its blocks come back to the GPU (copied from the host tier
+ * where they moved; their bytes are the bytes they had), or none. `*out_resumed` is false, with
+ * no side effects, when the GPU utilization (`kvb_manager_get_gpu_utilization`) is above the
+ * config's `max_utilization_for_resume` or the blocks cannot all come back. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` when the sequence is not suspended.
+ */
+enum kvb_status_t kvb_manager_resume(struct kvb_manager_t *manager,
+                                     uint64_t request_id,
+                                     bool *out_resumed);
+
+/**
+ * The GPU utilization `kvb_manager_resume` is gated on, in [0, 1]: the maximum over windows of
+ * (total − free − movable) / total primary blocks, movable counting suspended sequences'
+ * blocks that could move to the host tier.
+ */
+enum kvb_status_t kvb_manager_get_gpu_utilization(struct kvb_manager_t *manager, double *out);
+
+/**
+ * Ends a scheduling pass: `num_generation_requests` generation requests wanted to run and
+ * `num_scheduled` requests were scheduled. A pass with generation requests in which nothing
+ * was scheduled, suspended, resumed or moved to the host tier is stalled; after the config's
+ * `stall_pass_threshold` stalled passes in a row this returns `KVB_STATUS_STALLED` (and keeps
+ * doing so until a pass makes progress), with a message naming the cause (no host tier, host
+ * tier too small, a request larger than the pool) and the remedy.
+ */
+enum kvb_status_t kvb_manager_end_scheduling_pass(struct kvb_manager_t *manager,
+                                                  size_t num_generation_requests,
+                                                  size_t num_scheduled);
 
 /**
  * Block ids of one beam of a sequence in one window (TensorRT-LLM `getCacheBlockIds`),

@@ -264,6 +264,61 @@ class Manager {
         check(kvb_manager_remove_sequence(handle_, id, storeForReuse));
     }
     void pinBlocks(uint64_t id) { check(kvb_manager_pin_blocks(handle_, id)); }
+    // Scheduler capacity lifecycle (see kvblock.h for each contract). The bool results say
+    // whether the blocks could be had (false: nothing changed).
+    kvb_sequence_lengths_t getSequenceLengths(uint64_t id) const {
+        kvb_sequence_lengths_t l{};
+        check(kvb_manager_get_sequence_lengths(handle_, id, &l));
+        return l;
+    }
+    bool resize(uint64_t id, size_t capacity) {
+        bool done = false;
+        check(kvb_manager_resize(handle_, id, capacity, &done));
+        return done;
+    }
+    bool allocateGeneration(uint64_t id, size_t numDraftTokens = 0) {
+        bool done = false;
+        check(kvb_manager_allocate_generation(handle_, id, numDraftTokens, &done));
+        return done;
+    }
+    bool revertAllocateGeneration(uint64_t id) {
+        bool done = false;
+        check(kvb_manager_revert_allocate_generation(handle_, id, &done));
+        return done;
+    }
+    bool extendCapacityForTokens(uint64_t id, size_t numTokens) {
+        bool done = false;
+        check(kvb_manager_extend_capacity_for_tokens(handle_, id, numTokens, &done));
+        return done;
+    }
+    bool allocateContext(uint64_t id, size_t numTokens) {
+        bool done = false;
+        check(kvb_manager_allocate_context(handle_, id, numTokens, &done));
+        return done;
+    }
+    kvb_context_revert_t revertAllocateContext(uint64_t id) {
+        kvb_context_revert_t outcome = KVB_CONTEXT_REVERT_NOTHING;
+        check(kvb_manager_revert_allocate_context(handle_, id, &outcome));
+        return outcome;
+    }
+    void advanceHistory(uint64_t id, size_t history) {
+        check(kvb_manager_advance_history(handle_, id, history));
+    }
+    void suspend(uint64_t id) { check(kvb_manager_suspend(handle_, id)); }
+    bool resume(uint64_t id) {
+        bool done = false;
+        check(kvb_manager_resume(handle_, id, &done));
+        return done;
+    }
+    double getGpuUtilization() const {
+        double u = 0.0;
+        check(kvb_manager_get_gpu_utilization(handle_, &u));
+        return u;
+    }
+    /// Throws kvb::Error with KVB_STATUS_STALLED once the scheduler has stalled.
+    void endSchedulingPass(size_t numGenerationRequests, size_t numScheduled) {
+        check(kvb_manager_end_scheduling_pass(handle_, numGenerationRequests, numScheduled));
+    }
     void unpinBlocksById(int32_t window, const std::vector<int32_t>& ids) {
         check(kvb_manager_unpin_blocks_by_id(handle_, window, ids.data(), ids.size()));
     }

@@ -43,6 +43,10 @@ pub enum KvError {
     /// A batch of block copies could not be submitted; the call's bookkeeping was rolled back
     /// (every block stays where its bytes are).
     CopyFailed(String),
+    /// The sequence is suspended: resume it before this operation.
+    SequenceSuspended(u64),
+    /// Scheduling passes keep making no progress (the message names the cause and the remedy).
+    Stalled(String),
 }
 
 impl fmt::Display for KvError {
@@ -85,6 +89,10 @@ impl fmt::Display for KvError {
             KvError::Cuda(m) => write!(f, "CUDA: {m}"),
             KvError::OutOfMemory(m) => write!(f, "out of memory: {m}"),
             KvError::CopyFailed(m) => write!(f, "copy failed: {m}"),
+            KvError::SequenceSuspended(id) => {
+                write!(f, "sequence {id} is suspended (resume it first)")
+            }
+            KvError::Stalled(m) => write!(f, "scheduling stalled: {m}"),
         }
     }
 }

@@ -372,6 +372,15 @@ impl ReuseTree {
         }
     }
 
+    /// The token (and extra id, 0 without extra ids) at position `pos` of the block's slot.
+    pub fn slot_token(&self, block: u32, pos: usize) -> (i32, u64) {
+        let at = block as usize * self.tokens_per_block + pos;
+        (
+            self.token_ids[at],
+            self.extra_ids.get(at).copied().unwrap_or(0),
+        )
+    }
+
     /// Copies the first `len` slot tokens (and extra ids) of `src` into the slot of `dst` (a
     /// private block whose key is not its holder's).
     pub fn copy_slot(&mut self, src: u32, dst: u32, len: usize) {

@@ -28,7 +28,7 @@ namespace {
 
 // ---- errors ----------------------------------------------------------------------------------
 
-constexpr int kNumStatuses = KVB_STATUS_TRANSPORT + 1;
+constexpr int kNumStatuses = KVB_STATUS_STALLED + 1;
 // Python exception type per status (index = status value); filled at import.
 PyObject* g_error_types[kNumStatuses] = {};
 
@@ -332,7 +332,9 @@ void bind_errors(nb::module_& m) {
                                                                 "CudaError",
                                                                 "OutOfMemoryError",
                                                                 "CopyFailedError",
-                                                                "TransportError"};
+                                                                "TransportError",
+                                                                "SequenceSuspendedError",
+                                                                "StalledError"};
     PyObject* base = PyErr_NewExceptionWithDoc(
         "kvblock.Error",
         "A failed kvblock call. ``status`` (a :class:`Status`) names the failure; the message is "
@@ -395,7 +397,9 @@ void bind_enums(nb::module_& m) {
         .value("CUDA", KVB_STATUS_CUDA)
         .value("OUT_OF_MEMORY", KVB_STATUS_OUT_OF_MEMORY)
         .value("COPY_FAILED", KVB_STATUS_COPY_FAILED)
-        .value("TRANSPORT", KVB_STATUS_TRANSPORT);
+        .value("TRANSPORT", KVB_STATUS_TRANSPORT)
+        .value("SEQUENCE_SUSPENDED", KVB_STATUS_SEQUENCE_SUSPENDED)
+        .value("STALLED", KVB_STATUS_STALLED);
     nb::enum_<kvb_cache_level_t>(m, "CacheLevel", "Cache level of a block's memory row.")
         .value("PRIMARY", KVB_CACHE_LEVEL_PRIMARY, "GPU (primary) memory.")
         .value("SECONDARY", KVB_CACHE_LEVEL_SECONDARY, "Host (secondary) memory.");

@@ -21,6 +21,9 @@ pub mod admission;
 pub mod tokens;
 // Store for reuse, release, pins.
 pub mod store;
+// The scheduler's capacity lifecycle: resize, generation and context allocations with their
+// reverts, suspend / resume, utilization and stall detection.
+pub mod lifecycle;
 // Block ids and offset tables.
 pub mod tables;
 // The scheduling simulation and the scheduler's estimates.

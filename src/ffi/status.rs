@@ -59,6 +59,13 @@ pub enum kvb_status_t {
     KVB_STATUS_COPY_FAILED = 20,
     /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
     KVB_STATUS_TRANSPORT = 21,
+    /// The sequence is suspended (`kvb_manager_suspend`); resume it before adding tokens,
+    /// resizing it or reading its offsets. Nothing changed.
+    KVB_STATUS_SEQUENCE_SUSPENDED = 22,
+    /// `kvb_manager_end_scheduling_pass`: that many consecutive passes had generation requests
+    /// but scheduled, suspended, resumed or moved nothing. The message names the cause (no host
+    /// tier, host tier too small, a request larger than the pool) and the remedy.
+    KVB_STATUS_STALLED = 23,
 }
 
 thread_local! {
@@ -108,6 +115,8 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::Cuda(_) => KVB_STATUS_CUDA,
         KvError::OutOfMemory(_) => KVB_STATUS_OUT_OF_MEMORY,
         KvError::CopyFailed(_) => KVB_STATUS_COPY_FAILED,
+        KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
+        KvError::Stalled(_) => KVB_STATUS_STALLED,
     }
 }
 
@@ -146,6 +155,8 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_OUT_OF_MEMORY,
         KVB_STATUS_COPY_FAILED,
         KVB_STATUS_TRANSPORT,
+        KVB_STATUS_SEQUENCE_SUSPENDED,
+        KVB_STATUS_STALLED,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -173,6 +184,8 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_OUT_OF_MEMORY => b"out of memory\0",
         KVB_STATUS_COPY_FAILED => b"copy failed\0",
         KVB_STATUS_TRANSPORT => b"transport error\0",
+        KVB_STATUS_SEQUENCE_SUSPENDED => b"sequence suspended\0",
+        KVB_STATUS_STALLED => b"scheduling stalled\0",
     };
     s.as_ptr().cast()
 }

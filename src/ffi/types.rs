@@ -137,6 +137,14 @@ pub struct kvb_manager_config_t {
     /// `cuMemHostAlloc` pinned and mapped for secondary). False: the engine registers its own
     /// with `kvb_manager_register_pool` before the first admission.
     pub cuda_allocate_pools: bool,
+    /// `kvb_manager_resume` is refused while the GPU utilization is above this, in (0, 1]
+    /// (default 0.97). Utilization is the maximum over windows of (total − free − movable) /
+    /// total primary blocks, where movable counts suspended sequences' blocks that could move
+    /// to the host tier: headroom for running sequences to grow without suspend/resume thrash.
+    pub max_utilization_for_resume: f64,
+    /// Consecutive stalled scheduling passes after which `kvb_manager_end_scheduling_pass`
+    /// returns `KVB_STATUS_STALLED` (default 1000; at least 1).
+    pub stall_pass_threshold: i32,
 }
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
@@ -410,6 +418,8 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         cuda_stream: std::ptr::null_mut(),
         cuda_transfer_mode: kvb_cuda_transfer_mode_t::KVB_CUDA_TRANSFER_ENGINE_STREAM as i32,
         cuda_allocate_pools: d.cuda.allocate_pools,
+        max_utilization_for_resume: d.max_utilization_for_resume,
+        stall_pass_threshold: d.stall_pass_threshold as i32,
     }
 }
 
@@ -491,6 +501,16 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
                 ))
             }
         },
+        max_utilization_for_resume: c.max_utilization_for_resume,
+        stall_pass_threshold: u32::try_from(c.stall_pass_threshold).map_err(|_| {
+            FfiError(
+                kvb_status_t::KVB_STATUS_INVALID_CONFIG,
+                format!(
+                    "stall_pass_threshold {} is negative",
+                    c.stall_pass_threshold
+                ),
+            )
+        })?,
     })
 }
 

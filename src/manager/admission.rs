@@ -147,7 +147,7 @@ impl KvCacheManager {
         // The first request that does not fit, over windows (the lowest window on a tie).
         let mut first_short: Option<(usize, usize)> = None;
         for (wi, w) in self.windows.iter().enumerate() {
-            let available = w.num_free(Level::Primary);
+            let available = w.num_free(Level::Primary) + movable_for(w, wi, plans);
             let mut needed = 0;
             for (i, plan) in plans.iter().enumerate() {
                 needed += plan.windows[wi].primary_blocks_needed;
@@ -169,10 +169,11 @@ impl KvCacheManager {
             .iter()
             .map(|p| p.windows[wi].primary_blocks_needed)
             .sum();
+        let w = &self.windows[wi];
         Err(KvError::OutOfBlocks {
-            window_size: self.windows[wi].window_size(),
+            window_size: w.window_size(),
             needed: total,
-            available: self.windows[wi].num_free(Level::Primary),
+            available: w.num_free(Level::Primary) + movable_for(w, wi, plans),
         })
     }
 
@@ -317,6 +318,10 @@ impl KvCacheManager {
                 retention: req.retention.clone(),
                 num_tokens: req.input_length,
                 admission,
+                life: super::lifecycle::SeqLifecycle::admitted(
+                    req.input_length,
+                    plan.matched_tokens,
+                ),
             },
         );
         admission
@@ -341,4 +346,24 @@ impl KvCacheManager {
         let mut admitted = self.add_sequence_batch_refs(std::slice::from_ref(req), false)?;
         Ok(admitted.pop().expect("a batch of one admitted"))
     }
+}
+
+/// Primary blocks of window `wi` that moving suspended sequences' blocks to the host tier can
+/// free for a batch planned as `plans`: the blocks the batch reuses or copies from stay (they
+/// are about to be read), and the free host blocks it onboards are not destinations.
+fn movable_for(w: &crate::window::WindowBlockManager, wi: usize, plans: &[RequestPlan]) -> usize {
+    if !w.has_suspended() {
+        return 0;
+    }
+    let mut planned = std::collections::HashSet::new();
+    for plan in plans {
+        for step in &plan.windows[wi].steps {
+            planned.insert(step.block());
+        }
+    }
+    let host_claims = planned
+        .iter()
+        .filter(|&&b| w.queued_level(b) == Some(Level::Secondary))
+        .count();
+    w.movable_count(&|b| planned.contains(&b), host_claims)
 }

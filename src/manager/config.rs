@@ -56,7 +56,19 @@ pub struct ManagerConfig {
     pub max_kv_event_entries: usize,
     /// Attention data-parallel rank carried by every event.
     pub attention_dp_rank: Option<i32>,
+    /// `resume` is refused while the GPU utilization (the maximum over windows of (total −
+    /// free − movable) / total) is above this, in (0, 1].
+    pub max_utilization_for_resume: f64,
+    /// Consecutive scheduling passes without progress after which `end_scheduling_pass`
+    /// reports a stall; at least 1.
+    pub stall_pass_threshold: u32,
 }
+
+/// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
+/// grow without thrashing suspend and resume.
+pub const DEFAULT_MAX_UTILIZATION_FOR_RESUME: f64 = 0.97;
+/// Default of `ManagerConfig::stall_pass_threshold`.
+pub const DEFAULT_STALL_PASS_THRESHOLD: u32 = 1000;
 
 impl Default for ManagerConfig {
     fn default() -> Self {
@@ -79,6 +91,8 @@ impl Default for ManagerConfig {
             manual_clock: false,
             max_kv_event_entries: 0,
             attention_dp_rank: None,
+            max_utilization_for_resume: DEFAULT_MAX_UTILIZATION_FOR_RESUME,
+            stall_pass_threshold: DEFAULT_STALL_PASS_THRESHOLD,
         }
     }
 }
@@ -171,6 +185,13 @@ impl KvCacheManager {
         positive(cfg.tokens_per_block, "tokens_per_block")?;
         positive(cfg.max_beam_width, "max_beam_width")?;
         positive(cfg.max_sequence_length, "max_sequence_length")?;
+        let u = cfg.max_utilization_for_resume;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(KvError::InvalidConfig(format!(
+                "max_utilization_for_resume must be in (0, 1], got {u}"
+            )));
+        }
+        positive(cfg.stall_pass_threshold as usize, "stall_pass_threshold")?;
         if cfg.windows.is_empty() {
             return Err(KvError::InvalidConfig(
                 "at least one window is required".into(),
@@ -261,6 +282,7 @@ impl KvCacheManager {
             delivery,
             cuda,
             unregistered_pools,
+            stall: super::stall::StallDetector::default(),
         })
     }
 }

@@ -2,6 +2,7 @@
 
 use super::KvCacheManager;
 use crate::error::{KvError, KvResult};
+use crate::window::SeqLengths;
 
 impl KvCacheManager {
     /// Verifies every window's invariants (`WindowBlockManager::verify`: free counters equal
@@ -13,9 +14,11 @@ impl KvCacheManager {
         for w in &self.windows {
             w.verify(
                 |id| {
-                    self.sequences
-                        .get(&id)
-                        .map(|s| (s.num_tokens, s.input_length))
+                    self.sequences.get(&id).map(|s| SeqLengths {
+                        num_tokens: s.num_tokens,
+                        input_length: s.input_length,
+                        capacity: s.life.capacity,
+                    })
                 },
                 max_len,
             )
@@ -30,6 +33,8 @@ impl KvCacheManager {
             }
         }
         for (&id, s) in &self.sequences {
+            self.verify_lifecycle(id)
+                .map_err(KvError::InvariantViolation)?;
             if s.admission.prepopulated_prompt_len >= s.input_length {
                 return Err(KvError::InvariantViolation(format!(
                     "sequence {id} reuses its whole prompt"

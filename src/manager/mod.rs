@@ -18,9 +18,11 @@ mod faults;
 mod inspect;
 mod invariants;
 mod iteration;
+mod lifecycle;
 mod request;
 mod scheduling;
 mod sequences;
+mod stall;
 mod stats;
 mod tables;
 mod transfers;
@@ -28,8 +30,10 @@ mod transfers;
 pub use admission::BatchEstimate;
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
+pub use lifecycle::{ContextRevert, SequenceLengths};
 pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};
+pub use stall::SchedulingPass;
 pub use stats::KvCacheStats;
 pub use tables::NO_BLOCK_OFFSET;
 
@@ -54,6 +58,9 @@ struct Sequence {
     retention: RetentionConfig,
     num_tokens: usize,
     admission: Admission,
+    /// The scheduler lifecycle: capacity, history, committed length, suspension, recorded
+    /// allocations (`lifecycle`).
+    life: lifecycle::SeqLifecycle,
 }
 
 impl Sequence {
@@ -98,6 +105,8 @@ pub struct KvCacheManager {
     cuda: Option<Arc<crate::cuda::CudaDevice>>,
     /// Pools the engine still has to register (CUDA backend without own allocation).
     unregistered_pools: Vec<(usize, crate::pool::Level)>,
+    /// Consecutive scheduling passes without progress (`stall`).
+    stall: stall::StallDetector,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.

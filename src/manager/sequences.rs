@@ -7,6 +7,7 @@ impl KvCacheManager {
     /// Appends a generated token (TensorRT-LLM `addToken`): detaches out-of-window blocks and
     /// allocates a new block when the sequence crosses a block boundary.
     pub fn add_token(&mut self, id: u64, token_id: i32) -> KvResult<()> {
+        self.check_generating(id)?;
         let seq = self.sequence(id)?;
         let num_tokens = seq.num_tokens + 1;
         if num_tokens > self.cfg.max_sequence_length {
@@ -30,6 +31,7 @@ impl KvCacheManager {
             w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
             absorb(&mut self.events, w);
         }
+        self.note_token_added(id);
         Ok(())
     }
 
@@ -61,6 +63,7 @@ impl KvCacheManager {
     /// the reuse tree when it was cached (TensorRT-LLM would overwrite cached KV in place).
     /// Beam width 1 only; the prompt cannot be rewound.
     pub fn rewind(&mut self, id: u64, n: usize) -> KvResult<()> {
+        self.check_generating(id)?;
         let seq = self.sequence(id)?;
         if seq.beam_width != 1 {
             return Err(KvError::Unsupported("rewinding needs beam width 1".into()));
@@ -89,6 +92,7 @@ impl KvCacheManager {
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = target;
+        self.note_rewound(id, target);
         Ok(())
     }
 
@@ -103,7 +107,14 @@ impl KvCacheManager {
                 seq.input_length
             )));
         }
+        if context_position > seq.life.capacity {
+            return Err(KvError::InvalidArgument(format!(
+                "context position {context_position} is beyond the capacity {} of sequence {id}",
+                seq.life.capacity
+            )));
+        }
         if !self.cfg.enable_block_reuse {
+            self.note_stored(id, 0, context_position);
             return Ok(());
         }
         let n = context_position.min(seq.input_length - 1);
@@ -115,6 +126,8 @@ impl KvCacheManager {
                 absorb(&mut self.events, w);
             }
         }
+        let tpb = self.cfg.tokens_per_block;
+        self.note_stored(id, n / tpb * tpb, context_position);
         Ok(())
     }
 
@@ -128,6 +141,9 @@ impl KvCacheManager {
         }
         let max_len = self.cfg.max_sequence_length;
         let n = seq.num_tokens - 1;
+        if n > self.stored_limit(id) {
+            return Ok(());
+        }
         let seq = self.sequences.get(&id).expect("checked");
         let attrs = seq.key_attrs();
         for w in self.windows.iter_mut().rev() {
@@ -136,6 +152,7 @@ impl KvCacheManager {
                 absorb(&mut self.events, w);
             }
         }
+        self.note_stored(id, n, n);
         Ok(())
     }
 
@@ -170,7 +187,8 @@ impl KvCacheManager {
         if !self.cfg.enable_block_reuse || seq.beam_width > 1 {
             return Ok(Vec::new());
         }
-        let n = seq.num_tokens - 1;
+        // Only tokens in blocks (a reverted context allocation gave some back).
+        let n = (seq.num_tokens - 1).min(self.stored_limit(id));
         let seq = self.sequences.get(&id).expect("checked");
         let attrs = seq.key_attrs();
         let mut out = Vec::new();

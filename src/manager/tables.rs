@@ -43,7 +43,8 @@ impl KvCacheManager {
         slot_offset: usize,
         id: u64,
     ) -> KvResult<usize> {
-        let seq = self.sequence(id)?;
+        // A suspended sequence's blocks may be on the host tier: no offsets for kernels.
+        let seq = self.active_sequence(id)?;
         let (max_blocks, num_pools) = self.offset_table_dimensions();
         let needed = num_pools * num_slots * 2 * max_blocks;
         if table.len() < needed {
@@ -88,7 +89,7 @@ impl KvCacheManager {
         beam_width: usize,
     ) -> KvResult<()> {
         for &id in ids {
-            let seq = self.sequence(id)?;
+            let seq = self.active_sequence(id)?;
             if seq.beam_width > beam_width {
                 return Err(KvError::InvalidArgument(format!(
                     "request {id} has beam width {} > {beam_width}",

@@ -3,6 +3,7 @@
 
 use super::{AdmissionPlan, KeySource, PlannedReuse, SeqBlocks, WindowBlockManager};
 use crate::key::MmKey;
+use crate::pool::Level;
 use crate::retention::{BlockRetention, RetentionConfig};
 
 /// One request of an admission batch, with its checked plan.
@@ -47,6 +48,7 @@ impl WindowBlockManager {
                 }
             }
         }
+        self.make_room_for_batch(items, now_ms);
         let mut scratch = std::mem::take(&mut self.mm_scratch);
         let mut alloc_new = Vec::with_capacity(items.len());
         for item in items {
@@ -68,6 +70,21 @@ impl WindowBlockManager {
         }
         self.flush_copies();
         alloc_new
+    }
+
+    /// Moves suspended sequences' blocks to the host tier when the batch's allocations need
+    /// more primary blocks than are free. The blocks the batch reuses or copies from stay where
+    /// they are (phase 1 claimed them but adds their references only in phase 2).
+    fn make_room_for_batch(&mut self, items: &[AdmitItem<'_>], now_ms: u64) {
+        let needed: usize = items.iter().map(|item| item.plan.allocations).sum();
+        if needed <= self.queues.num_free(Level::Primary) || !self.has_suspended() {
+            return;
+        }
+        let planned: std::collections::HashSet<u32> = items
+            .iter()
+            .flat_map(|item| item.plan.steps.iter().map(PlannedReuse::block))
+            .collect();
+        self.make_room(needed, &|b| planned.contains(&b), now_ms);
     }
 
     /// Phase 2 of one request: onboards its reused host blocks, copies partial matches,
@@ -153,6 +170,7 @@ impl WindowBlockManager {
                 beams,
                 front_removed: 0,
                 detached_epochs: Vec::new(),
+                suspended_at: None,
             },
         );
     }

@@ -103,7 +103,7 @@ impl WindowBlockManager {
     }
 
     /// Marks a block's content as replaced: a sequence that detached it may no longer store it.
-    fn bump_epoch(&mut self, block: u32) {
+    pub(super) fn bump_epoch(&mut self, block: u32) {
         self.alloc_epoch[block as usize] = self.alloc_epoch[block as usize].wrapping_add(1);
     }
 

@@ -82,6 +82,7 @@ impl WindowBlockManager {
             mm_scratch: _,
             events,
             copy_log: _,
+            suspend_clock: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),

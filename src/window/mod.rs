@@ -15,6 +15,7 @@
 mod admit;
 mod alloc;
 mod faults;
+mod lifecycle;
 mod plan;
 mod release;
 mod scheduling;
@@ -26,7 +27,9 @@ mod verify;
 
 pub use admit::AdmitItem;
 pub use faults::WindowSnapshot;
+pub use lifecycle::ResumePlan;
 pub use plan::{AdmissionPlan, PlannedReuse};
+pub use verify::SeqLengths;
 
 use crate::events::WindowEvent;
 use crate::eviction::FreeQueues;
@@ -71,6 +74,8 @@ pub struct WindowStats {
     pub offloaded: u64,
     pub onboarded: u64,
     pub evicted_from_tree: u64,
+    /// Blocks of suspended sequences moved to the host tier to make room (also in `offloaded`).
+    pub suspended_moved_to_host: u64,
 }
 
 /// The tokens and key attributes of a sequence, from which block keys are cut.
@@ -122,6 +127,10 @@ struct SeqBlocks {
     /// Allocation epoch of each front-detached block when it was detached: if a block has been
     /// allocated again since, its content is someone else's and this sequence must not store.
     detached_epochs: Vec<u32>,
+    /// When the sequence was suspended (a tick of `suspend_clock`), `None` while active. The
+    /// blocks of a suspended sequence may move to the host tier; the oldest suspension moves
+    /// first.
+    suspended_at: Option<u64>,
 }
 
 /// The block manager of one attention-window size.
@@ -144,6 +153,8 @@ pub struct WindowBlockManager {
     events: Option<Vec<WindowEvent>>,
     /// Rows written and the failure of the copy submissions of the running call (`faults`).
     copy_log: faults::CopyLog,
+    /// Ticks once per suspension, to order suspended sequences (oldest moves to host first).
+    suspend_clock: u64,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -179,6 +190,7 @@ impl WindowBlockManager {
             mm_scratch: Vec::new(),
             events: None,
             copy_log: faults::CopyLog::default(),
+            suspend_clock: 0,
         }
     }
 

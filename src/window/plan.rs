@@ -59,7 +59,22 @@ pub enum PlannedReuse {
     Copy { source: u32, tokens: usize },
 }
 
+impl PlannedReuse {
+    /// The tree block this step reads: the shared or taken-over block, or the copy source.
+    pub fn block(&self) -> u32 {
+        match *self {
+            PlannedReuse::Share { block } | PlannedReuse::TakeOver { block, .. } => block,
+            PlannedReuse::Copy { source, .. } => source,
+        }
+    }
+}
+
 impl WindowBlockManager {
+    /// The free queue a block waits in, if it is free.
+    pub fn queued_level(&self, block: u32) -> Option<Level> {
+        self.queues.queued_level(block)
+    }
+
     fn is_unused(&self, block: u32) -> bool {
         self.arena.ref_count(block) == 0
     }

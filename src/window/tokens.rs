@@ -24,7 +24,8 @@ impl WindowBlockManager {
                 detach += 1;
             }
         }
-        let new_blocks = if (num_tokens - 1) % tpb == 0 {
+        // A block reserved by a capacity grow already holds the token's slot.
+        let new_blocks = if self.blocks_for_tokens(num_tokens) > seq.beams[0].len() {
             seq.beams.len()
         } else {
             0
@@ -36,7 +37,10 @@ impl WindowBlockManager {
     pub fn check_add_token(&self, id: u64, num_tokens: usize, swa: bool) -> KvResult<()> {
         let seq = &self.seqs[&id];
         let (_, freed, needed) = self.token_needs(seq, num_tokens, swa);
-        let available = self.queues.num_free(Level::Primary) + freed;
+        let mut available = self.queues.num_free(Level::Primary) + freed;
+        if needed > available {
+            available += self.movable_count(&|_| false, 0);
+        }
         if needed > available {
             return Err(KvError::OutOfBlocks {
                 window_size: self.cfg.window_size,
@@ -73,6 +77,7 @@ impl WindowBlockManager {
             }
         }
         if needed > 0 {
+            self.make_room(needed, &|_| false, now_ms);
             let beam_width = self.seqs[&id].beams.len();
             if beam_width == 1 {
                 let b = self.get_free_block(decode, now_ms);
@@ -108,7 +113,8 @@ impl WindowBlockManager {
     /// Whether shrinking sequence `id` to `num_tokens` would release a front-detached block.
     pub fn can_shrink_to(&self, id: u64, num_tokens: usize) -> bool {
         let seq = &self.seqs[&id];
-        self.blocks_for_tokens(num_tokens) > seq.front_removed
+        let keep = self.blocks_for_tokens(num_tokens);
+        keep > seq.front_removed || (keep == 0 && seq.front_removed == 0)
     }
 
     /// The block a sequence shrunk to `num_tokens` tokens will write again from position

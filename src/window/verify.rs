@@ -4,16 +4,27 @@
 use super::WindowBlockManager;
 use crate::pool::Level;
 
+/// A sequence's lengths as the window's invariants need them.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqLengths {
+    /// Known tokens (prompt + generated).
+    pub num_tokens: usize,
+    pub input_length: usize,
+    /// Tokens with KV slots: the blocks listed cover exactly this many.
+    pub capacity: usize,
+}
+
 impl WindowBlockManager {
     /// Checks this window's invariants: the free queues (free counters equal queue lengths) and
-    /// memory rows are consistent, the reuse tree verifies; every sequence lists one block per
-    /// `tokens_per_block` tokens, all primary, with no cached key longer than its tokens there and
-    /// none outside a sliding window; each block's reference count equals the sequences and pins
+    /// memory rows are consistent, the reuse tree verifies; every beam of a sequence lists one
+    /// block per `tokens_per_block` tokens of its capacity, primary unless the sequence is
+    /// suspended (or onboarding is off), with no cached key longer than its tokens there and none
+    /// outside a sliding window; each block's reference count equals the sequences and pins
     /// holding it; a block is free exactly when unreferenced, queued at its row's level.
-    /// `tokens_of` gives each sequence's (token count, input length).
+    /// `lengths_of` gives each sequence's lengths.
     pub fn verify(
         &self,
-        tokens_of: impl Fn(u64) -> Option<(usize, usize)>,
+        lengths_of: impl Fn(u64) -> Option<SeqLengths>,
         max_sequence_length: usize,
     ) -> Result<(), String> {
         let w = self.cfg.window_size;
@@ -29,21 +40,28 @@ impl WindowBlockManager {
         let swa = self.cfg.is_swa(max_sequence_length);
         let tpb = self.cfg.tokens_per_block;
         for (&id, seq) in &self.seqs {
-            let Some((num_tokens, input_length)) = tokens_of(id) else {
+            let Some(SeqLengths {
+                num_tokens,
+                input_length,
+                capacity,
+            }) = lengths_of(id)
+            else {
                 return Err(format!("window {w}: blocks held for unknown sequence {id}"));
             };
+            let suspended = seq.suspended_at.is_some();
             for beam in &seq.beams {
-                if beam.len() != self.blocks_for_tokens(num_tokens) {
+                if beam.len() != self.blocks_for_tokens(capacity) {
                     return Err(format!(
-                        "window {w}: sequence {id} lists {} blocks for {num_tokens} tokens",
+                        "window {w}: sequence {id} lists {} blocks for a capacity of {capacity} tokens",
                         beam.len()
                     ));
                 }
                 for &b in &beam[seq.front_removed..] {
                     expected_refs[b as usize] += 1;
-                    if !self.arena.is_primary(b) {
+                    // Only a suspended sequence's blocks may have moved to the host tier.
+                    if !self.arena.is_primary(b) && !suspended && self.cfg.onboard_blocks {
                         return Err(format!(
-                            "window {w}: sequence {id} references non-primary block {b}"
+                            "window {w}: active sequence {id} references non-primary block {b}"
                         ));
                     }
                 }
@@ -51,7 +69,7 @@ impl WindowBlockManager {
             // A sequence's tokens live in its blocks' slots: a cached block it holds must not
             // have a key longer than the sequence's tokens there (it would be overwritten).
             for (i, &b) in seq.beams[0].iter().enumerate().skip(seq.front_removed) {
-                let held = num_tokens.saturating_sub(i * tpb).min(tpb);
+                let held = num_tokens.min(capacity).saturating_sub(i * tpb).min(tpb);
                 if self.tree.is_in_tree(b) && self.tree.key(b).len() > held {
                     return Err(format!(
                         "window {w}: sequence {id} holds cached block {b} with a key longer than its {held} tokens there"

@@ -1,0 +1,512 @@
+//! The scheduler capacity lifecycle (TensorRT-LLM V2's `KVCacheManagerV2`, driven by its
+//! max-utilization scheduler): per sequence a capacity, a history and a committed length;
+//! resizing, generation and context allocations with their reverts, padding extension, and
+//! suspend / resume.
+//!
+//! Lengths of a sequence, in tokens: `committed ≤ history ≤ capacity`, and `num_tokens` known
+//! token ids. `capacity` tokens have KV slots (blocks); `history` tokens have KV computed;
+//! `committed` tokens are reusable through this sequence (reused at admission or stored since).
+//! V1 calls keep these up to date (admission: capacity = prompt, history = committed = reused;
+//! `add_token`: capacity ≥ tokens, history = tokens − 1; storing advances `committed`).
+//!
+//! Every operation is atomic: a grow that cannot be served returns `false` and changes nothing;
+//! a refused shrink or a misuse is an error and changes nothing.
+
+use super::{absorb, KvCacheManager};
+use crate::error::{KvError, KvResult};
+
+/// A generation allocation, recorded so that its revert undoes exactly what it added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct GenerationAllocation {
+    /// Capacity before the allocation.
+    pre_capacity: usize,
+    /// Draft tokens it reserved (padding extensions included).
+    num_draft_tokens: usize,
+}
+
+/// The lifecycle state of one sequence.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SeqLifecycle {
+    pub(super) capacity: usize,
+    pub(super) history: usize,
+    pub(super) committed: usize,
+    /// Tokens the sequence cannot lose (reused at admission).
+    pub(super) reused: usize,
+    pub(super) suspended: bool,
+    /// Known tokens past the capacity (positions `capacity..num_tokens`), kept while their
+    /// blocks are given back (a reverted context allocation), with their extra ids.
+    pending_tokens: Vec<i32>,
+    pending_extra_ids: Vec<u64>,
+    generation: Option<GenerationAllocation>,
+    /// Capacity before the last context allocation that grew it.
+    context_pre_capacity: Option<usize>,
+}
+
+impl SeqLifecycle {
+    /// A sequence just admitted: its prompt allocated, `reused` tokens found in the cache. The
+    /// admission is a context allocation that grew the capacity from `reused`.
+    pub(super) fn admitted(input_length: usize, reused: usize) -> Self {
+        SeqLifecycle {
+            capacity: input_length,
+            history: reused,
+            committed: reused,
+            reused,
+            context_pre_capacity: (input_length > reused).then_some(reused),
+            ..SeqLifecycle::default()
+        }
+    }
+
+    /// The least capacity a shrink may reach.
+    fn floor(&self) -> usize {
+        self.history.max(self.committed).max(self.reused)
+    }
+}
+
+/// A sequence's lengths (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SequenceLengths {
+    pub num_tokens: usize,
+    pub capacity: usize,
+    pub history: usize,
+    pub committed: usize,
+    /// Prompt tokens reused at admission.
+    pub reused: usize,
+    pub suspended: bool,
+}
+
+/// What `revert_allocate_context` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextRevert {
+    /// No context allocation had grown the capacity: nothing changed.
+    NothingToRevert,
+    /// The capacity went back to what it was before the allocation and the sequence is
+    /// suspended (resume it, then allocate again, to continue).
+    ShrunkAndSuspended,
+    /// Prefill had already computed past the old capacity, so it could not shrink: the
+    /// sequence was stored for reuse and released. Admit the request again to restart prefill.
+    Released,
+}
+
+impl KvCacheManager {
+    pub(super) fn active_sequence(&self, id: u64) -> KvResult<&super::Sequence> {
+        let seq = self.sequence(id)?;
+        if seq.life.suspended {
+            return Err(KvError::SequenceSuspended(id));
+        }
+        Ok(seq)
+    }
+
+    /// The lengths of a sequence.
+    pub fn sequence_lengths(&self, id: u64) -> KvResult<SequenceLengths> {
+        let s = self.sequence(id)?;
+        Ok(SequenceLengths {
+            num_tokens: s.num_tokens,
+            capacity: s.life.capacity,
+            history: s.life.history,
+            committed: s.life.committed,
+            reused: s.life.reused,
+            suspended: s.life.suspended,
+        })
+    }
+
+    /// Whether a sequence is suspended.
+    pub fn is_suspended(&self, id: u64) -> KvResult<bool> {
+        Ok(self.sequence(id)?.life.suspended)
+    }
+
+    /// Resizes a live sequence to `capacity` tokens in every window. Growing allocates blocks
+    /// (moving suspended sequences' blocks to the host tier if the GPU pool needs room) and
+    /// returns `Ok(false)`, changing nothing, when that cannot be served. Shrinking gives blocks
+    /// back and is refused with an error below the history, the committed length or the reused
+    /// prompt. Known tokens past a shrunk capacity are kept and written back when it grows
+    /// again. Forgets recorded generation and context allocations (their reverts become no-ops).
+    pub fn resize(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
+        let done = self.resize_to(id, capacity)?;
+        if done {
+            let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+            life.generation = None;
+            life.context_pre_capacity = None;
+        }
+        Ok(done)
+    }
+
+    /// `resize` without touching the recorded allocations.
+    fn resize_to(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        if seq.beam_width != 1 {
+            return Err(KvError::Unsupported(
+                "capacity operations need beam width 1".into(),
+            ));
+        }
+        if capacity > self.cfg.max_sequence_length {
+            return Err(KvError::SequenceTooLong {
+                length: capacity,
+                max: self.cfg.max_sequence_length,
+            });
+        }
+        let current = seq.life.capacity;
+        if capacity == current {
+            return Ok(true);
+        }
+        if capacity > current {
+            return self.grow(id, capacity);
+        }
+        let floor = seq.life.floor();
+        if capacity < floor {
+            return Err(KvError::InvalidArgument(format!(
+                "cannot shrink sequence {id} to {capacity} tokens: {} are computed, {} committed \
+                 and {} reused (a shrink never drops them)",
+                seq.life.history, seq.life.committed, seq.life.reused
+            )));
+        }
+        self.shrink(id, capacity)?;
+        Ok(true)
+    }
+
+    fn grow(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
+        for w in &self.windows {
+            match w.check_grow(id, capacity) {
+                Ok(_) => {}
+                Err(KvError::OutOfBlocks { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        let now = self.op_now_ms();
+        let seq = &self.sequences[&id];
+        let retention = seq.retention.decode_retention();
+        let old = seq.life.capacity;
+        let restore_end = capacity.min(seq.num_tokens);
+        for w in &mut self.windows {
+            w.grow(id, capacity, retention, now);
+            absorb(&mut self.events, w);
+        }
+        let seq = self.sequences.get_mut(&id).expect("checked");
+        if restore_end > old {
+            // Tokens kept while their blocks were given back go into the new blocks' slots.
+            let n = restore_end - old;
+            let tokens: Vec<i32> = seq.life.pending_tokens.drain(..n).collect();
+            let extra: Vec<u64> = if seq.key_attrs.uses_extra_ids {
+                seq.life.pending_extra_ids.drain(..n).collect()
+            } else {
+                Vec::new()
+            };
+            let extra = seq.key_attrs.uses_extra_ids.then_some(&extra[..]);
+            for w in &mut self.windows {
+                w.write_tokens(id, old, &tokens, extra);
+            }
+        }
+        self.sequences.get_mut(&id).expect("checked").life.capacity = capacity;
+        Ok(true)
+    }
+
+    /// Shrinks to `capacity` (validated by the caller): copy on write where the new last block
+    /// is shared, then the surplus blocks go back to their free queues.
+    fn shrink(&mut self, id: u64, capacity: usize) -> KvResult<()> {
+        for w in &self.windows {
+            if !w.can_shrink_to(id, capacity) {
+                return Err(KvError::Unsupported(format!(
+                    "shrinking to {capacity} tokens would reach blocks window {} already detached",
+                    w.window_size()
+                )));
+            }
+            w.check_remove_tokens(id, capacity)?;
+        }
+        let seq = &self.sequences[&id];
+        let keep_end = seq.num_tokens.min(seq.life.capacity);
+        // Known tokens whose blocks go back are kept (in order, before those already kept).
+        let (tokens, extra) = if capacity < keep_end {
+            self.windows[0].read_tokens(id, capacity, keep_end)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let now = self.op_now_ms();
+        let decode = seq.retention.decode_retention();
+        for w in &mut self.windows {
+            w.remove_tokens(id, capacity, decode, now);
+            absorb(&mut self.events, w);
+        }
+        let seq = self.sequences.get_mut(&id).expect("checked");
+        if !tokens.is_empty() {
+            seq.life.pending_tokens.splice(0..0, tokens);
+            if seq.key_attrs.uses_extra_ids {
+                seq.life.pending_extra_ids.splice(0..0, extra);
+            }
+        }
+        seq.life.capacity = capacity;
+        Ok(())
+    }
+
+    /// Reserves KV slots for the next generation step: `1 + num_draft_tokens` tokens past the
+    /// known ones (capped at the maximum sequence length). Returns `Ok(false)`, changing
+    /// nothing, when the blocks cannot be had. Records the capacity before, so that
+    /// `revert_allocate_generation` undoes exactly this allocation.
+    pub fn allocate_generation(&mut self, id: u64, num_draft_tokens: usize) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        if seq.life.capacity < seq.num_tokens {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {id} has {} tokens but a capacity of {}: allocate its context first",
+                seq.num_tokens, seq.life.capacity
+            )));
+        }
+        let pre_capacity = seq.life.capacity;
+        let target = (seq.num_tokens + 1 + num_draft_tokens)
+            .min(self.cfg.max_sequence_length)
+            .max(pre_capacity);
+        if !self.resize_to(id, target)? {
+            return Ok(false);
+        }
+        self.sequences
+            .get_mut(&id)
+            .expect("checked")
+            .life
+            .generation = Some(GenerationAllocation {
+            pre_capacity,
+            num_draft_tokens,
+        });
+        Ok(true)
+    }
+
+    /// Undoes the last `allocate_generation` (with its padding extensions): the capacity goes
+    /// back to what it was before it. Returns whether there was one to undo: the step's first
+    /// `add_token` consumes the allocation (the tokens it reserved slots for are arriving), so
+    /// a revert after it changes nothing.
+    pub fn revert_allocate_generation(&mut self, id: u64) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        let Some(alloc) = seq.life.generation else {
+            return Ok(false);
+        };
+        debug_assert!(
+            seq.num_tokens <= alloc.pre_capacity,
+            "add_token clears the record"
+        );
+        let target = alloc.pre_capacity.max(seq.life.floor());
+        self.resize_to(id, target)?;
+        self.sequences
+            .get_mut(&id)
+            .expect("checked")
+            .life
+            .generation = None;
+        Ok(true)
+    }
+
+    /// Extends a sequence's capacity by `num_tokens` padding tokens (a CUDA graph pads the
+    /// draft tokens of a step to a fixed count; the KV cache must cover the padded length so
+    /// that the later rewind matches). Counts as draft tokens of the recorded generation
+    /// allocation, so its revert undoes the padding too. `Ok(false)` when the blocks cannot be
+    /// had (nothing changed).
+    pub fn extend_capacity_for_tokens(&mut self, id: u64, num_tokens: usize) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        let target = seq.life.capacity + num_tokens;
+        if !self.resize_to(id, target)? {
+            return Ok(false);
+        }
+        if let Some(g) = &mut self
+            .sequences
+            .get_mut(&id)
+            .expect("checked")
+            .life
+            .generation
+        {
+            g.num_draft_tokens += num_tokens;
+        }
+        Ok(true)
+    }
+
+    /// The context allocation of a chunked prefill: grows the capacity to cover the next
+    /// `num_tokens` tokens past the history (never shrinks). Records the capacity before when it
+    /// grew (for `revert_allocate_context`); `Ok(false)` when the blocks cannot be had.
+    pub fn allocate_context(&mut self, id: u64, num_tokens: usize) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        let pre_capacity = seq.life.capacity;
+        let target = seq.life.history + num_tokens;
+        if target <= pre_capacity {
+            return Ok(true);
+        }
+        if !self.resize_to(id, target)? {
+            return Ok(false);
+        }
+        self.sequences
+            .get_mut(&id)
+            .expect("checked")
+            .life
+            .context_pre_capacity = Some(pre_capacity);
+        Ok(true)
+    }
+
+    /// Undoes the last context allocation of a request whose prefill the scheduler deferred
+    /// (delay batching), so its fresh blocks do not sit idle: nothing to do if it did not grow;
+    /// if prefill already computed past the old capacity the sequence cannot shrink, so it is
+    /// stored for reuse and released (the caller restarts prefill); otherwise it shrinks back
+    /// and is suspended.
+    pub fn revert_allocate_context(&mut self, id: u64) -> KvResult<ContextRevert> {
+        let seq = self.active_sequence(id)?;
+        let Some(pre_capacity) = seq.life.context_pre_capacity else {
+            return Ok(ContextRevert::NothingToRevert);
+        };
+        if seq.life.history > pre_capacity || seq.life.floor() > pre_capacity {
+            let computed = seq.life.history.min(seq.input_length);
+            self.store_context_blocks(id, computed)?;
+            self.remove_sequence(id, false)?;
+            return Ok(ContextRevert::Released);
+        }
+        self.resize_to(id, pre_capacity)?;
+        let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+        life.context_pre_capacity = None;
+        life.generation = None;
+        self.suspend(id)?;
+        Ok(ContextRevert::ShrunkAndSuspended)
+    }
+
+    /// Advances the history (tokens whose KV is computed) of a sequence: it never decreases and
+    /// stays within the capacity and the known tokens.
+    pub fn advance_history(&mut self, id: u64, history: usize) -> KvResult<()> {
+        let seq = self.sequence(id)?;
+        let limit = seq.life.capacity.min(seq.num_tokens);
+        if history > limit {
+            return Err(KvError::InvalidArgument(format!(
+                "history {history} beyond the {limit} tokens sequence {id} has slots and ids for"
+            )));
+        }
+        let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+        life.history = life.history.max(history);
+        Ok(())
+    }
+
+    /// Suspends an active sequence: every block it holds becomes movable to the host tier but
+    /// never droppable. Nothing moves now; blocks move when an allocation needs GPU rows.
+    pub fn suspend(&mut self, id: u64) -> KvResult<()> {
+        self.active_sequence(id)?;
+        for w in &mut self.windows {
+            w.suspend(id);
+        }
+        self.sequences.get_mut(&id).expect("checked").life.suspended = true;
+        self.stall.note_progress();
+        Ok(())
+    }
+
+    /// The GPU utilization `resume` is gated on: the maximum over windows of (total − free −
+    /// movable) / total, movable counting suspended sequences' blocks that could go to the
+    /// host tier.
+    pub fn gpu_utilization(&self) -> f64 {
+        self.windows
+            .iter()
+            .map(|w| w.utilization())
+            .fold(0.0, f64::max)
+    }
+
+    /// Resumes a suspended sequence: all its blocks back on the GPU, or nothing. Returns
+    /// `Ok(false)` with no side effects when the GPU utilization is above the configured
+    /// threshold or the blocks cannot all come back.
+    pub fn resume(&mut self, id: u64) -> KvResult<bool> {
+        if !self.sequence(id)?.life.suspended {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {id} is not suspended"
+            )));
+        }
+        if self.gpu_utilization() > self.cfg.max_utilization_for_resume {
+            return Ok(false);
+        }
+        if self.windows.iter().any(|w| w.plan_resume(id).is_none()) {
+            return Ok(false);
+        }
+        let now = self.op_now_ms();
+        for w in &mut self.windows {
+            w.resume(id, now);
+            absorb(&mut self.events, w);
+        }
+        self.sequences.get_mut(&id).expect("checked").life.suspended = false;
+        self.stall.note_progress();
+        Ok(true)
+    }
+
+    /// Lifecycle bookkeeping of `add_token` (the sequence grew to `num_tokens`).
+    pub(super) fn note_token_added(&mut self, id: u64) {
+        let seq = self.sequences.get_mut(&id).expect("exists");
+        let n = seq.num_tokens;
+        seq.life.capacity = seq.life.capacity.max(n);
+        seq.life.history = seq.life.history.max(n - 1);
+        seq.life.generation = None;
+    }
+
+    /// Lifecycle bookkeeping of storing a sequence: `computed` tokens have KV, the first
+    /// `committed` of them (whole blocks) are in the reuse tree.
+    pub(super) fn note_stored(&mut self, id: u64, committed: usize, computed: usize) {
+        let life = &mut self.sequences.get_mut(&id).expect("exists").life;
+        life.committed = life.committed.max(committed);
+        life.history = life.history.max(life.committed).max(computed);
+    }
+
+    /// Lifecycle bookkeeping of a rewind to `num_tokens`.
+    pub(super) fn note_rewound(&mut self, id: u64, num_tokens: usize) {
+        let tpb = self.cfg.tokens_per_block;
+        let life = &mut self.sequences.get_mut(&id).expect("exists").life;
+        life.capacity = num_tokens;
+        life.history = life.history.min(num_tokens);
+        life.committed = life
+            .committed
+            .min(num_tokens / tpb * tpb)
+            .max(life.reused.min(num_tokens));
+        life.generation = None;
+    }
+
+    /// Checks that a sequence can take V1 token calls: active and fully allocated.
+    pub(super) fn check_generating(&self, id: u64) -> KvResult<()> {
+        let seq = self.active_sequence(id)?;
+        if seq.life.capacity < seq.num_tokens {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {id} has {} tokens but a capacity of {}: allocate its context first",
+                seq.num_tokens, seq.life.capacity
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the lifecycle invariants of one sequence: `reused ≤ committed ≤ history ≤
+    /// capacity`, history within the known tokens, exactly the tokens past the capacity kept.
+    pub(super) fn verify_lifecycle(&self, id: u64) -> Result<(), String> {
+        let s = &self.sequences[&id];
+        let l = &s.life;
+        if !(l.reused <= l.committed && l.committed <= l.history && l.history <= l.capacity) {
+            return Err(format!(
+                "sequence {id}: lengths out of order (reused {}, committed {}, history {}, \
+                 capacity {})",
+                l.reused, l.committed, l.history, l.capacity
+            ));
+        }
+        if l.history > s.num_tokens {
+            return Err(format!(
+                "sequence {id}: history {} beyond its {} tokens",
+                l.history, s.num_tokens
+            ));
+        }
+        let pending = s.num_tokens.saturating_sub(l.capacity);
+        let kept = if self.cfg.enable_block_reuse {
+            pending
+        } else {
+            0
+        };
+        if l.pending_tokens.len() != kept {
+            return Err(format!(
+                "sequence {id}: {} tokens kept past the capacity, {kept} expected",
+                l.pending_tokens.len()
+            ));
+        }
+        for w in &self.windows {
+            if w.is_suspended(id) != l.suspended {
+                return Err(format!(
+                    "sequence {id}: suspended is {} but window {} says {}",
+                    l.suspended,
+                    w.window_size(),
+                    w.is_suspended(id)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The capacity a V1 store may read up to (the tokens in blocks).
+    pub(super) fn stored_limit(&self, id: u64) -> usize {
+        let s = &self.sequences[&id];
+        s.num_tokens.min(s.life.capacity)
+    }
+}
