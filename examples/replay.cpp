@@ -47,6 +47,14 @@
 //      input_length + T - 1 tokens at that point.
 //   7. kvb_manager_flush_iteration_events. Events are on (1 << 20 entries) and a second thread
 //      drains them with kvb_manager_get_latest_events, counting them by type.
+// `--scheduler max-utilization` replaces preemption by suspension, as a max-utilization scheduler
+// does: a step first resumes suspended requests, oldest admission first, while
+// kvb_manager_resume succeeds and a running slot is free; a decode reserves its slot with
+// kvb_manager_allocate_generation, and when that fails the most recently admitted running request
+// is suspended (kvb_manager_suspend: its blocks move to the host tier when the next allocation
+// needs their GPU rows) and the slot retried; nothing is admitted while a request is suspended;
+// the step ends with kvb_manager_end_scheduling_pass, whose KVB_STATUS_STALLED ends the run with
+// its cause (e.g. no host tier) instead of spinning (--stall-passes, default 1000).
 //
 // PEER LOOP (`--loop peer`): the closed loop of the peer replay workload (vLLM v1's scheduler
 // order: decode, then admission, as below), so kvblock is measured on the same work as vLLM and
@@ -121,6 +129,7 @@ using replay::TraceRequest;
 // ---- options ------------------------------------------------------------------------------------
 
 enum class Loop { Engine, Peer };
+enum class Scheduler { Preempt, MaxUtilization };
 
 struct Options {
     std::string trace = KVBLOCK_REPLAY_DEFAULT_TRACE;
@@ -132,6 +141,8 @@ struct Options {
     int32_t max_output = 128;  // 0 = no cap
     int32_t token_budget = 8192;
     Loop loop = Loop::Engine;
+    Scheduler scheduler = Scheduler::Preempt;
+    int32_t stall_passes = 1000;
     bool partial_reuse = true;
     bool realtime = false;
     int64_t block_bytes = 0;
@@ -163,6 +174,9 @@ void usage(std::FILE* out) {
         "  --max-running N         most requests holding KV at once (default 64)\n"
         "  --max-output N          cap on output tokens per request, 0 = none (default 128)\n"
         "  --token-budget N        engine: tokens per step, decodes first (default 8192)\n"
+        "  --scheduler S           engine: preempt (release and recompute, default) or\n"
+        "                          max-utilization (suspend and resume)\n"
+        "  --stall-passes N        max-utilization: stalled passes before giving up (1000)\n"
         "  --no-partial-reuse      reuse full blocks (and exact partial matches) only\n"
         "  --realtime              engine: requests arrive at their timestamps\n"
         "  --block-bytes N         bytes of KV per block in real pools; 0 = bookkeeping only\n"
@@ -243,7 +257,18 @@ Options parse_options(int argc, char** argv) {
                 o.loop = Loop::Peer;
             else
                 throw std::runtime_error("--loop expects engine or peer, got '" + v + "'");
-        } else if (arg == "--no-partial-reuse")
+        } else if (arg == "--scheduler") {
+            std::string v = next();
+            if (v == "preempt")
+                o.scheduler = Scheduler::Preempt;
+            else if (v == "max-utilization")
+                o.scheduler = Scheduler::MaxUtilization;
+            else
+                throw std::runtime_error("--scheduler expects preempt or max-utilization, got '" +
+                                         v + "'");
+        } else if (arg == "--stall-passes")
+            o.stall_passes = static_cast<int32_t>(parse_int(arg, next(), 1, INT32_MAX));
+        else if (arg == "--no-partial-reuse")
             o.partial_reuse = false;
         else if (arg == "--realtime")
             o.realtime = true;
@@ -320,6 +345,8 @@ Options parse_options(int argc, char** argv) {
     }
     if (o.realtime && o.loop == Loop::Peer)
         throw std::runtime_error("--realtime applies to the engine loop only");
+    if (o.scheduler == Scheduler::MaxUtilization && o.loop == Loop::Peer)
+        throw std::runtime_error("--scheduler applies to the engine loop only");
     if (!o.svg_set) {
         if (o.json.empty()) {
             o.svg = "replay.svg";
@@ -440,6 +467,7 @@ void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_len
     config.bytes_per_element = 1;
     config.copy_backend = o.copy_backend;
     config.max_kv_event_entries = o.events ? kEventEntries : 0;
+    config.stall_pass_threshold = o.stall_passes;
     check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
 }
 
@@ -535,6 +563,7 @@ struct Req {
     bool in_prefill = false;   // engine: admitted, prompt not complete
     bool admitted_once = false;
     bool done = false;
+    uint64_t admission_order = 0;  // engine: when it was last admitted (running order)
 };
 
 struct Counters {
@@ -544,6 +573,7 @@ struct Counters {
     uint64_t prompt_tokens = 0, reused_prompt_tokens = 0;          // first admissions
     uint64_t prompt_tokens_all = 0, reused_prompt_tokens_all = 0;  // every admission
     uint64_t prefill_tokens = 0, prefill_chunks = 0;               // engine: computed prompt tokens
+    uint64_t suspensions = 0, resumes = 0;                         // engine, max-utilization
 
     double hit_rate() const {
         return prompt_tokens
@@ -685,13 +715,21 @@ class EngineLoop {
         bool preempted = false;
         std::vector<Req*> decoding;                    // got a KV slot for their last token
         std::vector<std::pair<Req*, int32_t>> chunks;  // prefill chunks of this step
+        const bool max_utilization = o_.scheduler == Scheduler::MaxUtilization;
 
-        // 1. Decode: one KV slot per generating request, preempting from the back when full.
+        // 0. (max-utilization) Resume suspended requests, oldest admission first.
+        if (max_utilization) resume_suspended();
+        size_t decode_attempts = 0;
+        // 1. Decode: one KV slot per generating request, preempting (or suspending) from the back
+        //    when full.
         for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
             Req* q = running_[i];
             if (q->in_prefill) continue;
             c.decode_slots += 1;
-            if (!decode_slot(*q, preempted)) break;  // q itself was preempted
+            decode_attempts += 1;
+            const bool got =
+                max_utilization ? reserve_decode_slot(*q, preempted) : decode_slot(*q, preempted);
+            if (!got) break;  // q itself was preempted or suspended
             decoding.push_back(q);
             budget -= 1;
         }
@@ -699,8 +737,8 @@ class EngineLoop {
         for (Req* q : running_) {
             if (q->in_prefill && budget > 0) budget -= plan_chunk(*q, budget, chunks);
         }
-        // 3. Admission of new requests, one batch, FCFS.
-        if (!preempted && budget > 0) admit(budget, chunks);
+        // 3. Admission of new requests, one batch, FCFS (suspended requests come first).
+        if (!preempted && suspended_.empty() && budget > 0) admit(budget, chunks);
         // 4. Per-iteration hook, before the forward pass.
         check(timed(out_.t, kRefresh, [&] { return kvb_manager_refresh_blocks(m_); }),
               "kvb_manager_refresh_blocks");
@@ -724,7 +762,73 @@ class EngineLoop {
         // 7. End of the iteration's events (the drainer thread picks them up).
         check(timed(out_.t, kFlush, [&] { return kvb_manager_flush_iteration_events(m_); }),
               "kvb_manager_flush_iteration_events");
+        if (max_utilization) {
+            // Requests that wanted to generate: those that tried for a slot, and the suspended.
+            const size_t generation = decode_attempts + suspended_.size();
+            check(timed(out_.t, kRefresh,
+                        [&] {
+                            return kvb_manager_end_scheduling_pass(m_, generation,
+                                                                   decoding.size() + chunks.size());
+                        }),
+                  "kvb_manager_end_scheduling_pass");
+        }
         finish_step(out_, m_, progress_);
+    }
+
+    /// max-utilization: reserves q's decode slot with allocate_generation, suspending the most
+    /// recently admitted running request while it cannot be had, then adds the token (which
+    /// cannot run out of blocks now). False when q itself was suspended.
+    bool reserve_decode_slot(Req& q, bool& suspended) {
+        while (true) {
+            bool allocated = false;
+            check(timed(out_.t, kDecodeAlloc,
+                        [&] { return kvb_manager_allocate_generation(m_, q.r, 0, &allocated); }),
+                  "kvb_manager_allocate_generation");
+            if (allocated) break;
+            Req* victim = running_.back();
+            running_.pop_back();
+            suspend(*victim);
+            suspended = true;
+            if (victim == &q) return false;
+        }
+        const int32_t token = q.tokens.back();
+        check(timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_add_token(m_, q.r, token); }),
+              "kvb_manager_add_token");
+        if ((q.tokens.size() - 1) % static_cast<size_t>(o_.tokens_per_block) == 0)
+            out_.c.decode_new_blocks += 1;
+        check(timed(out_.t, kDecodeAlloc, [&] { return kvb_manager_store_new_block(m_, q.r); }),
+              "kvb_manager_store_new_block");
+        return true;
+    }
+
+    /// Suspends a running request: it keeps its blocks (they may move to the host tier) and its
+    /// progress, and waits in admission order to be resumed.
+    void suspend(Req& v) {
+        check(timed(out_.t, kPreempt, [&] { return kvb_manager_suspend(m_, v.r); }),
+              "kvb_manager_suspend");
+        auto at = std::upper_bound(
+            suspended_.begin(), suspended_.end(), &v,
+            [](const Req* a, const Req* b) { return a->admission_order < b->admission_order; });
+        suspended_.insert(at, &v);
+        out_.c.suspensions += 1;
+    }
+
+    /// Resumes suspended requests, oldest admission first, while a running slot is free and the
+    /// manager takes them back (it refuses above its utilization threshold or without room).
+    void resume_suspended() {
+        while (!suspended_.empty() && running_.size() < static_cast<size_t>(o_.max_running)) {
+            Req* q = suspended_.front();
+            bool resumed = false;
+            check(timed(out_.t, kPreempt, [&] { return kvb_manager_resume(m_, q->r, &resumed); }),
+                  "kvb_manager_resume");
+            if (!resumed) return;
+            suspended_.erase(suspended_.begin());
+            auto at = std::upper_bound(
+                running_.begin(), running_.end(), q,
+                [](const Req* a, const Req* b) { return a->admission_order < b->admission_order; });
+            running_.insert(at, q);
+            out_.c.resumes += 1;
+        }
     }
 
     /// add_token for q's last token (+ store_new_block). On OUT_OF_BLOCKS preempts the last
@@ -797,6 +901,7 @@ class EngineLoop {
             Req* q = waiting_.front();
             waiting_.pop_front();
             running_.push_back(q);
+            q->admission_order = next_admission_order_++;
             record_admission(out_.c, *q, results[i], o_.tokens_per_block);
             q->in_prefill = true;
             q->context_pos = results[i].prepopulated_prompt_len;
@@ -816,7 +921,9 @@ class EngineLoop {
     std::vector<Req>& reqs_;
     replay::Progress& progress_;
     std::deque<Req*> waiting_;
-    std::vector<Req*> running_;  // admission order
+    std::vector<Req*> running_;    // admission order
+    std::vector<Req*> suspended_;  // max-utilization: admission order
+    uint64_t next_admission_order_ = 0;
     RunResult out_;
 };
 
@@ -1004,6 +1111,10 @@ void print_summary(const Report& r) {
         "  steps        %llu (%llu admissions, %llu admission attempts that did not fit, %llu "
         "preemptions)\n",
         u(c.steps), u(c.admissions), u(c.admission_failures), u(c.preemptions));
+    if (r.o.scheduler == Scheduler::MaxUtilization) {
+        std::printf("  scheduler    max-utilization: %llu suspensions, %llu resumes\n",
+                    u(c.suspensions), u(c.resumes));
+    }
     std::printf(
         "  prompt       %llu tokens, %llu reused: prefix hit rate %.4f (all admissions %.4f)\n",
         u(c.prompt_tokens), u(c.reused_prompt_tokens), c.hit_rate(), r.hit_rate_all());
@@ -1065,6 +1176,8 @@ void write_json(const Report& r, const std::string& path) {
     w.begin_object("config")
         .str("trace", r.o.trace)
         .str("loop", r.loop_name())
+        .str("scheduler",
+             r.o.scheduler == Scheduler::MaxUtilization ? "max-utilization" : "preempt")
         .num("requests", static_cast<uint64_t>(r.num_requests))
         .num("limit", static_cast<uint64_t>(r.o.limit))
         .num("tokens_per_block", r.o.tokens_per_block)
@@ -1090,6 +1203,8 @@ void write_json(const Report& r, const std::string& path) {
         .num("admissions", c.admissions)
         .num("admission_failures", c.admission_failures)
         .num("preemptions", c.preemptions)
+        .num("suspensions", c.suspensions)
+        .num("resumes", c.resumes)
         .num("hit_blocks", c.hit_blocks)
         .num("new_prompt_blocks", c.new_prompt_blocks)
         .num("admitted_blocks", c.admitted_blocks)

@@ -267,7 +267,7 @@ typedef enum kvb_status_t {
     KVB_STATUS_SEQUENCE_SUSPENDED = 22,
     /**
      * `kvb_manager_end_scheduling_pass`: that many consecutive passes had generation requests
-     * but scheduled, suspended, resumed or moved nothing. The message names the cause (no host
+     * but scheduled nothing and moved no block between the tiers. The message names the cause (no host
      * tier, host tier too small, a request larger than the pool) and the remedy.
      */
     KVB_STATUS_STALLED = 23,
@@ -1389,7 +1389,8 @@ enum kvb_status_t kvb_manager_get_gpu_utilization(struct kvb_manager_t *manager,
 /**
  * Ends a scheduling pass: `num_generation_requests` generation requests wanted to run and
  * `num_scheduled` requests were scheduled. A pass with generation requests in which nothing
- * was scheduled, suspended, resumed or moved to the host tier is stalled; after the config's
+ * was scheduled and no block moved between the GPU and the host tier is stalled (a suspension
+ * counts once its blocks move: without a host tier it frees nothing); after the config's
  * `stall_pass_threshold` stalled passes in a row this returns `KVB_STATUS_STALLED` (and keeps
  * doing so until a pass makes progress), with a message naming the cause (no host tier, host
  * tier too small, a request larger than the pool) and the remedy.

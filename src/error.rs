@@ -92,7 +92,7 @@ impl fmt::Display for KvError {
             KvError::SequenceSuspended(id) => {
                 write!(f, "sequence {id} is suspended (resume it first)")
             }
-            KvError::Stalled(m) => write!(f, "scheduling stalled: {m}"),
+            KvError::Stalled(m) => f.write_str(m),
         }
     }
 }

@@ -251,7 +251,8 @@ pub extern "C" fn kvb_manager_get_gpu_utilization(
 
 /// Ends a scheduling pass: `num_generation_requests` generation requests wanted to run and
 /// `num_scheduled` requests were scheduled. A pass with generation requests in which nothing
-/// was scheduled, suspended, resumed or moved to the host tier is stalled; after the config's
+/// was scheduled and no block moved between the GPU and the host tier is stalled (a suspension
+/// counts once its blocks move: without a host tier it frees nothing); after the config's
 /// `stall_pass_threshold` stalled passes in a row this returns `KVB_STATUS_STALLED` (and keeps
 /// doing so until a pass makes progress), with a message naming the cause (no host tier, host
 /// tier too small, a request larger than the pool) and the remedy.

@@ -63,7 +63,7 @@ pub enum kvb_status_t {
     /// resizing it or reading its offsets. Nothing changed.
     KVB_STATUS_SEQUENCE_SUSPENDED = 22,
     /// `kvb_manager_end_scheduling_pass`: that many consecutive passes had generation requests
-    /// but scheduled, suspended, resumed or moved nothing. The message names the cause (no host
+    /// but scheduled nothing and moved no block between the tiers. The message names the cause (no host
     /// tier, host tier too small, a request larger than the pool) and the remedy.
     KVB_STATUS_STALLED = 23,
 }

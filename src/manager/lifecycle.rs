@@ -380,7 +380,6 @@ impl KvCacheManager {
             w.suspend(id);
         }
         self.sequences.get_mut(&id).expect("checked").life.suspended = true;
-        self.stall.note_progress();
         Ok(())
     }
 
@@ -415,7 +414,6 @@ impl KvCacheManager {
             absorb(&mut self.events, w);
         }
         self.sequences.get_mut(&id).expect("checked").life.suspended = false;
-        self.stall.note_progress();
         Ok(true)
     }
 

@@ -1,6 +1,11 @@
 //! Stall detection for schedulers that suspend and resume: a scheduling pass in which generation
-//! requests exist but nothing is scheduled, suspended, resumed or moved makes no progress; after
-//! a configured number of such passes in a row the scheduler is told why, instead of spinning.
+//! requests exist but nothing is scheduled and no block moves between the GPU and the host tier
+//! makes no progress; after a configured number of such passes in a row the scheduler is told
+//! why, instead of spinning.
+//!
+//! A suspension counts once its blocks move (it freed GPU rows), not when it is requested:
+//! without a host tier, suspending frees nothing, and a scheduler that suspends and resumes the
+//! same requests pass after pass would otherwise look busy forever.
 
 use super::KvCacheManager;
 use crate::error::{KvError, KvResult};
@@ -19,31 +24,26 @@ pub struct SchedulingPass {
 #[derive(Clone, Debug, Default)]
 pub(super) struct StallDetector {
     stalled_passes: u32,
-    /// Progress (suspend, resume, blocks moved to the host tier) since the last pass ended.
-    progress: bool,
-    /// Blocks moved down by the end of the last pass, over windows.
+    /// Blocks moved between the tiers (suspended blocks down, any block up) by the end of the
+    /// last pass, over windows.
     moved_at_last_pass: u64,
 }
 
-impl StallDetector {
-    pub(super) fn note_progress(&mut self) {
-        self.progress = true;
-    }
-}
-
 impl KvCacheManager {
-    /// Ends a scheduling pass. A pass with generation requests in which nothing was scheduled,
-    /// suspended, resumed or moved to the host tier is stalled; after
+    /// Ends a scheduling pass. A pass with generation requests in which nothing was scheduled
+    /// and no block moved between the tiers is stalled; after
     /// `stall_pass_threshold` stalled passes in a row this fails with `Stalled`, naming the
     /// cause and the remedy (and keeps failing until a pass makes progress).
     pub fn end_scheduling_pass(&mut self, pass: SchedulingPass) -> KvResult<()> {
         let moved: u64 = self
             .windows
             .iter()
-            .map(|w| w.stats().suspended_moved_to_host)
+            .map(|w| {
+                let s = w.stats();
+                s.suspended_moved_to_host + s.onboarded
+            })
             .sum();
-        let progress = std::mem::take(&mut self.stall.progress)
-            || moved != self.stall.moved_at_last_pass
+        let progress = moved != self.stall.moved_at_last_pass
             || pass.num_scheduled > 0
             || pass.num_generation_requests == 0;
         self.stall.moved_at_last_pass = moved;
