@@ -798,7 +798,7 @@ typedef struct kvb_event_t {
      */
     int32_t attention_dp_rank;
     /**
-     * Created.
+     * Created: the window's primary blocks.
      */
     int32_t num_primary_blocks;
     /**
@@ -819,7 +819,7 @@ typedef struct kvb_event_t {
      */
     size_t num_stored_blocks;
     /**
-     * Removed.
+     * Removed: the hashes of the blocks that left the tree.
      */
     const uint64_t *removed_hashes;
     /**
@@ -827,7 +827,7 @@ typedef struct kvb_event_t {
      */
     size_t num_removed_hashes;
     /**
-     * Updated.
+     * Updated: the hash of the block that changed.
      */
     uint64_t block_hash;
     /**

@@ -80,7 +80,7 @@ pub struct kvb_event_t {
     pub has_attention_dp_rank: bool,
     /// The config's attention data-parallel rank (0 when `has_attention_dp_rank` is false).
     pub attention_dp_rank: i32,
-    /// Created.
+    /// Created: the window's primary blocks.
     pub num_primary_blocks: i32,
     /// Created: the window's secondary blocks.
     pub num_secondary_blocks: i32,
@@ -91,11 +91,11 @@ pub struct kvb_event_t {
     /// Stored: blocks in the chain, parent to child (read them with
     /// `kvb_event_batch_get_stored_block`).
     pub num_stored_blocks: usize,
-    /// Removed.
+    /// Removed: the hashes of the blocks that left the tree.
     pub removed_hashes: *const u64,
     /// Removed: entries of `removed_hashes`.
     pub num_removed_hashes: usize,
-    /// Updated.
+    /// Updated: the hash of the block that changed.
     pub block_hash: u64,
     /// Updated: whether the cache level changed (`old_cache_level`, `new_cache_level`).
     pub has_cache_level_change: bool,
