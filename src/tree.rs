@@ -90,6 +90,14 @@ pub struct SlotKeyAttrs {
     pub cache_salt: Option<u64>,
 }
 
+/// One position of a block's key slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotToken {
+    pub token_id: i32,
+    /// 0 when no key of the tree has extra ids.
+    pub extra_id: u64,
+}
+
 /// Result of matching one key under a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Match {
@@ -372,13 +380,13 @@ impl ReuseTree {
         }
     }
 
-    /// The token (and extra id, 0 without extra ids) at position `pos` of the block's slot.
-    pub fn slot_token(&self, block: u32, pos: usize) -> (i32, u64) {
+    /// The token and extra id at position `pos` of the block's slot.
+    pub fn slot_token(&self, block: u32, pos: usize) -> SlotToken {
         let at = block as usize * self.tokens_per_block + pos;
-        (
-            self.token_ids[at],
-            self.extra_ids.get(at).copied().unwrap_or(0),
-        )
+        SlotToken {
+            token_id: self.token_ids[at],
+            extra_id: self.extra_ids.get(at).copied().unwrap_or(0),
+        }
     }
 
     /// Copies the first `len` slot tokens (and extra ids) of `src` into the slot of `dst` (a

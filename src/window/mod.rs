@@ -27,7 +27,7 @@ mod verify;
 
 pub use admit::AdmitItem;
 pub use faults::WindowSnapshot;
-pub use lifecycle::ResumePlan;
+pub use lifecycle::{ResumePlan, SlotTokens};
 pub use plan::{AdmissionPlan, PlannedReuse};
 pub use verify::SeqLengths;
 
