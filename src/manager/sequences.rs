@@ -194,7 +194,7 @@ impl KvCacheManager {
         let mut out = Vec::new();
         for (i, w) in self.windows.iter_mut().enumerate().rev() {
             if w.is_valid_for_store(id) {
-                let (_, pinned) = w.store_blocks(id, &attrs, n, true, pin);
+                let pinned = w.store_blocks(id, &attrs, n, true, pin);
                 absorb(&mut self.events, w);
                 if i == pin_window {
                     out = pinned;
