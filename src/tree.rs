@@ -6,9 +6,9 @@
 //! and for detaching subtrees. Exact lookups under a narrow node (at most `WIDE_CHILDREN`
 //! children, the common case: chains) scan that list comparing lookup hashes; under a wide node
 //! (the root, a shared system prompt's last block) they go through a map
-//! `(parent, lookup hash) -> child`. Either way the full key is compared. A key whose `(parent, lookup hash)` is already taken by a different key
-//! (a 64-bit collision) is simply not inserted: the block stays private, reuse is lost, nothing is
-//! corrupted.
+//! `(parent, lookup hash) -> child`. Either way the full key is compared. A key whose
+//! `(parent, lookup hash)` is already taken by a different key (a 64-bit collision) is simply not
+//! inserted: the block stays private, reuse is lost, nothing is corrupted.
 //!
 //! TensorRT-LLM's chained block hash (what events and inspection report) is computed at insertion
 //! when `track_hashes` is on (events need it), and otherwise on demand by walking the path.
@@ -16,10 +16,9 @@
 use std::collections::HashMap;
 
 use crate::key::{block_hash, lookup_hash, BlockKeyRef, MmKey};
+use crate::premixed::PremixedMap;
 
 pub const NIL: u32 = u32::MAX;
-
-pub use crate::premixed::{PremixedHasher, PremixedMap};
 
 /// Above this many children a node's children are indexed in the child map.
 const WIDE_CHILDREN: u32 = 8;

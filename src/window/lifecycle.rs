@@ -13,8 +13,8 @@
 use super::WindowBlockManager;
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
+use crate::premixed::PremixedMap;
 use crate::retention::BlockRetention;
-use crate::tree::PremixedMap;
 
 /// Tokens read back from a sequence's key slots (`WindowBlockManager::read_tokens`), in position
 /// order.

@@ -35,8 +35,9 @@ use crate::events::WindowEvent;
 use crate::eviction::FreeQueues;
 use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
 use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
-use crate::tree::{PremixedMap, ReuseTree, SlotKeyAttrs};
+use crate::tree::{ReuseTree, SlotKeyAttrs};
 use plan::ClaimUse;
 
 /// Static configuration of one window.
