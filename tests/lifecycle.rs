@@ -250,7 +250,15 @@ fn suspended_blocks_move_to_the_host_lazily_and_resume_with_their_bytes() {
         m.copy_block_offsets(&mut table, 1, 0, 1).unwrap_err(),
         KvError::SequenceSuspended(1)
     );
-    // A 20-token request needs 5 blocks; 3 are free: two suspended blocks go to the host.
+    // A 20-token request needs 5 blocks; 3 are free: two suspended blocks go to the host. The
+    // estimate counts them as available, and admission delivers it.
+    let too_big = Request::new(9, tokens(200..232));
+    let estimate = m
+        .estimate_batch(&[Request::new(2, tokens(100..120)), too_big])
+        .unwrap();
+    assert!(estimate[0].fits, "3 free + 3 movable blocks cover 5");
+    assert!(!estimate[1].fits, "8 more blocks do not fit in 6");
+    assert_eq!(m.stats().offloaded_blocks, 0, "estimating moves nothing");
     m.add_sequence(&Request::new(2, tokens(100..120))).unwrap();
     let levels: Vec<Level> = m
         .cache_block_ids(1, W, 0)

@@ -12,13 +12,14 @@ use std::ptr::{null, null_mut};
 use kvblock::ffi::cuda::*;
 use kvblock::ffi::events::*;
 use kvblock::ffi::handle::kvb_manager_t;
+use kvblock::ffi::lifecycle::*;
 use kvblock::ffi::manager::*;
 use kvblock::ffi::sizing::*;
 use kvblock::ffi::status::*;
 use kvblock::ffi::types::*;
 
 /// Highest status value the header documents.
-const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_COPY_FAILED as i32;
+const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_STALLED as i32;
 /// Calls interpreted per input, so one input stays fast.
 const MAX_CALLS: usize = 400;
 
@@ -424,7 +425,7 @@ fn non_negative(v: i64, what: &str) {
 fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
     let h = m.handle;
     let tpb = m.tpb;
-    let op = inp.u8() % 46;
+    let op = inp.u8() % 47;
     let mut i32_out = 0i32;
     let mut bool_out = false;
     let mut count = 0usize;
@@ -687,6 +688,7 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
             let st = kvb_manager_offload_block(h, window(inp, m), inp.i32(), &mut bool_out);
             (st, "offload_block")
         }
+        46 => lifecycle_call(inp, h),
         _ => match inp.u8() % 9 {
             0 => (
                 kvb_manager_get_priority_by_block_id(h, window(inp, m), inp.i64(), &mut i32_out),
@@ -741,6 +743,74 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
                 (st, "null pointers")
             }
         },
+    }
+}
+
+/// A scheduler capacity lifecycle call with fuzzed ids and sizes (small sizes mostly, so that
+/// grows and shrinks both succeed often).
+fn lifecycle_call(inp: &mut Input, h: *mut kvb_manager_t) -> (kvb_status_t, &'static str) {
+    let mut done = false;
+    let size = |inp: &mut Input| match inp.u8() {
+        b @ 0..=239 => usize::from(b % 80),
+        _ => inp.u64() as usize,
+    };
+    match inp.u8() % 12 {
+        0 => {
+            let mut l = unsafe { std::mem::zeroed::<kvb_sequence_lengths_t>() };
+            let st = kvb_manager_get_sequence_lengths(h, inp.request_id(), &mut l);
+            if st == kvb_status_t::KVB_OK {
+                assert!(l.committed <= l.history && l.history <= l.capacity, "{l:?}");
+            }
+            (st, "get_sequence_lengths")
+        }
+        1 | 2 => {
+            let (id, n) = (inp.request_id(), size(inp));
+            (kvb_manager_resize(h, id, n, &mut done), "resize")
+        }
+        3 => {
+            let (id, n) = (inp.request_id(), size(inp) % 8);
+            (
+                kvb_manager_allocate_generation(h, id, n, &mut done),
+                "allocate_generation",
+            )
+        }
+        4 => (
+            kvb_manager_revert_allocate_generation(h, inp.request_id(), &mut done),
+            "revert_allocate_generation",
+        ),
+        5 => {
+            let (id, n) = (inp.request_id(), size(inp) % 8);
+            (
+                kvb_manager_extend_capacity_for_tokens(h, id, n, &mut done),
+                "extend_capacity",
+            )
+        }
+        6 => {
+            let (id, n) = (inp.request_id(), size(inp));
+            (
+                kvb_manager_allocate_context(h, id, n, &mut done),
+                "allocate_context",
+            )
+        }
+        7 => {
+            let mut outcome = kvb_context_revert_t::KVB_CONTEXT_REVERT_NOTHING;
+            let st = kvb_manager_revert_allocate_context(h, inp.request_id(), &mut outcome);
+            (st, "revert_allocate_context")
+        }
+        8 => {
+            let (id, n) = (inp.request_id(), size(inp));
+            (kvb_manager_advance_history(h, id, n), "advance_history")
+        }
+        9 => (kvb_manager_suspend(h, inp.request_id()), "suspend"),
+        10 => (kvb_manager_resume(h, inp.request_id(), &mut done), "resume"),
+        _ => {
+            let mut u = 0.0;
+            let st = kvb_manager_get_gpu_utilization(h, &mut u);
+            if st == kvb_status_t::KVB_OK {
+                assert!((0.0..=1.0).contains(&u), "utilization {u}");
+            }
+            (st, "get_gpu_utilization")
+        }
     }
 }
 

@@ -253,7 +253,9 @@ nb::ndarray<nb::numpy, int32_t> new_int32_array(std::initializer_list<size_t> sh
     X(manual_clock, bool)                      \
     X(max_kv_event_entries, int32_t)           \
     X(cuda_device, int32_t)                    \
-    X(cuda_allocate_pools, bool)
+    X(cuda_allocate_pools, bool)               \
+    X(max_utilization_for_resume, double)      \
+    X(stall_pass_threshold, int32_t)
 
 #define KVB_REQUEST_STATE_FIELDS(X) \
     X(prompt_len, int32_t)          \
@@ -400,6 +402,14 @@ void bind_enums(nb::module_& m) {
         .value("TRANSPORT", KVB_STATUS_TRANSPORT)
         .value("SEQUENCE_SUSPENDED", KVB_STATUS_SEQUENCE_SUSPENDED)
         .value("STALLED", KVB_STATUS_STALLED);
+    nb::enum_<kvb_context_revert_t>(m, "ContextRevert",
+                                    "What :meth:`Manager.revert_allocate_context` did.")
+        .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING, "No context allocation had grown.")
+        .value("SUSPENDED", KVB_CONTEXT_REVERT_SUSPENDED,
+               "Shrunk back and suspended: resume and allocate the context again.")
+        .value("RELEASED", KVB_CONTEXT_REVERT_RELEASED,
+               "Prefill had passed the old capacity: computed blocks stored, sequence released; "
+               "admit it again.");
     nb::enum_<kvb_cache_level_t>(m, "CacheLevel", "Cache level of a block's memory row.")
         .value("PRIMARY", KVB_CACHE_LEVEL_PRIMARY, "GPU (primary) memory.")
         .value("SECONDARY", KVB_CACHE_LEVEL_SECONDARY, "Host (secondary) memory.");
@@ -509,7 +519,8 @@ void bind_config(nb::module_& m) {
               "enable_block_reuse", "enable_partial_reuse", "copy_on_partial_reuse",
               "onboard_blocks", "secondary_offload_min_priority", "bytes_per_element",
               "copy_backend", "manual_clock", "max_kv_event_entries", "attention_dp_rank",
-              "cuda_device", "cuda_stream", "cuda_transfer_mode", "cuda_allocate_pools"});
+              "cuda_device", "cuda_stream", "cuda_transfer_mode", "cuda_allocate_pools",
+              "max_utilization_for_resume", "stall_pass_threshold"});
 }
 
 void bind_request(nb::module_& m) {
@@ -710,6 +721,22 @@ void bind_results(nb::module_& m) {
                 "Prompt tokens already in the cache: the engine computes from this position on.")
             .def_ro("stats", &kvb_admission_t::stats);
     add_repr(adm, "Admission", {"prepopulated_prompt_len", "stats"});
+
+    auto lengths =
+        nb::class_<kvb_sequence_lengths_t>(
+            m, "SequenceLengths",
+            "A sequence's lengths in tokens: committed <= history <= capacity.")
+            .def_ro("num_tokens", &kvb_sequence_lengths_t::num_tokens,
+                    "Token ids known: prompt plus generated tokens.")
+            .def_ro("capacity", &kvb_sequence_lengths_t::capacity, "Tokens with KV slots.")
+            .def_ro("history", &kvb_sequence_lengths_t::history, "Tokens whose KV is computed.")
+            .def_ro("committed", &kvb_sequence_lengths_t::committed,
+                    "Tokens stored in the reuse tree.")
+            .def_ro("reused", &kvb_sequence_lengths_t::reused,
+                    "Prompt tokens reused at admission.")
+            .def_ro("suspended", &kvb_sequence_lengths_t::suspended);
+    add_repr(lengths, "SequenceLengths",
+             {"num_tokens", "capacity", "history", "committed", "reused", "suspended"});
 
     auto est = nb::class_<kvb_batch_estimate_t>(
                    m, "BatchEstimate", "The estimate for one request of a candidate batch.")
@@ -999,6 +1026,86 @@ void bind_manager(nb::module_& m) {
             "``storeBlocksForReuse``); with "
             "``pin``, pins the stored blocks and returns their ids in ``window_size`` (0 = the "
             "smallest window).")
+        .def(
+            "get_sequence_lengths",
+            [](Manager& self, uint64_t id) {
+                return nogil([&] { return self.m.getSequenceLengths(id); });
+            },
+            "request_id"_a, "The sequence's :class:`SequenceLengths`.")
+        .def(
+            "resize",
+            [](Manager& self, uint64_t id, size_t capacity) {
+                return nogil([&] { return self.m.resize(id, capacity); });
+            },
+            "request_id"_a, "capacity"_a,
+            "Resizes a sequence to ``capacity`` tokens. Returns False, changing nothing, when a "
+            "grow cannot get its blocks; a shrink below the computed, committed or reused tokens "
+            "raises :class:`InvalidArgumentError`.")
+        .def(
+            "allocate_generation",
+            [](Manager& self, uint64_t id, size_t draft) {
+                return nogil([&] { return self.m.allocateGeneration(id, draft); });
+            },
+            "request_id"_a, "num_draft_tokens"_a = 0,
+            "Reserves KV slots for ``1 + num_draft_tokens`` tokens; False (nothing changed) when "
+            "they cannot be had.")
+        .def(
+            "revert_allocate_generation",
+            [](Manager& self, uint64_t id) {
+                return nogil([&] { return self.m.revertAllocateGeneration(id); });
+            },
+            "request_id"_a,
+            "Undoes the last generation allocation (with its padding); False when there is none.")
+        .def(
+            "extend_capacity_for_tokens",
+            [](Manager& self, uint64_t id, size_t n) {
+                return nogil([&] { return self.m.extendCapacityForTokens(id, n); });
+            },
+            "request_id"_a, "num_tokens"_a,
+            "Adds ``num_tokens`` padding slots to the generation allocation (CUDA-graph padding).")
+        .def(
+            "allocate_context",
+            [](Manager& self, uint64_t id, size_t n) {
+                return nogil([&] { return self.m.allocateContext(id, n); });
+            },
+            "request_id"_a, "num_tokens"_a,
+            "Grows the capacity to the history plus ``num_tokens`` (a prefill chunk).")
+        .def(
+            "revert_allocate_context",
+            [](Manager& self, uint64_t id) {
+                return nogil([&] { return self.m.revertAllocateContext(id); });
+            },
+            "request_id"_a,
+            "Undoes the last context allocation of a deferred request (:class:`ContextRevert`).")
+        .def(
+            "advance_history",
+            [](Manager& self, uint64_t id, size_t history) {
+                nogil([&] { self.m.advanceHistory(id, history); });
+            },
+            "request_id"_a, "history"_a, "Marks ``history`` tokens as computed.")
+        .def(
+            "suspend", [](Manager& self, uint64_t id) { nogil([&] { self.m.suspend(id); }); },
+            "request_id"_a,
+            "Suspends a sequence: its blocks may move to the host tier when the GPU pool needs "
+            "room.")
+        .def(
+            "resume",
+            [](Manager& self, uint64_t id) { return nogil([&] { return self.m.resume(id); }); },
+            "request_id"_a,
+            "Brings a suspended sequence's blocks back to the GPU, all or none; False (nothing "
+            "changed) above the utilization threshold or without room.")
+        .def_prop_ro(
+            "gpu_utilization",
+            [](Manager& self) { return nogil([&] { return self.m.getGpuUtilization(); }); },
+            "(total - free - movable) / total primary blocks, the maximum over windows.")
+        .def(
+            "end_scheduling_pass",
+            [](Manager& self, size_t generation, size_t scheduled) {
+                nogil([&] { self.m.endSchedulingPass(generation, scheduled); });
+            },
+            "num_generation_requests"_a, "num_scheduled"_a,
+            "Ends a scheduling pass; raises :class:`StalledError` (naming the cause) after "
+            "``stall_pass_threshold`` passes in a row without progress.")
         .def(
             "remove_sequence",
             [](Manager& self, uint64_t id, bool store) {

@@ -84,6 +84,7 @@ impl WindowBlockManager {
             events,
             copy_log: _,
             suspend_clock: _,
+            num_suspended: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),
@@ -115,6 +116,11 @@ impl WindowBlockManager {
         self.queues = queues;
         self.tree = tree;
         self.seqs = seqs;
+        self.num_suspended = self
+            .seqs
+            .values()
+            .filter(|s| s.suspended_at.is_some())
+            .count();
         self.alloc_epoch = alloc_epoch;
         self.claims = claims;
         self.stats = stats;

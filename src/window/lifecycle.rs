@@ -42,7 +42,7 @@ impl WindowBlockManager {
 
     /// Whether any sequence of this window is suspended.
     pub fn has_suspended(&self) -> bool {
-        self.seqs.values().any(|s| s.suspended_at.is_some())
+        self.num_suspended > 0
     }
 
     pub fn is_suspended(&self, id: u64) -> bool {
@@ -185,6 +185,7 @@ impl WindowBlockManager {
         let s = self.seqs.get_mut(&id).expect("sequence exists");
         debug_assert!(s.suspended_at.is_none());
         s.suspended_at = Some(t);
+        self.num_suspended += 1;
     }
 
     /// What resuming `id` needs here, or `None` when the GPU pool cannot take its blocks back
@@ -217,6 +218,7 @@ impl WindowBlockManager {
             .get_mut(&id)
             .expect("sequence exists")
             .suspended_at = None;
+        self.num_suspended -= 1;
         for b in blocks {
             if self.queues.num_free(Level::Primary) == 0 {
                 let victim = self.movable_blocks(Some(id), &|_| false)[0];

@@ -156,6 +156,9 @@ pub struct WindowBlockManager {
     copy_log: faults::CopyLog,
     /// Ticks once per suspension, to order suspended sequences (oldest moves to host first).
     suspend_clock: u64,
+    /// Sequences with `suspended_at` set: admission asks on every call, so it is kept, not
+    /// counted.
+    num_suspended: usize,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -192,6 +195,7 @@ impl WindowBlockManager {
             events: None,
             copy_log: faults::CopyLog::default(),
             suspend_clock: 0,
+            num_suspended: 0,
         }
     }
 

@@ -12,6 +12,9 @@ impl WindowBlockManager {
         let Some(seq) = self.seqs.remove(&id) else {
             return;
         };
+        if seq.suspended_at.is_some() {
+            self.num_suspended -= 1;
+        }
         let len = seq.beams[0].len();
         for idx in (seq.front_removed..len).rev() {
             for beam in seq.beams.iter().rev() {

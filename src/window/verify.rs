@@ -35,6 +35,13 @@ impl WindowBlockManager {
             .verify_rows()
             .map_err(|e| format!("window {w}: {e}"))?;
         self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
+        let suspended = self.seqs.values().filter(|s| s.suspended_at.is_some());
+        if suspended.count() != self.num_suspended {
+            return Err(format!(
+                "window {w}: {} suspended sequences counted, not the number marked",
+                self.num_suspended
+            ));
+        }
         let n = self.arena.len();
         let mut expected_refs = vec![0u32; n];
         let swa = self.cfg.is_swa(max_sequence_length);
