@@ -515,12 +515,26 @@ void bind_config(nb::module_& m) {
         .def_prop_rw("attention_dp_rank", &get_dp_rank, &set_dp_rank,
                      "Attention data-parallel rank carried by every event, or None.");
     add_repr(config, "ManagerConfig",
-             {"windows", "tokens_per_block", "max_beam_width", "max_sequence_length",
-              "enable_block_reuse", "enable_partial_reuse", "copy_on_partial_reuse",
-              "onboard_blocks", "secondary_offload_min_priority", "bytes_per_element",
-              "copy_backend", "manual_clock", "max_kv_event_entries", "attention_dp_rank",
-              "cuda_device", "cuda_stream", "cuda_transfer_mode", "cuda_allocate_pools",
-              "max_utilization_for_resume", "stall_pass_threshold"});
+             {"windows",
+              "tokens_per_block",
+              "max_beam_width",
+              "max_sequence_length",
+              "enable_block_reuse",
+              "enable_partial_reuse",
+              "copy_on_partial_reuse",
+              "onboard_blocks",
+              "secondary_offload_min_priority",
+              "bytes_per_element",
+              "copy_backend",
+              "manual_clock",
+              "max_kv_event_entries",
+              "attention_dp_rank",
+              "cuda_device",
+              "cuda_stream",
+              "cuda_transfer_mode",
+              "cuda_allocate_pools",
+              "max_utilization_for_resume",
+              "stall_pass_threshold"});
 }
 
 void bind_request(nb::module_& m) {
@@ -732,8 +746,7 @@ void bind_results(nb::module_& m) {
             .def_ro("history", &kvb_sequence_lengths_t::history, "Tokens whose KV is computed.")
             .def_ro("committed", &kvb_sequence_lengths_t::committed,
                     "Tokens stored in the reuse tree.")
-            .def_ro("reused", &kvb_sequence_lengths_t::reused,
-                    "Prompt tokens reused at admission.")
+            .def_ro("reused", &kvb_sequence_lengths_t::reused, "Prompt tokens reused at admission.")
             .def_ro("suspended", &kvb_sequence_lengths_t::suspended);
     add_repr(lengths, "SequenceLengths",
              {"num_tokens", "capacity", "history", "committed", "reused", "suspended"});
