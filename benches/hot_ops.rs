@@ -7,7 +7,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvblock::key::{lookup_hash, BlockKeyRef};
 use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
-use kvblock::tree::PremixedMap;
+use kvblock::premixed::PremixedMap;
 
 const TPB: usize = 32;
 const PROMPT: usize = 8192;

@@ -1,7 +1,7 @@
 // Bad input through the C ABI: every invalid argument, config, request or handle is rejected with
 // its own status code and a message, and a rejected call leaves the manager exactly as it was
 // (statistics, free counts, the live sequence's blocks and the reuse tree), with its invariants
-// intact. DESIGN.md "Failure" and "The C ABI".
+// intact.
 #include <gtest/gtest.h>
 
 #include <climits>

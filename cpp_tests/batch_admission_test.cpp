@@ -1,4 +1,4 @@
-// Batched admission (reference §11 bug 2, §12; seed 000: TensorRT-LLM PRs #12878/#12892 → #13029).
+// Batched admission (the bug fixed by TensorRT-LLM PRs #12878/#12892 → #13029).
 //
 // The bug: a scheduler budgets a batch with per-request reuse estimates, then the executor admits
 // the requests one by one. Request A's misses (or the helper block taken to onboard A's host
@@ -8,7 +8,7 @@
 //
 // The fix: `addSequenceBatch` claims every reusable block of every request of the batch (phase 1)
 // before anything is onboarded, copied or allocated (phase 2), and `estimateBatch` predicts exactly
-// what it delivers. These tests pin that contract down through the C ABI: the seed regression,
+// what it delivers. These tests pin that contract down through the C ABI: the bug's regression,
 // estimate == delivery, sharing and take-over inside one batch, protected copy sources, key
 // partitioning, all-or-nothing failure, longest-prefix admission, bad input, per-request stats and
 // the events of the batch path.
@@ -191,9 +191,9 @@ bool rowStartsWith(kvb::Manager& m, int32_t block, uint8_t seed, int32_t tokens)
     return true;
 }
 
-// ---- The seed state ---------------------------------------------------------------------------
+// ---- The bug's starting state ------------------------------------------------------------------
 
-// Seed state, eviction variant (P = 6, S = 1): a chain x0 -> x1 holding tokens 0..8 is cached
+// Starting state, eviction variant (P = 6, S = 1): a chain x0 -> x1 holding tokens 0..8 is cached
 // and free, and sits at the LRU front behind one unkeyed block; the three blocks behind them are
 // free but hold nothing reusable. Returns {x0, x1}.
 std::vector<int32_t> cachedChainAtLruFront(kvb::Manager& m) {
@@ -203,10 +203,10 @@ std::vector<int32_t> cachedChainAtLruFront(kvb::Manager& m) {
     return {x[0], x[1]};
 }
 
-// Seed state, host variant (P = 4, S = 2): cached blocks a (tokens 100..103) and b (200..203) live
-// on host rows, b at the front of the host queue; a cached primary block c (300..303) is at the
-// front of the primary queue, so the next allocation offloads c into the front host block.
-// Returns {a, b, c}.
+// Starting state, host variant (P = 4, S = 2): cached blocks a (tokens 100..103) and b
+// (200..203) live on host rows, b at the front of the host queue; a cached primary block c
+// (300..303) is at the front of the primary queue, so the next allocation offloads c into the
+// front host block. Returns {a, b, c}.
 std::vector<int32_t> hostBlocksBehindOffloadableFront(kvb::Manager& m) {
     const int32_t a = storeForReuse(m, kvb::Request(1, tokenRun(100, 5)))[0];
     const int32_t b = storeForReuse(m, kvb::Request(2, tokenRun(200, 5)))[0];
@@ -220,15 +220,15 @@ std::vector<int32_t> hostBlocksBehindOffloadableFront(kvb::Manager& m) {
 
 }  // namespace
 
-// ---- Seed regression ----------------------------------------------------------------------------
+// ---- The bug's regression -----------------------------------------------------------------------
 
-// Seed 000, eviction variant: the scheduler's per-request estimate says B reuses two blocks (8
+// The bug, eviction variant: the scheduler's per-request estimate says B reuses two blocks (8
 // tokens). Admitted sequentially, A's three misses take the LRU front (an unkeyed block, then
 // x1 and x0, offloaded to the single host block, the second offload evicting the first), so B
 // finds only x0 and reuses 4 tokens — the shortfall that overflowed max-num-tokens upstream.
 // addSequenceBatch on the same state claims x0 and x1 for B before A allocates: B reuses exactly
 // its stand-alone estimate and both requests get exactly estimateBatch's figures.
-TEST(AddSequenceBatchSeedRegression, SequentialAdmissionLosesReuseTheBatchKeeps) {
+TEST(AddSequenceBatchRegression, SequentialAdmissionLosesReuseTheBatchKeeps) {
     const kvb::Request a(10, tokenRun(2000, 9));
     const kvb::Request b(11, concatTokens(tokenRun(0, 8), {500, 501}));
 
@@ -258,12 +258,12 @@ TEST(AddSequenceBatchSeedRegression, SequentialAdmissionLosesReuseTheBatchKeeps)
     batched.checkInvariants();
 }
 
-// Seed 000, host-offload variant: A and B each reuse one host block. Sequentially, onboarding
+// The bug, host-offload variant: A and B each reuse one host block. Sequentially, onboarding
 // A's block takes a primary helper block from the LRU front — the cached block c, offloadable —
 // so c is offloaded into the front host block, which holds B's content: B's block is evicted and
 // B reuses nothing. In a batch both host blocks are claimed first (out of the host queue), so
 // the offload cannot pick B's block and B reuses its stand-alone estimate.
-TEST(AddSequenceBatchSeedRegression, OnboardingEvictsHostBlockOfLaterRequestOnlySequentially) {
+TEST(AddSequenceBatchRegression, OnboardingEvictsHostBlockOfLaterRequestOnlySequentially) {
     const kvb::Request a(10, concatTokens(tokenRun(100, 4), {150}));
     const kvb::Request b(11, concatTokens(tokenRun(200, 4), {250}));
 

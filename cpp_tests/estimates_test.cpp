@@ -1,4 +1,4 @@
-// Scheduler-facing estimates and sizing helpers (reference §7, §5.10, §4 and §13:
+// Scheduler-facing estimates and sizing helpers (the scenarios of TensorRT-LLM's tests
 // neededBlocksOneStep*, NeededBlocksOneStepTest, RemainingBlocksToCompletionTest,
 // FillKvCacheAndCompleteRequestsTest, BlockRequirementsParamTest, CalculateMaxBlockRequirements,
 // CalculateMaxAttentionWindow, BlockManagerTestWindowSizeToShare, scheduling simulation and

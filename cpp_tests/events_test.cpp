@@ -1,5 +1,5 @@
-// KV cache events through the public C++ wrapper and the C ABI (reference §8, §11 bug 3, §13:
-// KVCacheManagerEventStream*, KVCacheManagerEventRemoved*, KVCacheManagerEventStoreFor...).
+// KV cache events through the public C++ wrapper and the C ABI (the scenarios of TensorRT-LLM's
+// tests KVCacheManagerEventStream*, KVCacheManagerEventRemoved*, KVCacheManagerEventStoreFor...).
 //
 // Events describe the reuse tree to a router: Created once per window, Stored when blocks enter
 // the tree, Removed when they leave it (every reason: eviction, detached with an evicted
@@ -549,7 +549,7 @@ TEST(KVCacheManagerEventStreamWindowSize, CreatedAscendingAndStoredPerWindow) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Removed-event batching (reference §8.4, bug 3 / seed PR #11883).
+// Removed-event batching: one Removed event per window and iteration (TensorRT-LLM PR #11883).
 // ---------------------------------------------------------------------------------------------
 
 // Two cached blocks of one window evicted in one iteration are reported by one Removed event
@@ -654,7 +654,7 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
 
 // ---------------------------------------------------------------------------------------------
 // Removed policy: every block that leaves a tree is reported (kvblock's documented policy;
-// TensorRT-LLM V1 is silent on the take-over of a partial leaf, reference §8.2).
+// TensorRT-LLM V1 reports no Removed event for the take-over of a partial leaf).
 // ---------------------------------------------------------------------------------------------
 
 // An unused leaf that matches a new prompt only partially is taken over privately (its key is

@@ -1,5 +1,5 @@
-// Eviction behaviour of the primary tier (reference §3, §5.1, §5.8.1 and the priority / timed /
-// leaf tests of §13): which cached block an allocation takes, and what stays reusable.
+// Eviction behaviour of the primary tier (the priority, timed-retention and leaf scenarios of
+// TensorRT-LLM's tests): which cached block an allocation takes, and what stays reusable.
 //
 // Every scenario uses 4 tokens per block and one full-attention window (window = maximum sequence
 // length), so a sequence of n tokens holds ceil(n / 4) blocks and removeSequence stores its first

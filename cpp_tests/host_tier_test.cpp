@@ -1,7 +1,8 @@
-// The host (secondary) tier (reference §3, §5.1, §5.6, §9, §11 bug 1): evicted cached blocks of
-// priority >= the offload minimum move to host rows instead of being dropped, reuse brings them
-// back to primary rows, and the bytes really move (host copy backend). Also the free-counter
-// accounting of the offload path (seed 004, `LRUPolicyTest.ClaimAfterSwapDoesNotCorruptQueues`).
+// The host (secondary) tier (offload and onboarding, TensorRT-LLM's secondary pool): evicted cached
+// blocks of priority >= the offload minimum move to host rows instead of being dropped, reuse
+// brings them back to primary rows, and the bytes really move (host copy backend). Also the
+// free-counter accounting of the offload path (TensorRT-LLM issue #11879,
+// `LRUPolicyTest.ClaimAfterSwapDoesNotCorruptQueues`).
 //
 // Every scenario uses 4 tokens per block and one full-attention window (window = maximum sequence
 // length). Block ids 0..P-1 start with primary rows, P..P+S-1 with host rows; offloading swaps the
@@ -493,8 +494,8 @@ bool sameStats(const kvb_kv_cache_stats_t& a, const kvb_kv_cache_stats_t& b) {
 
 }  // namespace
 
-// Seed 004 (TensorRT-LLM #11879 / #12834): the offload path of an allocation must take both
-// blocks out of their free queues before swapping their rows, or the per-level free counters
+// Claim before swap (TensorRT-LLM #11879 / #12834): the offload path of an allocation must take
+// both blocks out of their free queues before swapping their rows, or the per-level free counters
 // drift (usedNumBlocks negative, free above max). Each allocation that offloads a cached block
 // lowers primary free by exactly 1 and leaves secondary free unchanged, whatever the priorities
 // the blocks were queued with; a long random run under offload pressure keeps every counter equal

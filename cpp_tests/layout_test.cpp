@@ -1,5 +1,6 @@
-// Block-table layout and block accounting of full-attention sequences (reference §6, §5.4, §5.9,
-// §13: KVCacheManagerTest, KVCacheManagerBatchTest, KVCacheManagerRewindTokensTest).
+// Block-table layout and block accounting of full-attention sequences (the scenarios of
+// TensorRT-LLM's tests KVCacheManagerTest, KVCacheManagerBatchTest,
+// KVCacheManagerRewindTokensTest).
 //
 // Offset tables are laid out [pool][slot][K=0|V=1][max_blocks_per_seq]; one pool per window in
 // ascending window order. The entry of block b is memory_index(b) * 2 * num_layers (+1 for V);

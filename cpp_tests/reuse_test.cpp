@@ -1,5 +1,5 @@
-// Block allocation and prefix-reuse scenarios through the public C++ wrapper (reference §13:
-// BlockManagerTest, BlockManagerReuse*Test, KVCacheManagerPerRequestStatsTest,
+// Block allocation and prefix-reuse scenarios through the public C++ wrapper (the scenarios of
+// TensorRT-LLM's tests BlockManagerTest, BlockManagerReuse*Test, KVCacheManagerPerRequestStatsTest,
 // PinAndUnpinBlocksById, FindBlocksInReuseTreeByBlockKeysTest).
 //
 // Every scenario uses tokens_per_block 4, one full-attention window of 128 tokens (= the

@@ -1,6 +1,5 @@
-// Sliding-window attention (reference §2.7, §5.9, §5.8.1, §5.2 and §13: the
-// KVCacheManagerMaxAttentionWindow*, KVCacheManagerSWAInvalidateReuseTest and
-// KVCacheManagerVariableWindowAttentionWithReuseTest scenarios).
+// Sliding-window attention (the TensorRT-LLM test scenarios KVCacheManagerMaxAttentionWindow*,
+// KVCacheManagerSWAInvalidateReuseTest and KVCacheManagerVariableWindowAttentionWithReuseTest).
 //
 // A window smaller than max_sequence_length is a sliding window. Prompt blocks are allocated
 // linearly; during addToken, while num_tokens - removed * tpb >= window + tpb the first block

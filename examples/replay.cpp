@@ -12,8 +12,9 @@
 // Tokens. Trace lines carry only hash ids of 512-token blocks, so tokens are synthesised, in both
 // loops, exactly as the peer workload defines them (replay/trace.hpp): prompt token i =
 // splitmix64((hash_ids[i/512] << 9) | (i % 512)) % 32000, generated token at sequence position p of
-// request r = splitmix64((1 << 63) | (r << 32) | p) % 32000. `--self-test` checks the reference
-// values. A request generates T = max(1, min(output_length, --max-output)) tokens (0 = no cap).
+// request r = splitmix64((1 << 63) | (r << 32) | p) % 32000. `--self-test` checks known values of
+// the synthesis. A request generates T = max(1, min(output_length, --max-output)) tokens (0 = no
+// cap).
 //
 // ENGINE LOOP (`--loop engine`, the default): an executor iteration of a TensorRT-LLM-like engine.
 // Requests arrive in trace order: all of them are waiting from the start (as fast as possible), or
@@ -55,9 +56,9 @@
 // the step ends with kvb_manager_end_scheduling_pass, whose KVB_STATUS_STALLED ends the run with
 // its cause (e.g. no host tier) instead of spinning (--stall-passes, default 1000).
 //
-// PEER LOOP (`--loop peer`): the closed loop of the peer replay workload (the project's
-// replay-workload reference, vLLM v1 scheduler order), so kvblock is measured on the same work as
-// vLLM and SGLang. No chunked prefill, no token budget.
+// PEER LOOP (`--loop peer`): the closed loop of the peer replay workload (vLLM v1's scheduler
+// order: decode, then admission, as below), so kvblock is measured on the same work as vLLM and
+// SGLang. No chunked prefill, no token budget.
 //   A. Decode: for each running request in order, add_token + store_new_block, all in one
 //      kvb_manager_add_token_batch per step; when the manager cannot provide a request's slot,
 //      preempt the last running request (remove_sequence with store), push it to the front of
@@ -361,7 +362,8 @@ Options parse_options(int argc, char** argv) {
 
 // ---- timed manager calls -----------------------------------------------------------------------
 
-/// What a timed manager call is for (replay-workload §6 kinds, plus the per-step hooks).
+/// What a timed manager call is for (the kinds of call the replay workload times, plus the
+/// per-step hooks).
 enum Kind {
     kLookup,
     kAdmitAlloc,
@@ -1236,7 +1238,7 @@ void write_json(const Report& r, const std::string& path) {
         .num("updated_priority", r.events.priority_changes)
         .num("dropped", r.events.dropped)
         .end_object();
-    // replay-workload §6 figures.
+    // Seconds and calls per kind of timed call.
     const double total = static_cast<double>(r.total_ns()) * 1e-9;
     w.num("hash_prompt_seconds", 0.0).num("hash_decode_seconds", 0.0);
     for (int k = 0; k < kNumKinds; ++k) {

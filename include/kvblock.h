@@ -291,120 +291,6 @@ typedef struct kvb_event_publisher_t kvb_event_publisher_t;
 typedef struct kvb_manager_t kvb_manager_t;
 
 /**
- * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
- */
-typedef struct kvb_event_t {
-    /**
-     * Strictly increasing in delivery order.
-     */
-    uint64_t event_id;
-    /**
-     * A `kvb_event_type_t` value.
-     */
-    int32_t event_type;
-    int32_t window_size;
-    bool has_attention_dp_rank;
-    int32_t attention_dp_rank;
-    /**
-     * Created.
-     */
-    int32_t num_primary_blocks;
-    int32_t num_secondary_blocks;
-    /**
-     * Stored: the first block's tree parent (none = the root).
-     */
-    bool has_parent_hash;
-    uint64_t parent_hash;
-    size_t num_stored_blocks;
-    /**
-     * Removed.
-     */
-    const uint64_t *removed_hashes;
-    size_t num_removed_hashes;
-    /**
-     * Updated.
-     */
-    uint64_t block_hash;
-    bool has_cache_level_change;
-    int32_t old_cache_level;
-    int32_t new_cache_level;
-    bool has_priority_change;
-    int32_t old_priority;
-    int32_t new_priority;
-} kvb_event_t;
-
-/**
- * A multimodal key of a stored block.
- */
-typedef struct kvb_mm_key_t {
-    uint8_t digest[32];
-    /**
-     * Where the item starts relative to the block (0 when it starts inside the block).
-     */
-    int32_t start_offset;
-} kvb_mm_key_t;
-
-/**
- * One block of a Stored event. Pointers stay valid until the batch is freed.
- */
-typedef struct kvb_stored_block_t {
-    /**
-     * TensorRT-LLM block hash.
-     */
-    uint64_t block_hash;
-    const int32_t *tokens;
-    /**
-     * Per-token extra ids, or null when the request had none.
-     */
-    const uint64_t *token_extra_ids;
-    size_t num_tokens;
-    bool has_lora_task_id;
-    uint64_t lora_task_id;
-    /**
-     * A `kvb_cache_level_t` value.
-     */
-    int32_t cache_level;
-    int32_t priority;
-    const struct kvb_mm_key_t *mm_keys;
-    size_t num_mm_keys;
-    bool has_cache_salt;
-    uint64_t cache_salt;
-} kvb_stored_block_t;
-
-/**
- * A sequence's lengths in tokens: `reused ≤ committed ≤ history ≤ capacity`.
- */
-typedef struct kvb_sequence_lengths_t {
-    /**
-     * Token ids known: prompt plus generated tokens.
-     */
-    size_t num_tokens;
-    /**
-     * Tokens with KV slots (blocks). Equal to `num_tokens` in V1 use; larger after a
-     * generation allocation or padding extension, smaller after a reverted context
-     * allocation (the tokens past it are kept and get blocks when it grows again).
-     */
-    size_t capacity;
-    /**
-     * Tokens whose KV is computed: the reused prompt at admission, then each stored context
-     * chunk, `num_tokens - 1` once generating, or what `kvb_manager_advance_history` says.
-     */
-    size_t history;
-    /**
-     * Tokens reusable through this sequence: reused at admission or stored since.
-     */
-    size_t committed;
-    /**
-     * Prompt tokens reused at admission (`prepopulated_prompt_len`).
-     */
-    size_t reused;
-    /**
-     * The sequence is suspended (`kvb_manager_suspend`).
-     */
-    bool suspended;
-} kvb_sequence_lengths_t;
-
-/**
  * One attention-window size and its pool layout.
  */
 typedef struct kvb_window_config_t {
@@ -459,6 +345,9 @@ typedef struct kvb_manager_config_t {
      * Array of `num_windows` windows (copied; not kept after create).
      */
     const struct kvb_window_config_t *windows;
+    /**
+     * Entries of `windows`; at least 1.
+     */
     size_t num_windows;
     /**
      * Tokens per KV block (default 32).
@@ -569,8 +458,17 @@ typedef struct kvb_manager_config_t {
  * `position`.
  */
 typedef struct kvb_multimodal_item_t {
+    /**
+     * Hash of the item's content, mixed into the keys of the blocks it covers.
+     */
     uint8_t digest[32];
+    /**
+     * First prompt token the item covers (>= 0).
+     */
     int32_t position;
+    /**
+     * Prompt tokens the item covers (> 0; `position + length` must fit in `int32_t`).
+     */
     int32_t length;
 } kvb_multimodal_item_t;
 
@@ -578,11 +476,17 @@ typedef struct kvb_multimodal_item_t {
  * Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
  */
 typedef struct kvb_token_range_retention_t {
+    /**
+     * First prompt token of the range (inclusive, >= 0). Ranges may not overlap.
+     */
     int32_t token_start;
     /**
      * Exclusive end; -1 = to the end of the sequence (only the last range may be open).
      */
     int32_t token_end;
+    /**
+     * Retention priority of the range's blocks, 0..=100 (higher is evicted later; 35 = default).
+     */
     int32_t priority;
     /**
      * Milliseconds after release before the priority decays to 35; -1 = forever.
@@ -594,7 +498,13 @@ typedef struct kvb_token_range_retention_t {
  * Retention of a request's blocks (TensorRT-LLM `KvCacheRetentionConfig`).
  */
 typedef struct kvb_retention_config_t {
+    /**
+     * Array of `num_ranges` token ranges (copied); null only when `num_ranges` is 0.
+     */
     const struct kvb_token_range_retention_t *ranges;
+    /**
+     * Entries of `ranges`; 0 = every prompt block keeps the default priority 35.
+     */
     size_t num_ranges;
     /**
      * Priority of generated (decode) blocks (35 = default).
@@ -615,6 +525,9 @@ typedef struct kvb_request_t {
      * `sizeof(kvb_request_t)`, set by `kvb_request_init`.
      */
     uint32_t struct_size;
+    /**
+     * Id of the sequence; unique among live sequences (`KVB_STATUS_DUPLICATE_REQUEST`).
+     */
     uint64_t request_id;
     /**
      * Prompt tokens; at least 1 and at most `num_tokens`.
@@ -624,17 +537,41 @@ typedef struct kvb_request_t {
      * Beams (1 = no beam search).
      */
     int32_t beam_width;
+    /**
+     * Array of `num_tokens` token ids; the first `input_length` are the prompt.
+     */
     const int32_t *tokens;
+    /**
+     * Entries of `tokens`; at least `input_length` (`KVB_STATUS_TOO_FEW_TOKENS`).
+     */
     size_t num_tokens;
     /**
      * Optional per-token extra ids (prompt tuning); null or `num_tokens` entries.
      */
     const uint64_t *token_extra_ids;
+    /**
+     * Whether `lora_task_id` is set (default false).
+     */
     bool has_lora_task_id;
+    /**
+     * LoRA task id, part of every block key (only blocks of the same task are reused).
+     */
     uint64_t lora_task_id;
+    /**
+     * Whether `cache_salt` is set (default false).
+     */
     bool has_cache_salt;
+    /**
+     * Cache salt, part of every block key (only blocks of the same salt are reused).
+     */
     uint64_t cache_salt;
+    /**
+     * Array of `num_mm_items` multimodal items (copied); null only when `num_mm_items` is 0.
+     */
     const struct kvb_multimodal_item_t *mm_items;
+    /**
+     * Entries of `mm_items` (default 0).
+     */
     size_t num_mm_items;
     /**
      * Optional retention config (null = default priority 35 everywhere).
@@ -643,31 +580,25 @@ typedef struct kvb_request_t {
 } kvb_request_t;
 
 /**
- * Scheduler-side state of a request, for the estimates. Initialise with
- * `kvb_request_state_init`.
- */
-typedef struct kvb_request_state_t {
-    uint32_t struct_size;
-    uint64_t request_id;
-    /**
-     * A `kvb_request_phase_t` value.
-     */
-    int32_t phase;
-    int32_t prompt_len;
-    int32_t beam_width;
-    int32_t context_chunk_size;
-    int32_t num_draft_tokens;
-    int32_t max_new_tokens;
-    int32_t num_generated_tokens;
-} kvb_request_state_t;
-
-/**
  * Per-request allocation counters of an admission, summed over windows.
  */
 typedef struct kvb_request_stats_t {
+    /**
+     * Blocks taken from the free queue: misses, per-beam blocks, partial-reuse copy destinations
+     * and blocks onboarded from the host tier.
+     */
     uint64_t alloc_total_blocks;
+    /**
+     * Of `alloc_total_blocks`, those that held no cached content.
+     */
     uint64_t alloc_new_blocks;
+    /**
+     * Prompt blocks found in the reuse tree (full or partial match, onboarded ones included).
+     */
     uint64_t reused_blocks;
+    /**
+     * Prompt blocks not found in the reuse tree (computed anew; counted once for all beams).
+     */
     uint64_t missed_blocks;
     /**
      * reused / (reused + missed); 0 when nothing was reused.
@@ -683,6 +614,9 @@ typedef struct kvb_admission_t {
      * Prompt tokens already in the cache: the engine computes from this position on.
      */
     int32_t prepopulated_prompt_len;
+    /**
+     * The request's allocation counters, summed over windows.
+     */
     struct kvb_request_stats_t stats;
 } kvb_admission_t;
 
@@ -702,7 +636,13 @@ typedef struct kvb_batch_estimate_t {
      * Free primary blocks admission will consume, over windows.
      */
     int32_t free_blocks_consumed;
+    /**
+     * Prompt blocks admission will reuse, over windows (the request's `reused_blocks`).
+     */
     int32_t reused_blocks;
+    /**
+     * Prompt blocks admission will miss, over windows (the request's `missed_blocks`).
+     */
     int32_t missed_blocks;
     /**
      * Whether this request and every one before it fit in the free blocks.
@@ -711,26 +651,145 @@ typedef struct kvb_batch_estimate_t {
 } kvb_batch_estimate_t;
 
 /**
+ * A sequence's lengths in tokens: `reused ≤ committed ≤ history ≤ capacity`.
+ */
+typedef struct kvb_sequence_lengths_t {
+    /**
+     * Token ids known: prompt plus generated tokens.
+     */
+    size_t num_tokens;
+    /**
+     * Tokens with KV slots (blocks). Equal to `num_tokens` in V1 use; larger after a
+     * generation allocation or padding extension, smaller after a reverted context
+     * allocation (the tokens past it are kept and get blocks when it grows again).
+     */
+    size_t capacity;
+    /**
+     * Tokens whose KV is computed: the reused prompt at admission, then each stored context
+     * chunk, `num_tokens - 1` once generating, or what `kvb_manager_advance_history` says.
+     */
+    size_t history;
+    /**
+     * Tokens reusable through this sequence: reused at admission or stored since.
+     */
+    size_t committed;
+    /**
+     * Prompt tokens reused at admission (`prepopulated_prompt_len`).
+     */
+    size_t reused;
+    /**
+     * The sequence is suspended (`kvb_manager_suspend`).
+     */
+    bool suspended;
+} kvb_sequence_lengths_t;
+
+/**
+ * Scheduler-side state of a request, for the estimates. Initialise with
+ * `kvb_request_state_init`.
+ */
+typedef struct kvb_request_state_t {
+    /**
+     * `sizeof(kvb_request_state_t)`, set by `kvb_request_state_init`.
+     */
+    uint32_t struct_size;
+    /**
+     * Id of the request's sequence: read in the generation phase (its token count) and by
+     * `kvb_manager_get_remaining_blocks_to_completion` (the blocks it already holds).
+     */
+    uint64_t request_id;
+    /**
+     * A `kvb_request_phase_t` value.
+     */
+    int32_t phase;
+    /**
+     * Prompt tokens (>= 0).
+     */
+    int32_t prompt_len;
+    /**
+     * Beams (> 0; default 1).
+     */
+    int32_t beam_width;
+    /**
+     * Tokens of the next context chunk (>= 0): a first chunk needs blocks for at most `window_size
+     * + context_chunk_size` tokens.
+     */
+    int32_t context_chunk_size;
+    /**
+     * Speculative draft tokens per step (>= 0; default 0): a generation step adds
+     * `num_draft_tokens + 1` tokens.
+     */
+    int32_t num_draft_tokens;
+    /**
+     * Most tokens the request generates (>= 0).
+     */
+    int32_t max_new_tokens;
+    /**
+     * Tokens generated so far (>= 0).
+     */
+    int32_t num_generated_tokens;
+} kvb_request_state_t;
+
+/**
  * Whole-manager statistics (TensorRT-LLM `KvCacheStats`; `max_num_blocks` includes host blocks,
  * as there).
  */
 typedef struct kvb_kv_cache_stats_t {
+    /**
+     * Primary and secondary blocks, over windows.
+     */
     uint64_t max_num_blocks;
     /**
      * Free primary blocks.
      */
     uint64_t free_num_blocks;
+    /**
+     * `max_num_blocks - free_num_blocks` (host blocks count as used, as in TensorRT-LLM).
+     */
     uint64_t used_num_blocks;
+    /**
+     * Tokens per block (the config's `tokens_per_block`).
+     */
     uint64_t tokens_per_block;
+    /**
+     * Cumulative `kvb_request_stats_t::alloc_total_blocks` over admissions and windows, plus
+     * blocks allocated while generating.
+     */
     uint64_t alloc_total_blocks;
+    /**
+     * Of `alloc_total_blocks`, those that held no cached content.
+     */
     uint64_t alloc_new_blocks;
+    /**
+     * Cumulative prompt blocks reused from the reuse tree.
+     */
     uint64_t reused_blocks;
+    /**
+     * Cumulative prompt blocks not found in the reuse tree.
+     */
     uint64_t missed_blocks;
+    /**
+     * `reused_blocks / (reused_blocks + missed_blocks)`; 0 when nothing was reused.
+     */
     double cache_hit_rate;
+    /**
+     * Primary (GPU) blocks, over windows.
+     */
     uint64_t num_primary_blocks;
+    /**
+     * Secondary (host) blocks, over windows.
+     */
     uint64_t num_secondary_blocks;
+    /**
+     * Free secondary blocks, over windows.
+     */
     uint64_t free_secondary_blocks;
+    /**
+     * Cumulative blocks offloaded from primary to secondary memory.
+     */
     uint64_t offloaded_blocks;
+    /**
+     * Cumulative blocks onboarded from secondary to primary memory.
+     */
     uint64_t onboarded_blocks;
     /**
      * Blocks that left a reuse tree: evicted, detached with an evicted ancestor, or taken over
@@ -744,38 +803,155 @@ typedef struct kvb_kv_cache_stats_t {
 } kvb_kv_cache_stats_t;
 
 /**
- * Snapshot of one block.
+ * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
  */
-typedef struct kvb_block_info_t {
+typedef struct kvb_event_t {
+    /**
+     * Strictly increasing in delivery order.
+     */
+    uint64_t event_id;
+    /**
+     * A `kvb_event_type_t` value.
+     */
+    int32_t event_type;
+    /**
+     * Attention window the event is about.
+     */
+    int32_t window_size;
+    /**
+     * Whether `attention_dp_rank` is set (the config's `attention_dp_rank` is not -1).
+     */
+    bool has_attention_dp_rank;
+    /**
+     * The config's attention data-parallel rank (0 when `has_attention_dp_rank` is false).
+     */
+    int32_t attention_dp_rank;
+    /**
+     * Created: the window's primary blocks.
+     */
+    int32_t num_primary_blocks;
+    /**
+     * Created: the window's secondary blocks.
+     */
+    int32_t num_secondary_blocks;
+    /**
+     * Stored: the first block's tree parent (none = the root).
+     */
+    bool has_parent_hash;
+    /**
+     * Stored: the parent's block hash (0 when `has_parent_hash` is false).
+     */
+    uint64_t parent_hash;
+    /**
+     * Stored: blocks in the chain, parent to child (read them with
+     * `kvb_event_batch_get_stored_block`).
+     */
+    size_t num_stored_blocks;
+    /**
+     * Removed: the hashes of the blocks that left the tree.
+     */
+    const uint64_t *removed_hashes;
+    /**
+     * Removed: entries of `removed_hashes`.
+     */
+    size_t num_removed_hashes;
+    /**
+     * Updated: the hash of the block that changed.
+     */
+    uint64_t block_hash;
+    /**
+     * Updated: whether the cache level changed (`old_cache_level`, `new_cache_level`).
+     */
+    bool has_cache_level_change;
+    /**
+     * Updated: the previous `kvb_cache_level_t` value.
+     */
+    int32_t old_cache_level;
+    /**
+     * Updated: the new `kvb_cache_level_t` value.
+     */
+    int32_t new_cache_level;
+    /**
+     * Updated: whether the priority changed (`old_priority`, `new_priority`).
+     */
+    bool has_priority_change;
+    /**
+     * Updated: the previous retention priority.
+     */
+    int32_t old_priority;
+    /**
+     * Updated: the new retention priority.
+     */
+    int32_t new_priority;
+} kvb_event_t;
+
+/**
+ * A multimodal key of a stored block.
+ */
+typedef struct kvb_mm_key_t {
+    /**
+     * Hash of the multimodal item's content (`kvb_multimodal_item_t::digest`).
+     */
+    uint8_t digest[32];
+    /**
+     * Where the item starts relative to the block (0 when it starts inside the block).
+     */
+    int32_t start_offset;
+} kvb_mm_key_t;
+
+/**
+ * One block of a Stored event. Pointers stay valid until the batch is freed.
+ */
+typedef struct kvb_stored_block_t {
+    /**
+     * TensorRT-LLM block hash.
+     */
+    uint64_t block_hash;
+    /**
+     * The block's `num_tokens` token ids.
+     */
+    const int32_t *tokens;
+    /**
+     * Per-token extra ids, or null when the request had none.
+     */
+    const uint64_t *token_extra_ids;
+    /**
+     * Tokens of the block (at most `tokens_per_block`; fewer for a partial block).
+     */
+    size_t num_tokens;
+    /**
+     * Whether `lora_task_id` is set.
+     */
+    bool has_lora_task_id;
+    /**
+     * LoRA task id of the block's key (0 when `has_lora_task_id` is false).
+     */
+    uint64_t lora_task_id;
     /**
      * A `kvb_cache_level_t` value.
      */
     int32_t cache_level;
     /**
-     * Row index inside the pools of that level.
+     * Retention priority, 0..=100.
      */
-    int32_t memory_index;
-    int32_t ref_count;
     int32_t priority;
-    bool in_reuse_tree;
-    bool is_leaf;
     /**
-     * In a free queue (evictable).
+     * Array of `num_mm_keys` multimodal keys, or null when there are none.
      */
-    bool is_free;
+    const struct kvb_mm_key_t *mm_keys;
     /**
-     * Tokens of the block's key (0 if it never held a key).
+     * Entries of `mm_keys`.
      */
-    int32_t num_tokens;
+    size_t num_mm_keys;
     /**
-     * TensorRT-LLM block hash (valid when in the tree).
+     * Whether `cache_salt` is set.
      */
-    uint64_t hash;
+    bool has_cache_salt;
     /**
-     * Tree parent block id; -1 = the root; -2 = not in the tree.
+     * Cache salt of the block's key (0 when `has_cache_salt` is false).
      */
-    int64_t parent;
-} kvb_block_info_t;
+    uint64_t cache_salt;
+} kvb_stored_block_t;
 
 /**
  * Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`
@@ -799,6 +975,9 @@ typedef struct kvb_event_publisher_config_t {
      * Data-parallel rank carried by every batch (nil when `has_dp_rank` is false).
      */
     bool has_dp_rank;
+    /**
+     * The data-parallel rank, read when `has_dp_rank` is true (default 0).
+     */
     int32_t dp_rank;
     /**
      * Send high-water mark in messages per subscriber (default 100000, 0 = unlimited).
@@ -866,104 +1045,268 @@ typedef struct kvb_event_publisher_stats_t {
     uint64_t next_sequence;
 } kvb_event_publisher_stats_t;
 
+/**
+ * Snapshot of one block.
+ */
+typedef struct kvb_block_info_t {
+    /**
+     * A `kvb_cache_level_t` value.
+     */
+    int32_t cache_level;
+    /**
+     * Row index inside the pools of that level.
+     */
+    int32_t memory_index;
+    /**
+     * References: one per beam of each sequence holding the block, plus its pins.
+     */
+    int32_t ref_count;
+    /**
+     * Retention priority, 0..=100 (35 = default).
+     */
+    int32_t priority;
+    /**
+     * Holds reusable content in the reuse tree.
+     */
+    bool in_reuse_tree;
+    /**
+     * Has no child in the reuse tree (also true outside the tree).
+     */
+    bool is_leaf;
+    /**
+     * In a free queue (evictable).
+     */
+    bool is_free;
+    /**
+     * Tokens of the block's key (0 if it never held a key).
+     */
+    int32_t num_tokens;
+    /**
+     * TensorRT-LLM block hash (valid when in the tree).
+     */
+    uint64_t hash;
+    /**
+     * Tree parent block id; -1 = the root; -2 = not in the tree.
+     */
+    int64_t parent;
+} kvb_block_info_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
 /**
- * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
- * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
- * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
- * without CUDA.
+ * The message of the last failed kvblock call on this thread ("" if none). The pointer stays
+ * valid until the next kvblock call on this thread.
  */
-enum kvb_status_t kvb_cuda_libraries_available(bool *out);
+const char *kvb_last_error_message(void);
 
 /**
- * Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
- * submitted before stay ordered before the new stream's later work (the new stream waits on
- * the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+ * A static, human-readable name of a status code (never null; "unknown status" for values
+ * this library does not define).
  */
-enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *stream);
+const char *kvb_status_string(int32_t status);
 
 /**
- * With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
- * host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
- * enqueuing work that reads or writes blocks the manager handed out since the last call. A
- * no-op with the engine-stream ordering and for the other backends (whose copies are done when
- * the call that submitted them returns).
+ * The version of this library: its ABI major version (the `N` of the SONAME `libkvblock.so.N`),
+ * minor and patch. A program built against version `M.m.p` runs against any library of the same
+ * major `M` and a minor of at least `m`; compare with what the header was generated for when in
+ * doubt. Each out-parameter may be null when that part is not wanted.
  */
-enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
+enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t *out_patch);
 
 /**
- * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
- * of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
- * or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
- * the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
- * only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
- * own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
- * Only for `KVB_COPY_BACKEND_CUDA` managers.
+ * Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
+ * 32 tokens per block, beam 1, offload minimum priority 30, 2 bytes per element, no pool
+ * memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
  */
-enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
-                                            int32_t window_size,
-                                            int32_t cache_level,
-                                            void *pointer,
-                                            size_t bytes);
+enum kvb_status_t kvb_manager_config_init(struct kvb_manager_config_t *config);
 
 /**
- * Writes the number of batched copy submissions so far, over all windows: kernel launches for
- * `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
- * on each other inside the call), 0 for the other backends. For tests and diagnostics.
+ * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
+ * failure `*out` is set to null. Fails with `KVB_STATUS_INVALID_CONFIG` (inconsistent config,
+ * pool sizes that overflow, more than `INT32_MAX` blocks in a window),
+ * `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_OUT_OF_MEMORY` (pools or bookkeeping the allocator
+ * refuses), `KVB_STATUS_UNSUPPORTED` or `KVB_STATUS_CUDA` (CUDA backend).
  */
-enum kvb_status_t kvb_manager_copy_launches(struct kvb_manager_t *manager, uint64_t *out);
+enum kvb_status_t kvb_manager_create(const struct kvb_manager_config_t *config,
+                                     struct kvb_manager_t **out);
 
 /**
- * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
- * pending removals and makes the iteration's events visible to `kvb_manager_get_latest_events`.
- * Call once per iteration. A no-op when events are off.
+ * Destroys a manager. Null is accepted (no-op). Destroying twice returns
+ * `KVB_STATUS_DESTROYED`; any other call on a destroyed handle returns it too.
  */
-enum kvb_status_t kvb_manager_flush_iteration_events(struct kvb_manager_t *manager);
+enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
 
 /**
- * Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
- * Safe to call from another thread while the executor keeps using the manager: it does not
- * take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
- * with `kvb_event_batch_free`. Returns at once with an empty batch when events are off. A drain
- * waiting when the manager is destroyed returns `KVB_OK` with an empty batch; one started after
- * returns `KVB_STATUS_DESTROYED`.
+ * Tokens per block.
  */
-enum kvb_status_t kvb_manager_get_latest_events(struct kvb_manager_t *manager,
-                                                int64_t timeout_ms,
-                                                struct kvb_event_batch_t **out_batch);
+enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
 
 /**
- * Number of events in a batch.
+ * Writes the 32-byte content digest of one multimodal item (BLAKE3 of its `len` raw bytes at
+ * `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items
+ * whose placeholder token ids are equal but whose bytes differ get different digests, so their
+ * blocks are never reused for one another; equal bytes give equal digests in every process and
+ * run.
+ * `data` may be null only when `len` is 0 (the empty input); `KVB_STATUS_NULL_POINTER` for a
+ * null `data` with `len > 0` or a null `out_digest`, which is then left unchanged.
  */
-enum kvb_status_t kvb_event_batch_size(const struct kvb_event_batch_t *batch, size_t *out);
+enum kvb_status_t kvb_multimodal_digest(const uint8_t *data, size_t len, uint8_t *out_digest);
 
 /**
- * Events dropped because the buffer was full since the previous drain.
+ * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
  */
-enum kvb_status_t kvb_event_batch_num_dropped(const struct kvb_event_batch_t *batch, uint64_t *out);
+enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
 
 /**
- * Event `index` of a batch (views valid until the batch is freed).
+ * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
+ * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
+ * receives the prepopulated prompt length and the per-request counters. Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED`
+ * when the copy backend fails (the call is rolled back); a failed call changes nothing. A
+ * failed CUDA launch returns `KVB_STATUS_CUDA` and poisons the handle.
  */
-enum kvb_status_t kvb_event_batch_get(const struct kvb_event_batch_t *batch,
-                                      size_t index,
-                                      struct kvb_event_t *out);
+enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
+                                           const struct kvb_request_t *request,
+                                           struct kvb_admission_t *out);
 
 /**
- * Block `block_index` of Stored event `event_index`.
+ * The scheduler's estimate for a candidate batch, in order, counting the requests before each
+ * one (a block one request allocates is not free for the next; a block one claims is reusable
+ * by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
+ * batch on the same state delivers exactly these figures.
  */
-enum kvb_status_t kvb_event_batch_get_stored_block(const struct kvb_event_batch_t *batch,
-                                                   size_t event_index,
-                                                   size_t block_index,
-                                                   struct kvb_stored_block_t *out);
+enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
+                                             const struct kvb_request_t *requests,
+                                             size_t num_requests,
+                                             struct kvb_batch_estimate_t *out);
 
 /**
- * Frees a batch; null is accepted.
+ * Admits a batch of requests in order (TensorRT-LLM `addSequenceBatch`): every reusable block
+ * of every request is claimed before anything is onboarded or allocated, so what
+ * `kvb_manager_estimate_batch` estimated is what is delivered. `results` (may be null) receives
+ * `num_requests` entries; `*out_admitted` how many requests were admitted. Without
+ * `longest_prefix` the batch is all or nothing (`KVB_STATUS_OUT_OF_BLOCKS`, nothing changed);
+ * with it, the longest prefix that fits is admitted (possibly none).
  */
-enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
+enum kvb_status_t kvb_manager_add_sequence_batch(struct kvb_manager_t *manager,
+                                                 const struct kvb_request_t *requests,
+                                                 size_t num_requests,
+                                                 bool longest_prefix,
+                                                 struct kvb_admission_t *results,
+                                                 size_t *out_admitted);
+
+/**
+ * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
+ * at block boundaries and detaches blocks that left a sliding window. Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
+ * (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
+ * failed CUDA launch).
+ */
+enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
+                                        uint64_t request_id,
+                                        int32_t token_id);
+
+/**
+ * One decode step for many sequences under one lock: for each `i < num_requests` in order,
+ * appends `token_ids[i]` to sequence `request_ids[i]` (`kvb_manager_add_token`) and, with
+ * `store_new_blocks`, stores the block it completed (`kvb_manager_store_new_block`). Each
+ * sequence's step is all or nothing. The call stops at the first sequence that fails: it
+ * returns that sequence's status (e.g. `KVB_STATUS_OUT_OF_BLOCKS`), that sequence and the ones
+ * after it are unchanged. `*out_done` receives how many sequences got their token (the index
+ * of the failing one); `statuses` (may be null, else `num_requests` entries) receives
+ * `KVB_OK` for those, the failure for the failing one, and is not written past it.
+ */
+enum kvb_status_t kvb_manager_add_token_batch(struct kvb_manager_t *manager,
+                                              const uint64_t *request_ids,
+                                              const int32_t *token_ids,
+                                              size_t num_requests,
+                                              bool store_new_blocks,
+                                              enum kvb_status_t *statuses,
+                                              size_t *out_done);
+
+/**
+ * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
+ * `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
+ * it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
+ * sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` (rolled back) when the
+ * copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
+ */
+enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
+ * blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
+ * when the new last block is shared and no free block is left to copy it into,
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
+ * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
+ * the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
+ */
+enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
+                                              uint64_t request_id,
+                                              int32_t num_tokens);
+
+/**
+ * Tokens (prompt + generated) of a sequence.
+ */
+enum kvb_status_t kvb_manager_get_num_tokens(struct kvb_manager_t *manager,
+                                             uint64_t request_id,
+                                             int32_t *out);
+
+/**
+ * Stores the full prompt blocks computed so far (`context_position` tokens) for reuse, after a
+ * context chunk (TensorRT-LLM `storeContextBlocks`).
+ */
+enum kvb_status_t kvb_manager_store_context_blocks(struct kvb_manager_t *manager,
+                                                   uint64_t request_id,
+                                                   int32_t context_position);
+
+/**
+ * Stores the decode block that the last token completed (TensorRT-LLM `storeNewBlock`); a
+ * no-op unless the last `add_token` opened a new block.
+ */
+enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
+ * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
+ * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
+ * many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
+ * one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
+ * the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
+ * neither stores nor pins anything.
+ */
+enum kvb_status_t kvb_manager_store_blocks_for_reuse(struct kvb_manager_t *manager,
+                                                     uint64_t request_id,
+                                                     bool pin,
+                                                     int32_t window_size,
+                                                     int32_t *out_ids,
+                                                     size_t capacity,
+                                                     size_t *out_count);
+
+/**
+ * Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
+ * blocks (partial last block included) are first stored in the reuse tree (beam width 1).
+ */
+enum kvb_status_t kvb_manager_remove_sequence(struct kvb_manager_t *manager,
+                                              uint64_t request_id,
+                                              bool store_for_reuse);
+
+/**
+ * Pins every block of a sequence in every window (TensorRT-LLM `pinBlocks`): they stay
+ * allocated after `remove_sequence` until unpinned.
+ */
+enum kvb_status_t kvb_manager_pin_blocks(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
+ * id must hold a pin (checked before anything changes).
+ */
+enum kvb_status_t kvb_manager_unpin_blocks_by_id(struct kvb_manager_t *manager,
+                                                 int32_t window_size,
+                                                 const int32_t *block_ids,
+                                                 size_t num_ids);
 
 /**
  * Writes a sequence's lengths (see `kvb_sequence_lengths_t`) into `*out`.
@@ -1099,181 +1442,6 @@ enum kvb_status_t kvb_manager_end_scheduling_pass(struct kvb_manager_t *manager,
                                                   size_t num_scheduled);
 
 /**
- * Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
- * 32 tokens per block, beam 1, offload minimum priority 30, 2 bytes per element, no pool
- * memory) and sets `struct_size`. The caller then sets `windows` and `max_sequence_length`.
- */
-enum kvb_status_t kvb_manager_config_init(struct kvb_manager_config_t *config);
-
-/**
- * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
- */
-enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
-
-/**
- * Initialises a scheduler request state (phase context-init, beam width 1).
- */
-enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
-
-/**
- * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
- * failure `*out` is set to null. Fails with `KVB_STATUS_INVALID_CONFIG` (inconsistent config,
- * pool sizes that overflow, more than `INT32_MAX` blocks in a window),
- * `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_OUT_OF_MEMORY` (pools or bookkeeping the allocator
- * refuses), `KVB_STATUS_UNSUPPORTED` or `KVB_STATUS_CUDA` (CUDA backend).
- */
-enum kvb_status_t kvb_manager_create(const struct kvb_manager_config_t *config,
-                                     struct kvb_manager_t **out);
-
-/**
- * Destroys a manager. Null is accepted (no-op). Destroying twice returns
- * `KVB_STATUS_DESTROYED`; any other call on a destroyed handle returns it too.
- */
-enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
-
-/**
- * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
- * blocks, copies partial matches, allocates the rest in every window. `out` (may be null)
- * receives the prepopulated prompt length and the per-request counters. Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS` when a window lacks blocks, and with `KVB_STATUS_COPY_FAILED`
- * when the copy backend fails (the call is rolled back); a failed call changes nothing. A
- * failed CUDA launch returns `KVB_STATUS_CUDA` and poisons the handle.
- */
-enum kvb_status_t kvb_manager_add_sequence(struct kvb_manager_t *manager,
-                                           const struct kvb_request_t *request,
-                                           struct kvb_admission_t *out);
-
-/**
- * Admits a batch of requests in order (TensorRT-LLM `addSequenceBatch`): every reusable block
- * of every request is claimed before anything is onboarded or allocated, so what
- * `kvb_manager_estimate_batch` estimated is what is delivered. `results` (may be null) receives
- * `num_requests` entries; `*out_admitted` how many requests were admitted. Without
- * `longest_prefix` the batch is all or nothing (`KVB_STATUS_OUT_OF_BLOCKS`, nothing changed);
- * with it, the longest prefix that fits is admitted (possibly none).
- */
-enum kvb_status_t kvb_manager_add_sequence_batch(struct kvb_manager_t *manager,
-                                                 const struct kvb_request_t *requests,
-                                                 size_t num_requests,
-                                                 bool longest_prefix,
-                                                 struct kvb_admission_t *results,
-                                                 size_t *out_admitted);
-
-/**
- * The scheduler's estimate for a candidate batch, in order, counting the requests before each
- * one (a block one request allocates is not free for the next; a block one claims is reusable
- * by the next). Changes nothing. `out` receives `num_requests` entries; admitting the same
- * batch on the same state delivers exactly these figures.
- */
-enum kvb_status_t kvb_manager_estimate_batch(struct kvb_manager_t *manager,
-                                             const struct kvb_request_t *requests,
-                                             size_t num_requests,
-                                             struct kvb_batch_estimate_t *out);
-
-/**
- * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
- * at block boundaries and detaches blocks that left a sliding window. Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
- * (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
- * failed CUDA launch).
- */
-enum kvb_status_t kvb_manager_add_token(struct kvb_manager_t *manager,
-                                        uint64_t request_id,
-                                        int32_t token_id);
-
-/**
- * One decode step for many sequences under one lock: for each `i < num_requests` in order,
- * appends `token_ids[i]` to sequence `request_ids[i]` (`kvb_manager_add_token`) and, with
- * `store_new_blocks`, stores the block it completed (`kvb_manager_store_new_block`). Each
- * sequence's step is all or nothing. The call stops at the first sequence that fails: it
- * returns that sequence's status (e.g. `KVB_STATUS_OUT_OF_BLOCKS`), that sequence and the ones
- * after it are unchanged. `*out_done` receives how many sequences got their token (the index
- * of the failing one); `statuses` (may be null, else `num_requests` entries) receives
- * `KVB_OK` for those, the failure for the failing one, and is not written past it.
- */
-enum kvb_status_t kvb_manager_add_token_batch(struct kvb_manager_t *manager,
-                                              const uint64_t *request_ids,
-                                              const int32_t *token_ids,
-                                              size_t num_requests,
-                                              bool store_new_blocks,
-                                              enum kvb_status_t *statuses,
-                                              size_t *out_done);
-
-/**
- * Removes the last generated token (TensorRT-LLM `removeToken`; beam width 1). Fails with
- * `KVB_STATUS_OUT_OF_BLOCKS` when the last block is shared and no free block is left to copy
- * it into, `KVB_STATUS_UNSUPPORTED` with beam search, `KVB_STATUS_INVALID_ARGUMENT` when the
- * sequence has no generated token, and with `KVB_STATUS_COPY_FAILED` (rolled back) when the
- * copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
- */
-enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64_t request_id);
-
-/**
- * Removes the last `num_tokens` generated tokens (TensorRT-LLM `rewindKVCache`), returning
- * blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
- * when the new last block is shared and no free block is left to copy it into,
- * `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
- * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
- * the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
- */
-enum kvb_status_t kvb_manager_rewind_kv_cache(struct kvb_manager_t *manager,
-                                              uint64_t request_id,
-                                              int32_t num_tokens);
-
-/**
- * Stores the full prompt blocks computed so far (`context_position` tokens) for reuse, after a
- * context chunk (TensorRT-LLM `storeContextBlocks`).
- */
-enum kvb_status_t kvb_manager_store_context_blocks(struct kvb_manager_t *manager,
-                                                   uint64_t request_id,
-                                                   int32_t context_position);
-
-/**
- * Stores the decode block that the last token completed (TensorRT-LLM `storeNewBlock`); a
- * no-op unless the last `add_token` opened a new block.
- */
-enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uint64_t request_id);
-
-/**
- * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
- * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
- * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
- * many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
- * one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
- * the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
- * neither stores nor pins anything.
- */
-enum kvb_status_t kvb_manager_store_blocks_for_reuse(struct kvb_manager_t *manager,
-                                                     uint64_t request_id,
-                                                     bool pin,
-                                                     int32_t window_size,
-                                                     int32_t *out_ids,
-                                                     size_t capacity,
-                                                     size_t *out_count);
-
-/**
- * Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
- * blocks (partial last block included) are first stored in the reuse tree (beam width 1).
- */
-enum kvb_status_t kvb_manager_remove_sequence(struct kvb_manager_t *manager,
-                                              uint64_t request_id,
-                                              bool store_for_reuse);
-
-/**
- * Pins every block of a sequence in every window (TensorRT-LLM `pinBlocks`): they stay
- * allocated after `remove_sequence` until unpinned.
- */
-enum kvb_status_t kvb_manager_pin_blocks(struct kvb_manager_t *manager, uint64_t request_id);
-
-/**
- * Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
- * id must hold a pin (checked before anything changes).
- */
-enum kvb_status_t kvb_manager_unpin_blocks_by_id(struct kvb_manager_t *manager,
-                                                 int32_t window_size,
-                                                 const int32_t *block_ids,
-                                                 size_t num_ids);
-
-/**
  * Block ids of one beam of a sequence in one window (TensorRT-LLM `getCacheBlockIds`),
  * front-detached sliding-window blocks included.
  */
@@ -1332,48 +1500,9 @@ enum kvb_status_t kvb_manager_get_block_offsets_of_batch(struct kvb_manager_t *m
                                                          int32_t beam_width);
 
 /**
- * Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+ * Initialises a scheduler request state (phase context-init, beam width 1).
  */
-enum kvb_status_t kvb_manager_get_kv_cache_stats(struct kvb_manager_t *manager,
-                                                 struct kvb_kv_cache_stats_t *out);
-
-/**
- * Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
- */
-enum kvb_status_t kvb_manager_get_num_free_blocks(struct kvb_manager_t *manager, int64_t *out);
-
-/**
- * Free primary and secondary blocks of one window (TensorRT-LLM
- * `getNumFreeBlocksPerWindowSize`).
- */
-enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_manager_t *manager,
-                                                                  int32_t window_size,
-                                                                  int64_t *out_primary,
-                                                                  int64_t *out_secondary);
-
-/**
- * Host-tier (secondary) blocks of window `window_size`: the configured `secondary_blocks`, or
- * the size chosen for an automatic host tier (`kvb_window_config_t::auto_host_tier`).
- * `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
- */
-enum kvb_status_t kvb_manager_get_host_tier_blocks(struct kvb_manager_t *manager,
-                                                   int32_t window_size,
-                                                   int64_t *out_blocks);
-
-/**
- * The admission result of a live sequence: prepopulated length and per-request counters
- * (TensorRT-LLM's per-request stats on `LlmRequest`).
- */
-enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
-                                                uint64_t request_id,
-                                                struct kvb_admission_t *out);
-
-/**
- * Tokens (prompt + generated) of a sequence.
- */
-enum kvb_status_t kvb_manager_get_num_tokens(struct kvb_manager_t *manager,
-                                             uint64_t request_id,
-                                             int32_t *out);
+enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
  * Starts a scheduling simulation: copies free counts and reference counts
@@ -1439,45 +1568,48 @@ enum kvb_status_t kvb_manager_get_max_capacity_batch_size(struct kvb_manager_t *
                                                           int32_t *out);
 
 /**
+ * Whole-manager statistics (TensorRT-LLM `getKvCacheStats`).
+ */
+enum kvb_status_t kvb_manager_get_kv_cache_stats(struct kvb_manager_t *manager,
+                                                 struct kvb_kv_cache_stats_t *out);
+
+/**
+ * Free primary blocks over all windows (TensorRT-LLM `getNumFreeBlocks`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks(struct kvb_manager_t *manager, int64_t *out);
+
+/**
+ * Free primary and secondary blocks of one window (TensorRT-LLM
+ * `getNumFreeBlocksPerWindowSize`).
+ */
+enum kvb_status_t kvb_manager_get_num_free_blocks_per_window_size(struct kvb_manager_t *manager,
+                                                                  int32_t window_size,
+                                                                  int64_t *out_primary,
+                                                                  int64_t *out_secondary);
+
+/**
+ * Host-tier (secondary) blocks of window `window_size`: the configured `secondary_blocks`, or
+ * the size chosen for an automatic host tier (`kvb_window_config_t::auto_host_tier`).
+ * `KVB_STATUS_INVALID_ARGUMENT` for a window size the manager does not have.
+ */
+enum kvb_status_t kvb_manager_get_host_tier_blocks(struct kvb_manager_t *manager,
+                                                   int32_t window_size,
+                                                   int64_t *out_blocks);
+
+/**
+ * The admission result of a live sequence: prepopulated length and per-request counters
+ * (TensorRT-LLM's per-request stats on `LlmRequest`).
+ */
+enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                struct kvb_admission_t *out);
+
+/**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
  * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
  * (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
  */
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
-
-/**
- * Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
- * counts, tree hashes and links, sliding-window bounds, ...). Returns
- * `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
- */
-enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
-
-/**
- * Advances the manual clock by `ms` (managers created with `manual_clock`).
- */
-enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
-
-/**
- * Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
- * host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
- * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
- * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
- * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
- * pool has no memory (no backend, an empty level, a pool not registered yet).
- */
-enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
-                                               int32_t window_size,
-                                               int32_t cache_level,
-                                               uint8_t **out_base,
-                                               size_t *out_row_bytes);
-
-/**
- * A snapshot of one block of a window.
- */
-enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
-                                             int32_t window_size,
-                                             int32_t block_id,
-                                             struct kvb_block_info_t *out);
 
 /**
  * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
@@ -1492,42 +1624,53 @@ enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             bool *out_offloaded);
 
 /**
- * Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
- * `getPriorityByBlockId`).
+ * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
+ * pending removals and makes the iteration's events visible to `kvb_manager_get_latest_events`.
+ * Call once per iteration. A no-op when events are off.
  */
-enum kvb_status_t kvb_manager_get_priority_by_block_id(struct kvb_manager_t *manager,
-                                                       int32_t window_size,
-                                                       int64_t block_id,
-                                                       int32_t *out);
+enum kvb_status_t kvb_manager_flush_iteration_events(struct kvb_manager_t *manager);
 
 /**
- * Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
+ * Takes every flushed event, waiting up to `timeout_ms` (0 = do not wait) for at least one.
+ * Safe to call from another thread while the executor keeps using the manager: it does not
+ * take the manager's lock while waiting. `*out_batch` receives a batch (possibly empty) to free
+ * with `kvb_event_batch_free`. Returns at once with an empty batch when events are off. A drain
+ * waiting when the manager is destroyed returns `KVB_OK` with an empty batch; one started after
+ * returns `KVB_STATUS_DESTROYED`.
  */
-enum kvb_status_t kvb_manager_get_last_block_id(struct kvb_manager_t *manager,
-                                                uint64_t request_id,
-                                                int32_t *out);
+enum kvb_status_t kvb_manager_get_latest_events(struct kvb_manager_t *manager,
+                                                int64_t timeout_ms,
+                                                struct kvb_event_batch_t **out_batch);
 
 /**
- * Tokens per block.
+ * Number of events in a batch.
  */
-enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
+enum kvb_status_t kvb_event_batch_size(const struct kvb_event_batch_t *batch, size_t *out);
 
 /**
- * Test hook for the panic guard: panics inside the library while holding the manager. The call
- * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+ * Events dropped because the buffer was full since the previous drain.
  */
-enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+enum kvb_status_t kvb_event_batch_num_dropped(const struct kvb_event_batch_t *batch, uint64_t *out);
 
 /**
- * Writes the 32-byte content digest of one multimodal item (BLAKE3 of its `len` raw bytes at
- * `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items
- * whose placeholder token ids are equal but whose bytes differ get different digests, so their
- * blocks are never reused for one another; equal bytes give equal digests in every process and
- * run.
- * `data` may be null only when `len` is 0 (the empty input); `KVB_STATUS_NULL_POINTER` for a
- * null `data` with `len > 0` or a null `out_digest`, which is then left unchanged.
+ * Event `index` of a batch (views valid until the batch is freed).
  */
-enum kvb_status_t kvb_multimodal_digest(const uint8_t *data, size_t len, uint8_t *out_digest);
+enum kvb_status_t kvb_event_batch_get(const struct kvb_event_batch_t *batch,
+                                      size_t index,
+                                      struct kvb_event_t *out);
+
+/**
+ * Block `block_index` of Stored event `event_index`.
+ */
+enum kvb_status_t kvb_event_batch_get_stored_block(const struct kvb_event_batch_t *batch,
+                                                   size_t event_index,
+                                                   size_t block_index,
+                                                   struct kvb_stored_block_t *out);
+
+/**
+ * Frees a batch; null is accepted.
+ */
+enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
 
 /**
  * Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay
@@ -1585,6 +1728,66 @@ enum kvb_status_t kvb_event_publisher_get_endpoint(const struct kvb_event_publis
  * up to `linger_ms` for queued messages to leave), then frees the handle. Null is accepted.
  */
 enum kvb_status_t kvb_event_publisher_destroy(struct kvb_event_publisher_t *publisher);
+
+/**
+ * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
+ * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
+ * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
+ * without CUDA.
+ */
+enum kvb_status_t kvb_cuda_libraries_available(bool *out);
+
+/**
+ * Switches the engine stream (`cudaStream_t`/`CUstream`) that copies are ordered with. Copies
+ * submitted before stay ordered before the new stream's later work (the new stream waits on
+ * the GPU for the old one's enqueued work). Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *stream);
+
+/**
+ * With `KVB_CUDA_TRANSFER_COPY_STREAM`: makes the engine stream wait (on the GPU, not the
+ * host) for every copy submitted so far, as TensorRT-LLM's `syncTransfers`. Call it before
+ * enqueuing work that reads or writes blocks the manager handed out since the last call. A
+ * no-op with the engine-stream ordering and for the other backends (whose copies are done when
+ * the call that submitted them returns).
+ */
+enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
+
+/**
+ * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
+ * of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
+ * or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover
+ * the window's rows (`num_blocks × row bytes`, see `kvb_manager_get_pool_pointer`). Allowed
+ * only while no sequence exists and no block is cached (the pool holds no data yet); kvblock's
+ * own pool of that level is freed. The memory stays the engine's: it must outlive the manager.
+ * Only for `KVB_COPY_BACKEND_CUDA` managers.
+ */
+enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
+                                            int32_t window_size,
+                                            int32_t cache_level,
+                                            void *pointer,
+                                            size_t bytes);
+
+/**
+ * Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
+ * host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
+ * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
+ * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
+ * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
+ * pool has no memory (no backend, an empty level, a pool not registered yet).
+ */
+enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
+                                               int32_t window_size,
+                                               int32_t cache_level,
+                                               uint8_t **out_base,
+                                               size_t *out_row_bytes);
+
+/**
+ * Writes the number of batched copy submissions so far, over all windows: kernel launches for
+ * `KVB_COPY_BACKEND_CUDA` (one per call that copies, one more per wave of copies that depend
+ * on each other inside the call), 0 for the other backends. For tests and diagnostics.
+ */
+enum kvb_status_t kvb_manager_copy_launches(struct kvb_manager_t *manager, uint64_t *out);
 
 /**
  * Blocks one beam needs for `sequence_length` tokens under `window_size`
@@ -1662,24 +1865,46 @@ enum kvb_status_t kvb_calculate_auto_host_tier_blocks(int64_t gpu_quota_blocks,
                                                       int64_t *out_blocks);
 
 /**
- * The message of the last failed kvblock call on this thread ("" if none). The pointer stays
- * valid until the next kvblock call on this thread.
+ * A snapshot of one block of a window.
  */
-const char *kvb_last_error_message(void);
+enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,
+                                             int32_t window_size,
+                                             int32_t block_id,
+                                             struct kvb_block_info_t *out);
 
 /**
- * A static, human-readable name of a status code (never null; "unknown status" for values
- * this library does not define).
+ * Retention priority of a block; 35 (the default) for an invalid id (TensorRT-LLM
+ * `getPriorityByBlockId`).
  */
-const char *kvb_status_string(int32_t status);
+enum kvb_status_t kvb_manager_get_priority_by_block_id(struct kvb_manager_t *manager,
+                                                       int32_t window_size,
+                                                       int64_t block_id,
+                                                       int32_t *out);
 
 /**
- * The version of this library: its ABI major version (the `N` of the SONAME `libkvblock.so.N`),
- * minor and patch. A program built against version `M.m.p` runs against any library of the same
- * major `M` and a minor of at least `m`; compare with what the header was generated for when in
- * doubt. Each out-parameter may be null when that part is not wanted.
+ * Last block of beam 0 in the smallest window (TensorRT-LLM `getLastBlockId`).
  */
-enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t *out_patch);
+enum kvb_status_t kvb_manager_get_last_block_id(struct kvb_manager_t *manager,
+                                                uint64_t request_id,
+                                                int32_t *out);
+
+/**
+ * Verifies the manager's invariants (free counters = queue lengths, queue levels, reference
+ * counts, tree hashes and links, sliding-window bounds, ...). Returns
+ * `KVB_STATUS_INVARIANT_VIOLATION` naming the first violation in the message.
+ */
+enum kvb_status_t kvb_manager_check_invariants(struct kvb_manager_t *manager);
+
+/**
+ * Advances the manual clock by `ms` (managers created with `manual_clock`).
+ */
+enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_t ms);
+
+/**
+ * Test hook for the panic guard: panics inside the library while holding the manager. The call
+ * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
+ */
+enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
 
 #ifdef __cplusplus
 }  // extern "C"

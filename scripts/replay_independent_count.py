@@ -3,8 +3,8 @@
 
 Setting: requests run strictly one after another (--max-running 1), capacity so large that nothing
 is ever evicted, reuse of full blocks only (--no-partial-reuse). The script synthesises the same
-tokens as the replay (replay-workload token rule), models the reuse tree as kvblock defines it, and
-compares the totals with the replay's JSON:
+tokens as the replay (the token rule of examples/replay/trace.hpp), models the reuse tree as
+kvblock defines it, and compares the totals with the replay's JSON:
 
 * Admission of a request with input length L looks up the blocks of its first L - 1 tokens (the
   last prompt token is never reused): the longest chain of stored blocks exactly equal to its full

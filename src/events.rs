@@ -1,5 +1,5 @@
-//! KV cache events (reference §8): Created / Stored / Removed / Updated, batched per window and
-//! delivered through a bounded buffer that a second thread drains.
+//! KV cache events in TensorRT-LLM's format (Created / Stored / Removed / Updated), batched per
+//! window and delivered through a bounded buffer that a second thread drains.
 //!
 //! Three stages. (1) Windows record raw events while an operation runs; the manager moves them,
 //! in order, into the `EventQueue` of the current iteration. Removals only accumulate in a

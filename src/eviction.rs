@@ -1,10 +1,11 @@
 //! Free queues: one LRU list per (cache level, priority 0..=100), intrusive over block indices.
 //!
 //! Eviction takes the front of the lowest non-empty priority of a level (a bitmap finds it in
-//! O(1)); within a priority, blocks leave in release order. Each queued block records the
-//! (level, priority) it was queued under, and removal always uses that record, never the block's
-//! current memory level or priority (seed `004`: claim before swap). The free counter of a level
-//! is the length of its lists by construction.
+//! O(1)); within a priority, blocks leave in release order. Each queued block records the (level,
+//! priority) it was queued under, and removal always uses that record, never the block's current
+//! memory level or priority (TensorRT-LLM issue 11879: an offload claims both blocks before
+//! swapping their rows, so a row's level can change while its block is queued). The free counter of
+//! a level is the length of its lists by construction.
 
 use std::collections::BTreeSet;
 

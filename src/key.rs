@@ -1,6 +1,6 @@
 //! Tokens, block keys, multimodal extra keys and the chained block hash.
 //!
-//! The hash is bit-exact with TensorRT-LLM V1's `BlockKeyHasher` (reference §2.4) so that event
+//! The hash is bit-exact with TensorRT-LLM V1's `BlockKeyHasher` formula so that event
 //! consumers keyed on TensorRT-LLM hashes keep working. Lookups never rely on the hash alone: the
 //! reuse tree always compares full keys.
 
@@ -245,8 +245,9 @@ pub fn digest_from_i32_words(words: &[i32; 8]) -> [u8; 32] {
 mod tests {
     use super::*;
 
-    // Expected values were worked out from the formula of reference §2.4 with an independent
-    // arbitrary-precision implementation (explicit 32/64-bit masks), not from this code.
+    // Expected values were worked out from TensorRT-LLM's `BlockKeyHasher` formula with an
+    // independent arbitrary-precision implementation (explicit 32/64-bit masks), not from this
+    // code.
 
     #[test]
     fn mixers_match_worked_values() {
@@ -383,17 +384,18 @@ mod tests {
 
     #[test]
     fn multimodal_digest_matches_blake3_known_answers() {
-        // BLAKE3's published vector for the empty input.
+        // Fixed digests (BLAKE3 is unkeyed; they agree with BLAKE3's standard test values and
+        // the Python blake3 package): the empty input,
         assert_eq!(
             hex(&multimodal_digest(&[])),
             "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
         );
-        // Checked against the Python `blake3` package.
+        // "abc",
         assert_eq!(
             hex(&multimodal_digest(b"abc")),
             "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
         );
-        // BLAKE3's published vector for 1025 bytes of the pattern 0, 1, ..., 250, 0, 1, ...:
+        // and 1025 bytes of the pattern 0, 1, ..., 250, 0, 1, ...:
         // it crosses the 1024-byte chunk boundary, so the tree mode is covered too.
         let input: Vec<u8> = (0..1025).map(|i| (i % 251) as u8).collect();
         assert_eq!(

@@ -1,5 +1,5 @@
 //! Retention configs: per-token-range priorities with optional durations, and the decode
-//! priority applied to generated blocks (reference §2.10).
+//! priority applied to generated blocks (TensorRT-LLM's `KvCacheRetentionConfig`).
 
 use crate::error::KvError;
 

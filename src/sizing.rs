@@ -1,5 +1,5 @@
-//! Static sizing helpers of TensorRT-LLM's `KVCacheManager` (reference §7). Sink tokens are not
-//! supported, so the sink bubble is always 0 and is not a parameter.
+//! Static sizing helpers of TensorRT-LLM's `KVCacheManager` (`calculateMaxNumBlocks` and its
+//! helpers). Sink tokens are not supported, so the sink bubble is always 0 and is not a parameter.
 
 /// Extra block per beam budgeted when a sequence outgrows a sliding window.
 pub const SWA_EXTRA_BLOCK: usize = 1;

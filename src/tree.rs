@@ -6,9 +6,9 @@
 //! and for detaching subtrees. Exact lookups under a narrow node (at most `WIDE_CHILDREN`
 //! children, the common case: chains) scan that list comparing lookup hashes; under a wide node
 //! (the root, a shared system prompt's last block) they go through a map
-//! `(parent, lookup hash) -> child`. Either way the full key is compared. A key whose `(parent, lookup hash)` is already taken by a different key
-//! (a 64-bit collision) is simply not inserted: the block stays private, reuse is lost, nothing is
-//! corrupted.
+//! `(parent, lookup hash) -> child`. Either way the full key is compared. A key whose
+//! `(parent, lookup hash)` is already taken by a different key (a 64-bit collision) is simply not
+//! inserted: the block stays private, reuse is lost, nothing is corrupted.
 //!
 //! TensorRT-LLM's chained block hash (what events and inspection report) is computed at insertion
 //! when `track_hashes` is on (events need it), and otherwise on demand by walking the path.
@@ -16,10 +16,9 @@
 use std::collections::HashMap;
 
 use crate::key::{block_hash, lookup_hash, BlockKeyRef, MmKey};
+use crate::premixed::PremixedMap;
 
 pub const NIL: u32 = u32::MAX;
-
-pub use crate::premixed::{PremixedHasher, PremixedMap};
 
 /// Above this many children a node's children are indexed in the child map.
 const WIDE_CHILDREN: u32 = 8;
@@ -88,6 +87,14 @@ pub struct SlotKeyAttrs {
     pub uses_extra_ids: bool,
     pub lora_task_id: Option<u64>,
     pub cache_salt: Option<u64>,
+}
+
+/// One position of a block's key slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotToken {
+    pub token_id: i32,
+    /// 0 when no key of the tree has extra ids.
+    pub extra_id: u64,
 }
 
 /// Result of matching one key under a node.
@@ -372,13 +379,13 @@ impl ReuseTree {
         }
     }
 
-    /// The token (and extra id, 0 without extra ids) at position `pos` of the block's slot.
-    pub fn slot_token(&self, block: u32, pos: usize) -> (i32, u64) {
+    /// The token and extra id at position `pos` of the block's slot.
+    pub fn slot_token(&self, block: u32, pos: usize) -> SlotToken {
         let at = block as usize * self.tokens_per_block + pos;
-        (
-            self.token_ids[at],
-            self.extra_ids.get(at).copied().unwrap_or(0),
-        )
+        SlotToken {
+            token_id: self.token_ids[at],
+            extra_id: self.extra_ids.get(at).copied().unwrap_or(0),
+        }
     }
 
     /// Copies the first `len` slot tokens (and extra ids) of `src` into the slot of `dst` (a
@@ -631,8 +638,8 @@ impl ReuseTree {
         None
     }
 
-    /// Checks tree invariants (reference §10.7): every node's hash is H(key, parent hash), the
-    /// child map and sibling lists agree, parents are in the tree.
+    /// Checks tree invariants: every node's hash is H(key, parent hash), the child map and sibling
+    /// lists agree, parents are in the tree.
     pub fn verify(&self) -> Result<(), String> {
         let mut count = 0;
         let mut linked = 0;

@@ -1,4 +1,4 @@
-//! Regression tests of the weak spots of the C ABI found by the hardening work (issue 12):
+//! Regression tests of the weak spots of the C ABI found by fuzzing, sanitizers and review:
 //! wrapped or negative results of caller-sized arithmetic, a multimodal digest dropped from the
 //! block keys, allocation failure aborting instead of failing, destroyed managers keeping their
 //! undrained events, and caught panics printed on the host's stderr.

@@ -1,7 +1,7 @@
 //! Batched admission: the scheduler's estimate equals what `add_sequence_batch` delivers, for
-//! random manager states and batches, with and without the host tier, under offload pressure;
-//! and the seed's failure (sequential admission delivering less reuse than estimated) is
-//! reproduced and shown fixed by the batch call.
+//! random manager states and batches, with and without the host tier, under offload pressure; and
+//! the bug that batched admission fixes (sequential admission delivering less reuse than estimated;
+//! TensorRT-LLM PRs #12878/#12892 → #13029) is reproduced and shown fixed by the batch call.
 
 mod common;
 
@@ -212,7 +212,7 @@ fn sequential_admission_loses_estimated_reuse_and_the_batch_does_not() {
     let got_b = sequential.add_sequence(&b).unwrap();
     assert!(
         got_b.prepopulated_prompt_len < estimated_b.reusable_tokens,
-        "the seed's bug: A's allocations evicted B's cached blocks ({} < {})",
+        "the bug: A's allocations evicted B's cached blocks ({} < {})",
         got_b.prepopulated_prompt_len,
         estimated_b.reusable_tokens
     );

@@ -146,7 +146,7 @@ fn stored_keys_are_the_tokens_written_into_the_slots() {
     for t in 100..106 {
         m.add_token(1, t).unwrap();
     }
-    m.store_blocks_for_reuse(1, false, None).unwrap();
+    m.store_blocks_for_reuse(1, false, None, 0).unwrap();
     // A second sequence shares the three stored blocks' first two, then rewinding the first
     // into its shared second block copies it (copy on write) and writes other tokens there.
     let mut full: Vec<i32> = tokens(0..6);
@@ -183,5 +183,30 @@ fn stored_keys_are_the_tokens_written_into_the_slots() {
             .prepopulated_prompt_len,
         1
     );
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn pinning_store_checks_the_callers_bound_before_changing_anything() {
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..10))).unwrap();
+    // 9 stored tokens span 3 blocks: a bound of 2 fails, nothing is stored or pinned.
+    let err = m.store_blocks_for_reuse(1, true, None, 2).unwrap_err();
+    assert_eq!(
+        err,
+        kvblock::error::KvError::BufferTooSmall {
+            needed: 3,
+            given: 2
+        }
+    );
+    assert!(m.reuse_tree_snapshot(1024).unwrap().is_empty());
+    m.check_invariants().unwrap();
+    // Without pinning the bound does not apply; with room for 3 ids, 3 blocks are pinned.
+    assert!(m
+        .store_blocks_for_reuse(1, false, None, 0)
+        .unwrap()
+        .is_empty());
+    let pinned = m.store_blocks_for_reuse(1, true, None, 3).unwrap();
+    assert_eq!(pinned.len(), 3);
     m.check_invariants().unwrap();
 }

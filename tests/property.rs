@@ -6,7 +6,7 @@
 //! store entry points, releases with and without store, rewinds, pins and unpins, refreshes,
 //! clock steps and explicit offloads, with primary pools small enough that eviction, host offload
 //! and out-of-blocks failures are common. After every step:
-//! * `check_invariants()` holds (reference §10);
+//! * `check_invariants()` holds (queues, reference counts, trees, window bounds);
 //! * the reference model agrees: every live sequence's token count; after an admission the
 //!   prepopulated length is below the input length, the reused prompt prefix is a prefix that an
 //!   earlier store recorded (same LoRA / salt), and reused + missed = context blocks per window;
@@ -759,7 +759,7 @@ impl Harness {
         let before = self.pin_counts();
         let ids = self
             .m
-            .store_blocks_for_reuse(id, pin, None)
+            .store_blocks_for_reuse(id, pin, None, usize::MAX)
             .unwrap_or_else(|e| self.fail(format!("store_blocks_for_reuse({id}): {e}")));
         self.log(|| format!("store_blocks_for_reuse {id} pin {pin} -> {ids:?}"));
         let n = self.seqs[&id].tokens.len() - 1;
@@ -1298,7 +1298,7 @@ fn takeover_of_a_detached_leaf_invalidates_the_owner_store() {
     let mut m = swa_host_manager(0);
     m.add_sequence(&Request::new(1, vec![10, 11, 12])).unwrap();
     // Stores tokens [10, 11] as a partial leaf in both windows.
-    m.store_blocks_for_reuse(1, false, None).unwrap();
+    m.store_blocks_for_reuse(1, false, None, 0).unwrap();
     for w in [8, 32] {
         let b = m.cache_block_ids(1, w, 0).unwrap()[0];
         fill_slots(&mut m, w, b, 0..TPB, 0xaa);

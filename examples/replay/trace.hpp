@@ -63,7 +63,7 @@ inline std::vector<int32_t> synthesize_prompt(const TraceRequest& req) {
     return tokens;
 }
 
-/// Checks the token synthesis against the reference check values (request 0 of the synthetic
+/// Checks the token synthesis against known values (request 0 of the synthetic
 /// trace has hash_ids 0, 1, 2, ... and input_length 40160); prints each check.
 inline bool token_self_test(std::FILE* out) {
     bool ok = true;

@@ -1,9 +1,11 @@
-//! C entry points of the CUDA backend: stream changes, transfer synchronization, pools
-//! registered by the engine.
+//! C entry points of the data path: whether CUDA is available, stream changes, transfer
+//! synchronization, pools registered by the engine, pool addresses and copy counts.
 
 use std::ffi::c_void;
 
-use super::handle::{guard, kvb_manager_t, positive_arg, with_manager, write_out};
+use super::handle::{
+    guard, kvb_manager_t, positive_arg, require_out, window_arg, with_manager, write_out,
+};
 use super::status::kvb_status_t;
 use super::types::level_arg;
 use crate::cuda::{driver_library_present, nvrtc_library_present};
@@ -60,6 +62,30 @@ pub extern "C" fn kvb_manager_register_pool(
         let window = positive_arg(window_size, "window_size")?;
         let level = level_arg(cache_level)?;
         Ok(m.register_pool(window, level, pointer as u64, bytes)?)
+    })
+}
+
+/// Address of a window's pool at `cache_level` (a `kvb_cache_level_t`) and the bytes of one row:
+/// host memory with `KVB_COPY_BACKEND_HOST`; with `KVB_COPY_BACKEND_CUDA` the device address
+/// (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
+/// usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
+/// row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
+/// pool has no memory (no backend, an empty level, a pool not registered yet).
+#[no_mangle]
+pub extern "C" fn kvb_manager_get_pool_pointer(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    cache_level: i32,
+    out_base: *mut *mut u8,
+    out_row_bytes: *mut usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_base, "out_base")?;
+        require_out(out_row_bytes, "out_row_bytes")?;
+        let level = level_arg(cache_level)?;
+        let (p, row) = m.pool_pointer(window_arg(window_size)?, level)?;
+        write_out(out_base, p, "out_base")?;
+        write_out(out_row_bytes, row, "out_row_bytes")
     })
 }
 

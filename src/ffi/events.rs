@@ -30,6 +30,7 @@ pub enum kvb_event_type_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_mm_key_t {
+    /// Hash of the multimodal item's content (`kvb_multimodal_item_t::digest`).
     pub digest: [u8; 32],
     /// Where the item starts relative to the block (0 when it starts inside the block).
     pub start_offset: i32,
@@ -41,18 +42,27 @@ pub struct kvb_mm_key_t {
 pub struct kvb_stored_block_t {
     /// TensorRT-LLM block hash.
     pub block_hash: u64,
+    /// The block's `num_tokens` token ids.
     pub tokens: *const i32,
     /// Per-token extra ids, or null when the request had none.
     pub token_extra_ids: *const u64,
+    /// Tokens of the block (at most `tokens_per_block`; fewer for a partial block).
     pub num_tokens: usize,
+    /// Whether `lora_task_id` is set.
     pub has_lora_task_id: bool,
+    /// LoRA task id of the block's key (0 when `has_lora_task_id` is false).
     pub lora_task_id: u64,
     /// A `kvb_cache_level_t` value.
     pub cache_level: i32,
+    /// Retention priority, 0..=100.
     pub priority: i32,
+    /// Array of `num_mm_keys` multimodal keys, or null when there are none.
     pub mm_keys: *const kvb_mm_key_t,
+    /// Entries of `mm_keys`.
     pub num_mm_keys: usize,
+    /// Whether `cache_salt` is set.
     pub has_cache_salt: bool,
+    /// Cache salt of the block's key (0 when `has_cache_salt` is false).
     pub cache_salt: u64,
 }
 
@@ -64,26 +74,40 @@ pub struct kvb_event_t {
     pub event_id: u64,
     /// A `kvb_event_type_t` value.
     pub event_type: i32,
+    /// Attention window the event is about.
     pub window_size: i32,
+    /// Whether `attention_dp_rank` is set (the config's `attention_dp_rank` is not -1).
     pub has_attention_dp_rank: bool,
+    /// The config's attention data-parallel rank (0 when `has_attention_dp_rank` is false).
     pub attention_dp_rank: i32,
-    /// Created.
+    /// Created: the window's primary blocks.
     pub num_primary_blocks: i32,
+    /// Created: the window's secondary blocks.
     pub num_secondary_blocks: i32,
     /// Stored: the first block's tree parent (none = the root).
     pub has_parent_hash: bool,
+    /// Stored: the parent's block hash (0 when `has_parent_hash` is false).
     pub parent_hash: u64,
+    /// Stored: blocks in the chain, parent to child (read them with
+    /// `kvb_event_batch_get_stored_block`).
     pub num_stored_blocks: usize,
-    /// Removed.
+    /// Removed: the hashes of the blocks that left the tree.
     pub removed_hashes: *const u64,
+    /// Removed: entries of `removed_hashes`.
     pub num_removed_hashes: usize,
-    /// Updated.
+    /// Updated: the hash of the block that changed.
     pub block_hash: u64,
+    /// Updated: whether the cache level changed (`old_cache_level`, `new_cache_level`).
     pub has_cache_level_change: bool,
+    /// Updated: the previous `kvb_cache_level_t` value.
     pub old_cache_level: i32,
+    /// Updated: the new `kvb_cache_level_t` value.
     pub new_cache_level: i32,
+    /// Updated: whether the priority changed (`old_priority`, `new_priority`).
     pub has_priority_change: bool,
+    /// Updated: the previous retention priority.
     pub old_priority: i32,
+    /// Updated: the new retention priority.
     pub new_priority: i32,
 }
 

@@ -308,6 +308,17 @@ pub(crate) fn positive_arg(v: i32, what: &str) -> FfiResult<usize> {
     }
 }
 
+/// A `window_size` argument: strictly positive (whether the manager has that window is the
+/// manager's check).
+pub(crate) fn window_arg(v: i32) -> FfiResult<usize> {
+    positive_arg(v, "window_size")
+}
+
+/// A block id argument: non-negative (whether it is in range is the manager's check).
+pub(crate) fn block_id_arg(v: i32) -> FfiResult<u32> {
+    u32::try_from(v).map_err(|_| invalid(format!("block id {v} is negative")))
+}
+
 /// Copies `items` into a caller buffer of `capacity` entries and writes the count; fails with
 /// `KVB_STATUS_BUFFER_TOO_SMALL` (count = the needed size) when it does not fit.
 pub(crate) fn copy_out<T: Copy>(

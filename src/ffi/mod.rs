@@ -1,18 +1,52 @@
 //! The C ABI. No logic lives here: argument validation, conversion to Rust types, one lock per
 //! call, and a panic guard on every entry point.
+//!
+//! The modules below are declared in the order of `include/kvblock.h`: cbindgen emits functions
+//! in parse order (and each struct before the first function that reaches it), so the header
+//! reads in call order. Keep each declaration in its own group so that rustfmt does not sort them.
 #![allow(non_camel_case_types)]
 // C entry points take raw pointers by design: null is checked, validity is the C caller's
 // documented contract, as for any C library.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-pub mod cuda;
-pub mod events;
-pub mod handle;
-pub mod lifecycle;
-pub mod manager;
-pub mod multimodal;
-pub mod publisher;
-pub mod sizing;
+// Status codes and the last-error message.
 pub mod status;
-pub mod types;
+// The library's version.
 pub mod version;
+// Manager configuration, creation and destruction.
+pub mod config;
+// Content digests of requests' multimodal items.
+pub mod multimodal;
+// Admission of requests, single and batched, and the batch estimate.
+pub mod admission;
+// Generated tokens: append, decode step, remove, rewind.
+pub mod tokens;
+// Store for reuse, release, pins.
+pub mod store;
+// The scheduler's capacity lifecycle: resize, generation and context allocations with their
+// reverts, suspend / resume, utilization and stall detection.
+pub mod lifecycle;
+// Block ids and offset tables.
+pub mod tables;
+// The scheduling simulation and the scheduler's estimates.
+pub mod scheduling;
+// Statistics and free-block counts.
+pub mod stats;
+// Once-per-iteration work and explicit offload.
+pub mod iteration;
+// KV cache events.
+pub mod events;
+// The ZeroMQ event publisher.
+pub mod publisher;
+// The data path: CUDA streams, transfers, pools.
+pub mod cuda;
+// Static sizing helpers.
+pub mod sizing;
+// Inspection and debugging.
+pub mod inspect;
+
+// No C functions: the handle and argument helpers, the C structs and their conversions, and every
+// manager entry point under one path.
+pub mod handle;
+pub mod manager;
+pub mod types;

@@ -26,6 +26,7 @@ pub struct kvb_event_publisher_config_t {
     pub topic: *const c_char,
     /// Data-parallel rank carried by every batch (nil when `has_dp_rank` is false).
     pub has_dp_rank: bool,
+    /// The data-parallel rank, read when `has_dp_rank` is true (default 0).
     pub dp_rank: i32,
     /// Send high-water mark in messages per subscriber (default 100000, 0 = unlimited).
     pub send_hwm: i32,

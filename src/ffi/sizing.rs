@@ -1,4 +1,5 @@
-//! C entry points of the static sizing helpers (reference §7).
+//! C entry points of the static sizing helpers (TensorRT-LLM `KVCacheManager`'s
+//! `calculateMaxNumBlocks`, `calculateMaxAttentionWindow` and their helpers).
 
 use super::handle::{
     count_arg, guard, i32_result, positive_arg, require_out, slice_arg, slice_arg_mut, write_out,

@@ -106,6 +106,7 @@ pub struct kvb_manager_config_t {
     pub struct_size: u32,
     /// Array of `num_windows` windows (copied; not kept after create).
     pub windows: *const kvb_window_config_t,
+    /// Entries of `windows`; at least 1.
     pub num_windows: usize,
     /// Tokens per KV block (default 32).
     pub tokens_per_block: i32,
@@ -173,9 +174,11 @@ pub struct kvb_manager_config_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_token_range_retention_t {
+    /// First prompt token of the range (inclusive, >= 0). Ranges may not overlap.
     pub token_start: i32,
     /// Exclusive end; -1 = to the end of the sequence (only the last range may be open).
     pub token_end: i32,
+    /// Retention priority of the range's blocks, 0..=100 (higher is evicted later; 35 = default).
     pub priority: i32,
     /// Milliseconds after release before the priority decays to 35; -1 = forever.
     pub duration_ms: i64,
@@ -185,7 +188,9 @@ pub struct kvb_token_range_retention_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_retention_config_t {
+    /// Array of `num_ranges` token ranges (copied); null only when `num_ranges` is 0.
     pub ranges: *const kvb_token_range_retention_t,
+    /// Entries of `ranges`; 0 = every prompt block keeps the default priority 35.
     pub num_ranges: usize,
     /// Priority of generated (decode) blocks (35 = default).
     pub decode_priority: i32,
@@ -198,8 +203,11 @@ pub struct kvb_retention_config_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_multimodal_item_t {
+    /// Hash of the item's content, mixed into the keys of the blocks it covers.
     pub digest: [u8; 32],
+    /// First prompt token the item covers (>= 0).
     pub position: i32,
+    /// Prompt tokens the item covers (> 0; `position + length` must fit in `int32_t`).
     pub length: i32,
 }
 
@@ -210,20 +218,29 @@ pub struct kvb_multimodal_item_t {
 pub struct kvb_request_t {
     /// `sizeof(kvb_request_t)`, set by `kvb_request_init`.
     pub struct_size: u32,
+    /// Id of the sequence; unique among live sequences (`KVB_STATUS_DUPLICATE_REQUEST`).
     pub request_id: u64,
     /// Prompt tokens; at least 1 and at most `num_tokens`.
     pub input_length: i32,
     /// Beams (1 = no beam search).
     pub beam_width: i32,
+    /// Array of `num_tokens` token ids; the first `input_length` are the prompt.
     pub tokens: *const i32,
+    /// Entries of `tokens`; at least `input_length` (`KVB_STATUS_TOO_FEW_TOKENS`).
     pub num_tokens: usize,
     /// Optional per-token extra ids (prompt tuning); null or `num_tokens` entries.
     pub token_extra_ids: *const u64,
+    /// Whether `lora_task_id` is set (default false).
     pub has_lora_task_id: bool,
+    /// LoRA task id, part of every block key (only blocks of the same task are reused).
     pub lora_task_id: u64,
+    /// Whether `cache_salt` is set (default false).
     pub has_cache_salt: bool,
+    /// Cache salt, part of every block key (only blocks of the same salt are reused).
     pub cache_salt: u64,
+    /// Array of `num_mm_items` multimodal items (copied); null only when `num_mm_items` is 0.
     pub mm_items: *const kvb_multimodal_item_t,
+    /// Entries of `mm_items` (default 0).
     pub num_mm_items: usize,
     /// Optional retention config (null = default priority 35 everywhere).
     pub retention: *const kvb_retention_config_t,
@@ -233,9 +250,14 @@ pub struct kvb_request_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kvb_request_stats_t {
+    /// Blocks taken from the free queue: misses, per-beam blocks, partial-reuse copy destinations
+    /// and blocks onboarded from the host tier.
     pub alloc_total_blocks: u64,
+    /// Of `alloc_total_blocks`, those that held no cached content.
     pub alloc_new_blocks: u64,
+    /// Prompt blocks found in the reuse tree (full or partial match, onboarded ones included).
     pub reused_blocks: u64,
+    /// Prompt blocks not found in the reuse tree (computed anew; counted once for all beams).
     pub missed_blocks: u64,
     /// reused / (reused + missed); 0 when nothing was reused.
     pub cache_hit_rate: f64,
@@ -247,6 +269,7 @@ pub struct kvb_request_stats_t {
 pub struct kvb_admission_t {
     /// Prompt tokens already in the cache: the engine computes from this position on.
     pub prepopulated_prompt_len: i32,
+    /// The request's allocation counters, summed over windows.
     pub stats: kvb_request_stats_t,
 }
 
@@ -260,7 +283,9 @@ pub struct kvb_batch_estimate_t {
     pub allocated_blocks: i32,
     /// Free primary blocks admission will consume, over windows.
     pub free_blocks_consumed: i32,
+    /// Prompt blocks admission will reuse, over windows (the request's `reused_blocks`).
     pub reused_blocks: i32,
+    /// Prompt blocks admission will miss, over windows (the request's `missed_blocks`).
     pub missed_blocks: i32,
     /// Whether this request and every one before it fit in the free blocks.
     pub fits: bool,
@@ -284,20 +309,34 @@ impl From<crate::manager::BatchEstimate> for kvb_batch_estimate_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kvb_kv_cache_stats_t {
+    /// Primary and secondary blocks, over windows.
     pub max_num_blocks: u64,
     /// Free primary blocks.
     pub free_num_blocks: u64,
+    /// `max_num_blocks - free_num_blocks` (host blocks count as used, as in TensorRT-LLM).
     pub used_num_blocks: u64,
+    /// Tokens per block (the config's `tokens_per_block`).
     pub tokens_per_block: u64,
+    /// Cumulative `kvb_request_stats_t::alloc_total_blocks` over admissions and windows, plus
+    /// blocks allocated while generating.
     pub alloc_total_blocks: u64,
+    /// Of `alloc_total_blocks`, those that held no cached content.
     pub alloc_new_blocks: u64,
+    /// Cumulative prompt blocks reused from the reuse tree.
     pub reused_blocks: u64,
+    /// Cumulative prompt blocks not found in the reuse tree.
     pub missed_blocks: u64,
+    /// `reused_blocks / (reused_blocks + missed_blocks)`; 0 when nothing was reused.
     pub cache_hit_rate: f64,
+    /// Primary (GPU) blocks, over windows.
     pub num_primary_blocks: u64,
+    /// Secondary (host) blocks, over windows.
     pub num_secondary_blocks: u64,
+    /// Free secondary blocks, over windows.
     pub free_secondary_blocks: u64,
+    /// Cumulative blocks offloaded from primary to secondary memory.
     pub offloaded_blocks: u64,
+    /// Cumulative blocks onboarded from secondary to primary memory.
     pub onboarded_blocks: u64,
     /// Blocks that left a reuse tree: evicted, detached with an evicted ancestor, or taken over
     /// after a partial match (as many as the hashes of Removed events).
@@ -311,15 +350,26 @@ pub struct kvb_kv_cache_stats_t {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_request_state_t {
+    /// `sizeof(kvb_request_state_t)`, set by `kvb_request_state_init`.
     pub struct_size: u32,
+    /// Id of the request's sequence: read in the generation phase (its token count) and by
+    /// `kvb_manager_get_remaining_blocks_to_completion` (the blocks it already holds).
     pub request_id: u64,
     /// A `kvb_request_phase_t` value.
     pub phase: i32,
+    /// Prompt tokens (>= 0).
     pub prompt_len: i32,
+    /// Beams (> 0; default 1).
     pub beam_width: i32,
+    /// Tokens of the next context chunk (>= 0): a first chunk needs blocks for at most `window_size
+    /// + context_chunk_size` tokens.
     pub context_chunk_size: i32,
+    /// Speculative draft tokens per step (>= 0; default 0): a generation step adds
+    /// `num_draft_tokens + 1` tokens.
     pub num_draft_tokens: i32,
+    /// Most tokens the request generates (>= 0).
     pub max_new_tokens: i32,
+    /// Tokens generated so far (>= 0).
     pub num_generated_tokens: i32,
 }
 
@@ -331,9 +381,13 @@ pub struct kvb_block_info_t {
     pub cache_level: i32,
     /// Row index inside the pools of that level.
     pub memory_index: i32,
+    /// References: one per beam of each sequence holding the block, plus its pins.
     pub ref_count: i32,
+    /// Retention priority, 0..=100 (35 = default).
     pub priority: i32,
+    /// Holds reusable content in the reuse tree.
     pub in_reuse_tree: bool,
+    /// Has no child in the reuse tree (also true outside the tree).
     pub is_leaf: bool,
     /// In a free queue (evictable).
     pub is_free: bool,

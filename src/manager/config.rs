@@ -9,9 +9,9 @@ use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
 use crate::pool::PoolGeometry;
+use crate::premixed::PremixedMap;
 use crate::sizing::HostMemoryFigures;
 use crate::transfer::CopyEngine;
-use crate::tree::PremixedMap;
 use crate::window::{WindowBlockManager, WindowConfig};
 
 /// Where the bytes of the pools live.

@@ -1,12 +1,14 @@
-//! The invariants of reference §10, over every window and every sequence.
+//! The manager's invariants, over every window and every sequence.
 
 use super::KvCacheManager;
 use crate::error::{KvError, KvResult};
 use crate::window::SeqLengths;
 
 impl KvCacheManager {
-    /// Verifies the invariants of reference §10 in every window and per sequence; the error
-    /// names the first violation.
+    /// Verifies every window's invariants (`WindowBlockManager::verify`: free counters equal
+    /// queue lengths, reference counts match sequences and pins, tree hashes and links, sliding
+    /// window bounds), that every sequence has blocks in every window and that no sequence
+    /// reuses its whole prompt; the error names the first violation.
     pub fn check_invariants(&self) -> KvResult<()> {
         let max_len = self.cfg.max_sequence_length;
         for w in &self.windows {

@@ -14,6 +14,7 @@
 
 use super::{absorb, KvCacheManager};
 use crate::error::{KvError, KvResult};
+use crate::window::SlotTokens;
 
 /// A generation allocation, recorded so that its revert undoes exactly what it added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,10 +216,10 @@ impl KvCacheManager {
         let seq = &self.sequences[&id];
         let keep_end = seq.num_tokens.min(seq.life.capacity);
         // Known tokens whose blocks go back are kept (in order, before those already kept).
-        let (tokens, extra) = if capacity < keep_end {
+        let kept = if capacity < keep_end {
             self.windows[0].read_tokens(id, capacity, keep_end)
         } else {
-            (Vec::new(), Vec::new())
+            SlotTokens::default()
         };
         let now = self.op_now_ms();
         let decode = seq.retention.decode_retention();
@@ -227,10 +228,10 @@ impl KvCacheManager {
             absorb(&mut self.events, w);
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
-        if !tokens.is_empty() {
-            seq.life.pending_tokens.splice(0..0, tokens);
+        if !kept.token_ids.is_empty() {
+            seq.life.pending_tokens.splice(0..0, kept.token_ids);
             if seq.key_attrs.uses_extra_ids {
-                seq.life.pending_extra_ids.splice(0..0, extra);
+                seq.life.pending_extra_ids.splice(0..0, kept.extra_ids);
             }
         }
         seq.life.capacity = capacity;

@@ -43,8 +43,9 @@ use std::time::Instant;
 use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::key::MultimodalItem;
+use crate::premixed::PremixedMap;
 use crate::retention::RetentionConfig;
-use crate::tree::{PremixedMap, SlotKeyAttrs};
+use crate::tree::SlotKeyAttrs;
 use crate::window::{SeqKeyAttrs, WindowBlockManager};
 
 #[derive(Clone, Debug)]

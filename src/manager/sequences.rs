@@ -158,18 +158,32 @@ impl KvCacheManager {
 
     /// Stores every computed token of the sequence (partial last block included) for reuse,
     /// optionally pinning the path; returns the pinned block ids of `pin_window` (the smallest
-    /// window when `None`).
+    /// window when `None`). With `pin`, the caller takes at most `max_pins` ids: when the stored
+    /// tokens span more blocks than that, fails with `KvError::BufferTooSmall` (`needed` = that
+    /// many blocks) and stores and pins nothing. `max_pins` is ignored without `pin`.
     pub fn store_blocks_for_reuse(
         &mut self,
         id: u64,
         pin: bool,
         pin_window: Option<usize>,
+        max_pins: usize,
     ) -> KvResult<Vec<u32>> {
         let pin_window = match pin_window {
             Some(w) => self.window_index(w)?,
             None => 0,
         };
         let seq = self.sequence(id)?;
+        if pin {
+            // The pinned ids are known only after storing: check their bound first, so that a
+            // failed call changes nothing.
+            let needed = (seq.num_tokens - 1).div_ceil(self.tokens_per_block());
+            if needed > max_pins {
+                return Err(KvError::BufferTooSmall {
+                    needed,
+                    given: max_pins,
+                });
+            }
+        }
         if !self.cfg.enable_block_reuse || seq.beam_width > 1 {
             return Ok(Vec::new());
         }
@@ -180,7 +194,7 @@ impl KvCacheManager {
         let mut out = Vec::new();
         for (i, w) in self.windows.iter_mut().enumerate().rev() {
             if w.is_valid_for_store(id) {
-                let (_, pinned) = w.store_blocks(id, &attrs, n, true, pin);
+                let pinned = w.store_blocks(id, &attrs, n, true, pin);
                 absorb(&mut self.events, w);
                 if i == pin_window {
                     out = pinned;
@@ -197,7 +211,7 @@ impl KvCacheManager {
         if store_for_reuse && self.cfg.enable_block_reuse && seq.beam_width == 1 {
             let all_valid = self.windows.iter().all(|w| w.is_valid_for_store(id));
             if all_valid {
-                self.store_blocks_for_reuse(id, false, None)?;
+                self.store_blocks_for_reuse(id, false, None, 0)?;
             }
         }
         let now = self.op_now_ms();

@@ -4,8 +4,8 @@ use super::{Admission, KvCacheManager, RequestStats};
 use crate::error::KvResult;
 use crate::pool::Level;
 
-/// Whole-manager statistics (reference §2.9; `max_num_blocks` counts host blocks too, as in
-/// TensorRT-LLM).
+/// Whole-manager statistics, the fields of TensorRT-LLM's `KvCacheStats` and a few more
+/// (`max_num_blocks` counts host blocks too, as in TensorRT-LLM).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KvCacheStats {
     pub max_num_blocks: u64,

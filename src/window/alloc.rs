@@ -108,12 +108,13 @@ impl WindowBlockManager {
     }
 
     /// Moves the content of the free primary `block` into the next free host block. Both are
-    /// claimed before their rows are swapped (seed 004); the host block's cached content leaves
-    /// the tree; `block` keeps its tree position, priority and expiry and is queued at the host
-    /// level; the host block, now owning a primary row, is returned claimed. Skipped (nothing
-    /// changed) when offloading is off, no host block is free, or the host block is a near
-    /// ancestor of `block` (evicting it would detach `block`). A distant ancestor is only found
-    /// after its eviction: then `block` has left the tree with it and is returned claimed.
+    /// claimed before their rows are swapped (TensorRT-LLM issue 11879: a block must leave its free
+    /// queue under the level it was queued at, not the one its row moves to); the host block's
+    /// cached content leaves the tree; `block` keeps its tree position, priority and expiry and is
+    /// queued at the host level; the host block, now owning a primary row, is returned claimed.
+    /// Skipped (nothing changed) when offloading is off, no host block is free, or the host block
+    /// is a near ancestor of `block` (evicting it would detach `block`). A distant ancestor is only
+    /// found after its eviction: then `block` has left the tree with it and is returned claimed.
     fn offload(&mut self, block: u32, now_ms: u64) -> Offload {
         const ANCESTOR_STEPS: u32 = 16;
         if !self.cfg.onboard_blocks {

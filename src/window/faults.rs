@@ -12,8 +12,9 @@ use super::{SeqBlocks, WindowBlockManager};
 use crate::error::KvError;
 use crate::eviction::FreeQueues;
 use crate::pool::{BlockArena, MemRow};
+use crate::premixed::PremixedMap;
 use crate::transfer::{CopyFailure, RowCopy};
-use crate::tree::{PremixedMap, ReuseTree};
+use crate::tree::ReuseTree;
 
 use super::plan::ClaimUse;
 use super::WindowStats;

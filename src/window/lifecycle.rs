@@ -13,8 +13,17 @@
 use super::WindowBlockManager;
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
+use crate::premixed::PremixedMap;
 use crate::retention::BlockRetention;
-use crate::tree::PremixedMap;
+
+/// Tokens read back from a sequence's key slots (`WindowBlockManager::read_tokens`), in position
+/// order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotTokens {
+    pub token_ids: Vec<i32>,
+    /// One per token; 0 when no key of the window has extra ids.
+    pub extra_ids: Vec<u64>,
+}
 
 /// What resuming a sequence needs in one window (see `WindowBlockManager::plan_resume`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -305,14 +314,21 @@ impl WindowBlockManager {
 
     /// The tokens (and extra ids) at positions `start..end` of sequence `id`, read from its
     /// blocks' key slots; empty with reuse off (the slots are not written then).
-    pub fn read_tokens(&self, id: u64, start: usize, end: usize) -> (Vec<i32>, Vec<u64>) {
+    pub fn read_tokens(&self, id: u64, start: usize, end: usize) -> SlotTokens {
+        let mut read = SlotTokens::default();
         if !self.cfg.enable_reuse {
-            return (Vec::new(), Vec::new());
+            return read;
         }
         let tpb = self.cfg.tokens_per_block;
         let beam = &self.seqs[&id].beams[0];
-        (start..end)
-            .map(|pos| self.tree.slot_token(beam[pos / tpb], pos % tpb))
-            .unzip()
+        let n = end.saturating_sub(start);
+        read.token_ids.reserve_exact(n);
+        read.extra_ids.reserve_exact(n);
+        for pos in start..end {
+            let t = self.tree.slot_token(beam[pos / tpb], pos % tpb);
+            read.token_ids.push(t.token_id);
+            read.extra_ids.push(t.extra_id);
+        }
+        read
     }
 }

@@ -27,7 +27,7 @@ mod verify;
 
 pub use admit::AdmitItem;
 pub use faults::WindowSnapshot;
-pub use lifecycle::ResumePlan;
+pub use lifecycle::{ResumePlan, SlotTokens};
 pub use plan::{AdmissionPlan, PlannedReuse};
 pub use verify::SeqLengths;
 
@@ -35,8 +35,9 @@ use crate::events::WindowEvent;
 use crate::eviction::FreeQueues;
 use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
 use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
-use crate::tree::{PremixedMap, ReuseTree, SlotKeyAttrs};
+use crate::tree::{ReuseTree, SlotKeyAttrs};
 use plan::ClaimUse;
 
 /// Static configuration of one window.
@@ -66,7 +67,7 @@ impl WindowConfig {
     }
 }
 
-/// Cumulative allocation counters (reference §2.9).
+/// Cumulative allocation counters of one window (the per-window parts of `KvCacheStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WindowStats {
     pub alloc_total: u64,

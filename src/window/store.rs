@@ -10,7 +10,8 @@ impl WindowBlockManager {
     /// Only full blocks unless `allow_partial`. The keys are the sequence's tokens in its
     /// blocks' slots, with `attrs`. Existing equal blocks are descended into and the sequence's
     /// own copies stay private; with `pin`, every block on the path gets a pin. Returns the ids
-    /// of the newly stored blocks and of the pinned blocks.
+    /// of the pinned blocks (empty without `pin`); the newly stored ones go into a Stored event
+    /// when events are on.
     pub fn store_blocks(
         &mut self,
         id: u64,
@@ -18,12 +19,12 @@ impl WindowBlockManager {
         num_tokens: usize,
         allow_partial: bool,
         pin: bool,
-    ) -> (Vec<u32>, Vec<u32>) {
+    ) -> Vec<u32> {
         let tpb = self.cfg.tokens_per_block;
         let mut stored = Vec::new();
         let mut pinned = Vec::new();
         let Some(seq) = self.seqs.get_mut(&id) else {
-            return (stored, pinned);
+            return pinned;
         };
         // Taken out for the walk (no copy); put back below.
         let ids = std::mem::take(&mut seq.beams[0]);
@@ -97,7 +98,7 @@ impl WindowBlockManager {
         self.mm_scratch = scratch;
         self.seqs.get_mut(&id).expect("exists").beams[0] = ids;
         self.record_stored(&stored);
-        (stored, pinned)
+        pinned
     }
 
     fn record_stored(&mut self, stored: &[u32]) {

@@ -6,10 +6,31 @@ use crate::error::{KvError, KvResult};
 use crate::pool::Level;
 use crate::retention::BlockRetention;
 
+/// What growing a sequence by one token takes in one window (`add_token`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TokenNeeds {
+    /// Out-of-window front blocks detached first (sliding window, beam width 1).
+    detach: usize,
+    /// Of the detached blocks, those that become free (this sequence held their last reference).
+    freed: usize,
+    /// New last blocks to allocate (one per beam when the token crosses a block boundary).
+    new_blocks: usize,
+}
+
+/// The block a shrunk sequence will write again that is cached or shared (`remove_tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RewrittenBlock {
+    /// Its index in the sequence's block list.
+    index: usize,
+    block: u32,
+    /// Tokens of the block the sequence keeps (1..tokens_per_block).
+    kept: usize,
+}
+
 impl WindowBlockManager {
     /// Blocks `add_token` needs in this window when the sequence grows to `num_tokens`, and the
     /// blocks it frees first by detaching out-of-window front blocks.
-    fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> (usize, usize, usize) {
+    fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> TokenNeeds {
         let tpb = self.cfg.tokens_per_block;
         let mut detach = 0;
         let mut freed = 0;
@@ -30,13 +51,21 @@ impl WindowBlockManager {
         } else {
             0
         };
-        (detach, freed, new_blocks)
+        TokenNeeds {
+            detach,
+            freed,
+            new_blocks,
+        }
     }
 
     /// Checks that growing sequence `id` to `num_tokens` tokens can be served.
     pub fn check_add_token(&self, id: u64, num_tokens: usize, swa: bool) -> KvResult<()> {
         let seq = &self.seqs[&id];
-        let (_, freed, needed) = self.token_needs(seq, num_tokens, swa);
+        let TokenNeeds {
+            freed,
+            new_blocks: needed,
+            ..
+        } = self.token_needs(seq, num_tokens, swa);
         let mut available = self.queues.num_free(Level::Primary) + freed;
         if needed > available {
             available += self.movable_count(&|_| false, 0);
@@ -66,7 +95,11 @@ impl WindowBlockManager {
         decode: BlockRetention,
         now_ms: u64,
     ) {
-        let (detach, _, needed) = self.token_needs(&self.seqs[&id], num_tokens, swa);
+        let TokenNeeds {
+            detach,
+            new_blocks: needed,
+            ..
+        } = self.token_needs(&self.seqs[&id], num_tokens, swa);
         for _ in 0..detach {
             let seq = self.seqs.get_mut(&id).expect("sequence exists");
             let b = seq.beams[0][seq.front_removed];
@@ -120,7 +153,7 @@ impl WindowBlockManager {
     /// The block a sequence shrunk to `num_tokens` tokens will write again from position
     /// `num_tokens` on, with the tokens it keeps — when that block is cached or shared, so its
     /// content must not change under the tree or another sequence.
-    fn rewritten_shared_block(&self, id: u64, num_tokens: usize) -> Option<(usize, u32, usize)> {
+    fn rewritten_shared_block(&self, id: u64, num_tokens: usize) -> Option<RewrittenBlock> {
         let tpb = self.cfg.tokens_per_block;
         let kept = num_tokens % tpb;
         if kept == 0 {
@@ -128,14 +161,17 @@ impl WindowBlockManager {
         }
         let index = num_tokens / tpb;
         let block = *self.seqs[&id].beams[0].get(index)?;
-        (self.tree.is_in_tree(block) || self.arena.ref_count(block) > 1)
-            .then_some((index, block, kept))
+        (self.tree.is_in_tree(block) || self.arena.ref_count(block) > 1).then_some(RewrittenBlock {
+            index,
+            block,
+            kept,
+        })
     }
 
     /// Checks that shrinking sequence `id` to `num_tokens` tokens can be served: a shared block
     /// that will be written again needs a fresh block for its copy.
     pub fn check_remove_tokens(&self, id: u64, num_tokens: usize) -> KvResult<()> {
-        let Some((_, block, _)) = self.rewritten_shared_block(id, num_tokens) else {
+        let Some(RewrittenBlock { block, .. }) = self.rewritten_shared_block(id, num_tokens) else {
             return Ok(());
         };
         if self.arena.ref_count(block) == 1 {
@@ -182,7 +218,9 @@ impl WindowBlockManager {
                 self.queues.release(b, self.arena.level(b), true, now_ms);
             }
         }
-        if let Some((index, block, kept)) = self.rewritten_shared_block(id, num_tokens) {
+        if let Some(RewrittenBlock { index, block, kept }) =
+            self.rewritten_shared_block(id, num_tokens)
+        {
             if self.arena.ref_count(block) > 1 {
                 let fresh = self.get_free_block(decode, now_ms);
                 self.queue_copy(block, fresh, kept);

@@ -1,4 +1,5 @@
-//! The invariants of reference §10 for one window.
+//! The invariants of one window: free queues consistent with their counters, memory rows, the
+//! reuse tree, and reference counts and block lists that match the sequences and pins.
 
 use super::WindowBlockManager;
 use crate::pool::Level;
@@ -14,8 +15,13 @@ pub struct SeqLengths {
 }
 
 impl WindowBlockManager {
-    /// Checks the invariants of reference §10 for this window. `lengths_of` gives each
-    /// sequence's lengths.
+    /// Checks this window's invariants: the free queues (free counters equal queue lengths) and
+    /// memory rows are consistent, the reuse tree verifies; every beam of a sequence lists one
+    /// block per `tokens_per_block` tokens of its capacity, primary unless the sequence is
+    /// suspended (or onboarding is off), with no cached key longer than its tokens there and none
+    /// outside a sliding window; each block's reference count equals the sequences and pins
+    /// holding it; a block is free exactly when unreferenced, queued at its row's level.
+    /// `lengths_of` gives each sequence's lengths.
     pub fn verify(
         &self,
         lengths_of: impl Fn(u64) -> Option<SeqLengths>,

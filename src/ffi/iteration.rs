@@ -1,0 +1,38 @@
+//! C entry points of once-per-iteration work: expiring timed retentions and syncing copies, and
+//! the explicit offload of a free block.
+
+use super::handle::{
+    block_id_arg, kvb_manager_t, require_out, window_arg, with_manager_tx, write_out,
+};
+use super::status::kvb_status_t;
+
+/// Expires timed retentions and syncs outstanding copies; call once per iteration
+/// (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
+/// (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
+#[no_mangle]
+pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager_tx(manager, |m| {
+        m.refresh_blocks();
+        Ok(())
+    })
+}
+
+/// Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
+/// `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
+/// block, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+/// poisoned, for a failed CUDA launch).
+#[no_mangle]
+pub extern "C" fn kvb_manager_offload_block(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i32,
+    out_offloaded: *mut bool,
+) -> kvb_status_t {
+    with_manager_tx(manager, |m| {
+        require_out(out_offloaded, "out_offloaded")?;
+        let b = block_id_arg(block_id)?;
+        let done = m.offload_block(window_arg(window_size)?, b)?;
+        write_out(out_offloaded, done, "out_offloaded")
+    })
+}
