@@ -29,6 +29,12 @@ fn child_key(parent: u32, lookup: u64) -> u64 {
     lookup ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// The first-token index key of the children of `parent` whose keys start with `token` (exact:
+/// both fit in 32 bits).
+fn first_token_key(parent: u32, token: i32) -> u64 {
+    (u64::from(parent) << 32) | u64::from(token as u32)
+}
+
 /// One block's place in the tree: 40 bytes. What few keys carry (LoRA id, cache salt,
 /// multimodal keys, extra ids) and the TensorRT-LLM hashes (only tracked for events) live in side
 /// tables, so the common block costs only this.
@@ -122,6 +128,12 @@ pub struct ReuseTree {
     hashes: Vec<u64>,
     /// `child_key(parent, lookup hash)` → child, for the children of wide nodes.
     children: PremixedMap<u64, u32>,
+    /// `first_token_key(parent, token)` → the most recently inserted child of a wide `parent`
+    /// whose key starts with `token`; the others follow in `same_first_token_next`, in sibling
+    /// order. A partial match shares at least the first token, so it only visits these instead
+    /// of every child (the root of a pool of unrelated prompts has thousands).
+    first_token_heads: PremixedMap<u64, u32>,
+    same_first_token_next: PremixedMap<u32, u32>,
     root: u32,
     num_in_tree: usize,
     track_hashes: bool,
@@ -143,6 +155,8 @@ impl ReuseTree {
             key_attrs: PremixedMap::default(),
             hashes: Vec::new(),
             children: PremixedMap::default(),
+            first_token_heads: PremixedMap::default(),
+            same_first_token_next: PremixedMap::default(),
             root: num_blocks as u32,
             num_in_tree: 0,
             track_hashes: false,
@@ -484,8 +498,18 @@ impl ReuseTree {
         if !partial_reuse {
             return None;
         }
+        // Candidates in sibling order (the first of the longest wins): every child of a narrow
+        // node, only those sharing the first token under a wide one.
+        let wide = self.nodes[parent as usize].wide;
+        let mut child = if wide {
+            self.first_token_heads
+                .get(&first_token_key(parent, key.token_ids[0]))
+                .copied()
+                .unwrap_or(NIL)
+        } else {
+            self.nodes[parent as usize].first_child
+        };
         let mut best: Option<Match> = None;
-        let mut child = self.nodes[parent as usize].first_child;
         while child != NIL {
             if copy_on_partial || (self.is_leaf(child) && is_unused(child)) {
                 let n = self.key(child).common_prefix_len(key);
@@ -497,7 +521,14 @@ impl ReuseTree {
                     });
                 }
             }
-            child = self.nodes[child as usize].next_sibling;
+            child = if wide {
+                self.same_first_token_next
+                    .get(&child)
+                    .copied()
+                    .unwrap_or(NIL)
+            } else {
+                self.nodes[child as usize].next_sibling
+            };
         }
         best
     }
@@ -513,13 +544,15 @@ impl ReuseTree {
     pub fn insert_with_lookup(&mut self, parent: u32, block: u32, lookup: u64) -> bool {
         debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
         debug_assert_eq!(lookup, lookup_hash(&self.key(block)));
-        if self.nodes[parent as usize].wide {
+        let parent_wide = self.nodes[parent as usize].wide;
+        if parent_wide {
             match self.children.entry(child_key(parent, lookup)) {
                 std::collections::hash_map::Entry::Occupied(_) => return false,
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(block);
                 }
             }
+            self.index_first_token(parent, block);
         } else if self.child_with_lookup(parent, lookup).is_some() {
             return false;
         }
@@ -550,12 +583,19 @@ impl ReuseTree {
         p.num_children += 1;
         if !p.wide && p.num_children > WIDE_CHILDREN {
             p.wide = true;
+            let mut listed = std::mem::take(&mut self.stack);
             let mut child = p.first_child;
             while child != NIL {
                 let c = &self.nodes[child as usize];
                 self.children.insert(child_key(parent, c.lookup), child);
+                listed.push(child);
                 child = c.next_sibling;
             }
+            // Last sibling first, so that each first-token chain is in sibling order.
+            while let Some(child) = listed.pop() {
+                self.index_first_token(parent, child);
+            }
+            self.stack = listed;
         }
         true
     }
@@ -579,6 +619,9 @@ impl ReuseTree {
                 if wide {
                     self.children
                         .remove(&child_key(b, self.nodes[child as usize].lookup));
+                    self.first_token_heads
+                        .remove(&first_token_key(b, self.first_token(child)));
+                    self.same_first_token_next.remove(&child);
                 }
                 child = next;
             }
@@ -596,6 +639,40 @@ impl ReuseTree {
         self.stack = stack;
     }
 
+    fn first_token(&self, block: u32) -> i32 {
+        self.token_ids[block as usize * self.tokens_per_block]
+    }
+
+    /// Puts `child` of the wide `parent` at the head of its first-token chain.
+    fn index_first_token(&mut self, parent: u32, child: u32) {
+        let k = first_token_key(parent, self.first_token(child));
+        if let Some(next) = self.first_token_heads.insert(k, child) {
+            self.same_first_token_next.insert(child, next);
+        }
+    }
+
+    /// Takes `child` of the wide `parent` out of its first-token chain.
+    fn unindex_first_token(&mut self, parent: u32, child: u32) {
+        let k = first_token_key(parent, self.first_token(child));
+        let next = self.same_first_token_next.remove(&child);
+        let head = self.first_token_heads[&k];
+        if head == child {
+            match next {
+                Some(n) => self.first_token_heads.insert(k, n),
+                None => self.first_token_heads.remove(&k),
+            };
+            return;
+        }
+        let mut prev = head;
+        while self.same_first_token_next[&prev] != child {
+            prev = self.same_first_token_next[&prev];
+        }
+        match next {
+            Some(n) => self.same_first_token_next.insert(prev, n),
+            None => self.same_first_token_next.remove(&prev),
+        };
+    }
+
     fn unlink_from_parent(&mut self, block: u32) {
         let Node {
             parent,
@@ -608,6 +685,7 @@ impl ReuseTree {
         p.num_children -= 1;
         if p.wide {
             self.children.remove(&child_key(parent, lookup));
+            self.unindex_first_token(parent, block);
         }
         if prev_sibling == NIL {
             self.nodes[parent as usize].first_child = next_sibling;
@@ -636,6 +714,50 @@ impl ReuseTree {
             }
         }
         None
+    }
+
+    /// Checks that the first-token chains of every wide node list exactly its children with
+    /// that first token, in sibling order.
+    fn verify_first_token_index(&self) -> Result<(), String> {
+        let (mut heads, mut links) = (0, 0);
+        for node in 0..=self.root {
+            let n = &self.nodes[node as usize];
+            if !n.in_tree || !n.wide {
+                continue;
+            }
+            let mut groups: HashMap<i32, Vec<u32>> = HashMap::new();
+            let mut c = n.first_child;
+            while c != NIL {
+                groups.entry(self.first_token(c)).or_default().push(c);
+                c = self.nodes[c as usize].next_sibling;
+            }
+            for (t, expected) in &groups {
+                let mut chain = Vec::new();
+                let mut c = self
+                    .first_token_heads
+                    .get(&first_token_key(node, *t))
+                    .copied();
+                while let Some(b) = c {
+                    chain.push(b);
+                    c = self.same_first_token_next.get(&b).copied();
+                }
+                if &chain != expected {
+                    return Err(format!(
+                        "node {node}: first-token chain of {t} is {chain:?}, children {expected:?}"
+                    ));
+                }
+                heads += 1;
+                links += expected.len() - 1;
+            }
+        }
+        if heads != self.first_token_heads.len() || links != self.same_first_token_next.len() {
+            return Err(format!(
+                "first-token index: {} heads and {} links, {heads} and {links} expected",
+                self.first_token_heads.len(),
+                self.same_first_token_next.len()
+            ));
+        }
+        Ok(())
     }
 
     /// Checks tree invariants: every node's hash is H(key, parent hash), the child map and sibling
@@ -692,6 +814,7 @@ impl ReuseTree {
             }
             linked += children as usize;
         }
+        self.verify_first_token_index()?;
         if count != self.num_in_tree || linked != count || self.children.len() != mapped {
             return Err(format!(
                 "tree count mismatch: {count} nodes, {linked} linked, {} mapped of {mapped}, counter {}",
@@ -815,6 +938,56 @@ mod tests {
         t.detach_subtree(0, |_, _| {});
         t.verify().unwrap();
         assert_eq!(t.num_in_tree(), 0);
+    }
+
+    /// The partial match of a wide node (first-token chains) finds what a scan of every child
+    /// finds: the longest common prefix, the most recently inserted on a tie.
+    #[test]
+    fn partial_match_under_a_wide_node_equals_a_scan_of_every_child() {
+        let n = 40u32;
+        let mut t = ReuseTree::new(n as usize + 1, 4);
+        let wide = t.root();
+        let narrow_parent = n;
+        set(&mut t, narrow_parent, &[99, 99, 99, 99]);
+        t.insert(wide, narrow_parent);
+        // Children under the (wide) root with first tokens 0..4 and varied continuations.
+        let key_of = |i: u32| [(i % 4) as i32, (i % 3) as i32, (i % 5) as i32, i as i32];
+        for i in 0..n {
+            set(&mut t, i, &key_of(i));
+            assert!(t.insert(wide, i));
+        }
+        t.verify().unwrap();
+        let scan = |q: &BlockKeyRef<'_>, gone: &[u32]| -> Option<(u32, usize)> {
+            // Children in sibling order: most recently inserted first.
+            let mut best: Option<(u32, usize)> = None;
+            for i in (0..n).rev().filter(|i| !gone.contains(i)) {
+                let k = key_of(i);
+                let m = BlockKeyRef::plain(&k).common_prefix_len(q);
+                if m > 0 && best.is_none_or(|(_, b)| m > b) {
+                    best = Some((i, m));
+                }
+            }
+            best
+        };
+        let mut gone = Vec::new();
+        for round in 0..3 {
+            for a in 0..5 {
+                for b in 0..4 {
+                    let tokens = [a, b, 2, 1000];
+                    let q = BlockKeyRef::plain(&tokens);
+                    let got = t
+                        .find_match(wide, &q, lookup_hash(&q), true, true, |_| true)
+                        .map(|m| (m.block, m.num_tokens));
+                    assert_eq!(got, scan(&q, &gone), "round {round} query {tokens:?}");
+                }
+            }
+            // Detach a head, a middle and a tail of chains; the chains follow.
+            for b in [n - 1 - round, 17 + round, round] {
+                t.detach_subtree(b, |_, _| {});
+                gone.push(b);
+                t.verify().unwrap();
+            }
+        }
     }
 
     #[test]
