@@ -14,6 +14,7 @@ use kvblock::ffi::events::*;
 use kvblock::ffi::handle::kvb_manager_t;
 use kvblock::ffi::lifecycle::*;
 use kvblock::ffi::manager::*;
+use kvblock::ffi::multimodal::kvb_multimodal_digest;
 use kvblock::ffi::sizing::*;
 use kvblock::ffi::status::*;
 use kvblock::ffi::types::*;
@@ -689,7 +690,7 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
             let st = kvb_manager_offload_block(h, window(inp, m), inp.i32(), &mut bool_out);
             (st, "offload_block")
         }
-        46 => lifecycle_call(inp, h),
+        46 => lifecycle_call(inp, m),
         _ => match inp.u8() % 9 {
             0 => (
                 kvb_manager_get_priority_by_block_id(h, window(inp, m), inp.i64(), &mut i32_out),
@@ -749,13 +750,14 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
 
 /// A scheduler capacity lifecycle call with fuzzed ids and sizes (small sizes mostly, so that
 /// grows and shrinks both succeed often).
-fn lifecycle_call(inp: &mut Input, h: *mut kvb_manager_t) -> (kvb_status_t, &'static str) {
+fn lifecycle_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str) {
+    let h = m.handle;
     let mut done = false;
     let size = |inp: &mut Input| match inp.u8() {
         b @ 0..=239 => usize::from(b % 80),
         _ => inp.u64() as usize,
     };
-    match inp.u8() % 12 {
+    match inp.u8() % 14 {
         0 => {
             let mut l = unsafe { std::mem::zeroed::<kvb_sequence_lengths_t>() };
             let st = kvb_manager_get_sequence_lengths(h, inp.request_id(), &mut l);
@@ -804,6 +806,22 @@ fn lifecycle_call(inp: &mut Input, h: *mut kvb_manager_t) -> (kvb_status_t, &'st
         }
         9 => (kvb_manager_suspend(h, inp.request_id()), "suspend"),
         10 => (kvb_manager_resume(h, inp.request_id(), &mut done), "resume"),
+        11 => {
+            let mut n = 0i32;
+            let st = kvb_manager_get_max_blocks_per_seq(h, window(inp, m), &mut n);
+            if st == kvb_status_t::KVB_OK {
+                assert!(n > 0, "max blocks per sequence {n}");
+            }
+            (st, "get_max_blocks_per_seq")
+        }
+        12 => {
+            let mut n = 0i64;
+            let st = kvb_manager_get_host_tier_blocks(h, window(inp, m), &mut n);
+            if st == kvb_status_t::KVB_OK {
+                non_negative(n, "get_host_tier_blocks");
+            }
+            (st, "get_host_tier_blocks")
+        }
         _ => {
             let mut u = 0.0;
             let st = kvb_manager_get_gpu_utilization(h, &mut u);
@@ -850,7 +868,7 @@ fn read_batch(batch: *mut kvb_event_batch_t, inp: &mut Input) {
 /// Calls that need no manager: sizing helpers, status strings, init functions.
 fn free_call(inp: &mut Input) {
     let mut out = 0i32;
-    let st = match inp.u8() % 8 {
+    let st = match inp.u8() % 10 {
         0 => {
             kvb_calculate_max_block_requirements_per_beam(inp.i32(), inp.i32(), inp.i32(), &mut out)
         }
@@ -915,6 +933,35 @@ fn free_call(inp: &mut Input) {
         6 => {
             let mut b = false;
             kvb_cuda_libraries_available(&mut b)
+        }
+        7 => {
+            let bytes: Vec<u8> = (0..inp.u8() % 64).map(|_| inp.u8()).collect();
+            let mut digest = [0u8; 32];
+            let data = if inp.u8() % 8 == 0 {
+                null()
+            } else {
+                bytes.as_ptr()
+            };
+            let out = if inp.u8() % 8 == 0 {
+                null_mut()
+            } else {
+                digest.as_mut_ptr()
+            };
+            kvb_multimodal_digest(data, bytes.len(), out)
+        }
+        8 => {
+            let mut blocks = 0i64;
+            let st = kvb_calculate_auto_host_tier_blocks(
+                inp.i64(),
+                inp.u64(),
+                inp.u64(),
+                inp.u64(),
+                &mut blocks,
+            );
+            if st == kvb_status_t::KVB_OK {
+                non_negative(blocks, "calculate_auto_host_tier_blocks");
+            }
+            st
         }
         _ => {
             let mut batch_out = 0usize;

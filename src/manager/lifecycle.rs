@@ -57,6 +57,14 @@ impl SeqLifecycle {
         }
     }
 
+    /// Bookkeeping of `add_token`: the sequence grew to `num_tokens`, all but the last computed;
+    /// the step's generation allocation is consumed.
+    pub(super) fn token_added(&mut self, num_tokens: usize) {
+        self.capacity = self.capacity.max(num_tokens);
+        self.history = self.history.max(num_tokens - 1);
+        self.generation = None;
+    }
+
     /// The least capacity a shrink may reach.
     fn floor(&self) -> usize {
         self.history.max(self.committed).max(self.reused)
@@ -420,15 +428,6 @@ impl KvCacheManager {
         Ok(true)
     }
 
-    /// Lifecycle bookkeeping of `add_token` (the sequence grew to `num_tokens`).
-    pub(super) fn note_token_added(&mut self, id: u64) {
-        let seq = self.sequences.get_mut(&id).expect("exists");
-        let n = seq.num_tokens;
-        seq.life.capacity = seq.life.capacity.max(n);
-        seq.life.history = seq.life.history.max(n - 1);
-        seq.life.generation = None;
-    }
-
     /// Lifecycle bookkeeping of storing a sequence: `computed` tokens have KV, the first
     /// `committed` of them (whole blocks) are in the reuse tree.
     pub(super) fn note_stored(&mut self, id: u64, committed: usize, computed: usize) {
@@ -450,9 +449,11 @@ impl KvCacheManager {
         life.generation = None;
     }
 
-    /// Checks that a sequence can take V1 token calls: active and fully allocated.
-    pub(super) fn check_generating(&self, id: u64) -> KvResult<()> {
-        let seq = self.active_sequence(id)?;
+    /// Checks that sequence `id` (`seq`) can take V1 token calls: active and fully allocated.
+    pub(super) fn check_generating(id: u64, seq: &super::Sequence) -> KvResult<()> {
+        if seq.life.suspended {
+            return Err(KvError::SequenceSuspended(id));
+        }
         if seq.life.capacity < seq.num_tokens {
             return Err(KvError::InvalidArgument(format!(
                 "sequence {id} has {} tokens but a capacity of {}: allocate its context first",

@@ -7,8 +7,8 @@ impl KvCacheManager {
     /// Appends a generated token (TensorRT-LLM `addToken`): detaches out-of-window blocks and
     /// allocates a new block when the sequence crosses a block boundary.
     pub fn add_token(&mut self, id: u64, token_id: i32) -> KvResult<()> {
-        self.check_generating(id)?;
         let seq = self.sequence(id)?;
+        Self::check_generating(id, seq)?;
         let num_tokens = seq.num_tokens + 1;
         if num_tokens > self.cfg.max_sequence_length {
             return Err(KvError::SequenceTooLong {
@@ -31,7 +31,11 @@ impl KvCacheManager {
             w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
             absorb(&mut self.events, w);
         }
-        self.note_token_added(id);
+        self.sequences
+            .get_mut(&id)
+            .expect("checked")
+            .life
+            .token_added(num_tokens);
         Ok(())
     }
 
@@ -63,8 +67,8 @@ impl KvCacheManager {
     /// the reuse tree when it was cached (TensorRT-LLM would overwrite cached KV in place).
     /// Beam width 1 only; the prompt cannot be rewound.
     pub fn rewind(&mut self, id: u64, n: usize) -> KvResult<()> {
-        self.check_generating(id)?;
         let seq = self.sequence(id)?;
+        Self::check_generating(id, seq)?;
         if seq.beam_width != 1 {
             return Err(KvError::Unsupported("rewinding needs beam width 1".into()));
         }
