@@ -105,6 +105,11 @@ impl KvCacheManager {
         Ok(seq)
     }
 
+    /// The lifecycle record of a sequence the caller has checked exists.
+    fn life_mut(&mut self, id: u64) -> &mut SeqLifecycle {
+        &mut self.sequences.get_mut(&id).expect("sequence checked").life
+    }
+
     /// The lengths of a sequence.
     pub fn sequence_lengths(&self, id: u64) -> KvResult<SequenceLengths> {
         let s = self.sequence(id)?;
@@ -132,7 +137,7 @@ impl KvCacheManager {
     pub fn resize(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
         let done = self.resize_to(id, capacity)?;
         if done {
-            let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+            let life = self.life_mut(id);
             life.generation = None;
             life.context_pre_capacity = None;
         }
@@ -205,7 +210,7 @@ impl KvCacheManager {
                 w.write_tokens(id, old, &tokens, extra);
             }
         }
-        self.sequences.get_mut(&id).expect("checked").life.capacity = capacity;
+        self.life_mut(id).capacity = capacity;
         Ok(true)
     }
 
@@ -266,11 +271,7 @@ impl KvCacheManager {
         if !self.resize_to(id, target)? {
             return Ok(false);
         }
-        self.sequences
-            .get_mut(&id)
-            .expect("checked")
-            .life
-            .generation = Some(GenerationAllocation {
+        self.life_mut(id).generation = Some(GenerationAllocation {
             pre_capacity,
             num_draft_tokens,
         });
@@ -292,11 +293,7 @@ impl KvCacheManager {
         );
         let target = alloc.pre_capacity.max(seq.life.floor());
         self.resize_to(id, target)?;
-        self.sequences
-            .get_mut(&id)
-            .expect("checked")
-            .life
-            .generation = None;
+        self.life_mut(id).generation = None;
         Ok(true)
     }
 
@@ -311,13 +308,7 @@ impl KvCacheManager {
         if !self.resize_to(id, target)? {
             return Ok(false);
         }
-        if let Some(g) = &mut self
-            .sequences
-            .get_mut(&id)
-            .expect("checked")
-            .life
-            .generation
-        {
+        if let Some(g) = &mut self.life_mut(id).generation {
             g.num_draft_tokens += num_tokens;
         }
         Ok(true)
@@ -336,11 +327,7 @@ impl KvCacheManager {
         if !self.resize_to(id, target)? {
             return Ok(false);
         }
-        self.sequences
-            .get_mut(&id)
-            .expect("checked")
-            .life
-            .context_pre_capacity = Some(pre_capacity);
+        self.life_mut(id).context_pre_capacity = Some(pre_capacity);
         Ok(true)
     }
 
@@ -361,7 +348,7 @@ impl KvCacheManager {
             return Ok(ContextRevert::Released);
         }
         self.resize_to(id, pre_capacity)?;
-        let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+        let life = self.life_mut(id);
         life.context_pre_capacity = None;
         life.generation = None;
         self.suspend(id)?;
@@ -378,7 +365,7 @@ impl KvCacheManager {
                 "history {history} beyond the {limit} tokens sequence {id} has slots and ids for"
             )));
         }
-        let life = &mut self.sequences.get_mut(&id).expect("checked").life;
+        let life = self.life_mut(id);
         life.history = life.history.max(history);
         Ok(())
     }
@@ -390,7 +377,7 @@ impl KvCacheManager {
         for w in &mut self.windows {
             w.suspend(id);
         }
-        self.sequences.get_mut(&id).expect("checked").life.suspended = true;
+        self.life_mut(id).suspended = true;
         Ok(())
     }
 
@@ -424,14 +411,14 @@ impl KvCacheManager {
             w.resume(id, now);
             absorb(&mut self.events, w);
         }
-        self.sequences.get_mut(&id).expect("checked").life.suspended = false;
+        self.life_mut(id).suspended = false;
         Ok(true)
     }
 
     /// Lifecycle bookkeeping of storing a sequence: `computed` tokens have KV, the first
     /// `committed` of them (whole blocks) are in the reuse tree.
     pub(super) fn note_stored(&mut self, id: u64, committed: usize, computed: usize) {
-        let life = &mut self.sequences.get_mut(&id).expect("exists").life;
+        let life = self.life_mut(id);
         life.committed = life.committed.max(committed);
         life.history = life.history.max(life.committed).max(computed);
     }
@@ -439,7 +426,7 @@ impl KvCacheManager {
     /// Lifecycle bookkeeping of a rewind to `num_tokens`.
     pub(super) fn note_rewound(&mut self, id: u64, num_tokens: usize) {
         let tpb = self.cfg.tokens_per_block;
-        let life = &mut self.sequences.get_mut(&id).expect("exists").life;
+        let life = self.life_mut(id);
         life.capacity = num_tokens;
         life.history = life.history.min(num_tokens);
         life.committed = life
