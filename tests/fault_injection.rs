@@ -202,3 +202,90 @@ fn failed_pool_allocation_fails_the_creation() {
     assert!(matches!(err, KvError::OutOfMemory(_)), "{err}");
     assert_eq!(made, 2);
 }
+
+/// Fills every row of a sequence's blocks with `value + block index`.
+fn fill_rows(m: &mut KvCacheManager, id: u64, value: u8) {
+    for (i, b) in m
+        .cache_block_ids(id, 64, 0)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
+        let info = m.block_info(64, b).unwrap();
+        let (base, row) = m.pool_pointer(64, info.level).unwrap();
+        // SAFETY: a row of the host pool of the block's level.
+        unsafe {
+            std::ptr::write_bytes(
+                base.add(info.memory_index as usize * row),
+                value + i as u8,
+                row,
+            )
+        };
+    }
+}
+
+/// Whether every row of a sequence's blocks holds what `fill_rows(value)` wrote.
+fn rows_hold(m: &mut KvCacheManager, id: u64, value: u8) -> bool {
+    m.cache_block_ids(id, 64, 0)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .all(|(i, b)| {
+            let info = m.block_info(64, b).unwrap();
+            let (base, row) = m.pool_pointer(64, info.level).unwrap();
+            // SAFETY: a row of the host pool of the block's level.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(base.add(info.memory_index as usize * row), row)
+            };
+            bytes.iter().all(|&x| x == value + i as u8)
+        })
+}
+
+/// Resuming A (on the host tier) moves suspended B's blocks down and onboards A's blocks into
+/// the GPU rows B gave up. When that submission fails part way, the rollback gives every block
+/// its old row back; B's rows were already overwritten with A's bytes, so the rollback copies
+/// B's bytes back from the host rows they had moved to. Whatever the failure point, both
+/// sequences keep their bytes, and the retried resume works.
+#[test]
+fn a_rolled_back_resume_gives_suspended_sequences_their_bytes_back() {
+    for completed in 0..4 {
+        let plan = FaultPlan::new();
+        let mut m = faulty(&plan, 1);
+        m.add_sequence(&Request::new(1, (0..8).collect())).unwrap();
+        fill_rows(&mut m, 1, 10);
+        m.suspend(1).unwrap();
+        m.add_sequence(&Request::new(2, (100..112).collect()))
+            .unwrap();
+        fill_rows(&mut m, 2, 50);
+        // C takes A's two GPU rows: A's blocks move to the host tier.
+        m.add_sequence(&Request::new(3, (200..208).collect()))
+            .unwrap();
+        m.remove_sequence(3, false).unwrap();
+        m.suspend(2).unwrap();
+        m.add_sequence(&Request::new(4, (300..308).collect()))
+            .unwrap();
+        assert!(rows_hold(&mut m, 1, 10) && rows_hold(&mut m, 2, 50));
+        let (stats, before) = (m.stats(), table(&m));
+        plan.fail_next(completed);
+        let err = m.transact(|m| m.resume(1)).unwrap_err();
+        assert!(matches!(err, KvError::CopyFailed(_)), "{err}");
+        assert_eq!(
+            table(&m),
+            before,
+            "after {completed} copies: blocks moved back"
+        );
+        assert_eq!(m.stats().onboarded_blocks, stats.onboarded_blocks);
+        m.check_invariants().unwrap();
+        assert!(
+            rows_hold(&mut m, 2, 50),
+            "after {completed} copies: B lost its bytes"
+        );
+        assert!(
+            rows_hold(&mut m, 1, 10),
+            "after {completed} copies: A lost its bytes"
+        );
+        assert!(m.transact(|m| m.resume(1)).unwrap());
+        assert!(rows_hold(&mut m, 1, 10) && rows_hold(&mut m, 2, 50));
+        m.check_invariants().unwrap();
+    }
+}

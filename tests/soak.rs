@@ -4,6 +4,9 @@
 //! * Every computed token's KV slots are written with a pattern derived from the token prefix
 //!   they belong to; whenever admission reuses tokens (whole blocks, partial copies, blocks
 //!   onboarded from the host tier) their slots must hold that pattern in every window.
+//! * Sequences are suspended (their blocks move to the host tier when an allocation needs GPU
+//!   rows) and resumed; a resumed sequence's recent tokens must still hold their bytes. Decode
+//!   slots are reserved ahead with generation allocations, some of them reverted.
 //! * `check_invariants` every `KVB_SOAK_CHECK_EVERY` operations (default 1,000).
 //! * A drainer thread applies the event stream to a router model; at the end it must equal the
 //!   reuse trees, every sequence is released and every pin dropped, and every block is free again.
@@ -16,7 +19,7 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -239,6 +242,7 @@ fn run(
     let mut rng = Rng(seed);
     let mut live: HashMap<u64, Seq> = HashMap::new();
     let mut pinned: Vec<(usize, u32)> = Vec::new();
+    let mut suspended: HashSet<u64> = HashSet::new();
     let mut next_id = 1u64;
     let prompts: Vec<Vec<i32>> = (0..6)
         .map(|p| (0..4 + 6 * p).map(|t| (p % 3) * 100 + t).collect())
@@ -346,6 +350,7 @@ fn run(
                     Err(
                         KvError::OutOfBlocks { .. }
                         | KvError::SequenceTooLong { .. }
+                        | KvError::SequenceSuspended(_)
                         | KvError::CopyFailed(_),
                     ) => {}
                     Err(e) => panic!("add_token: {e}"),
@@ -360,6 +365,7 @@ fn run(
                     Ok(()) => live.get_mut(&id).unwrap().truncate(len - n),
                     Err(KvError::InvalidArgument(_) | KvError::Unsupported(_)) => {}
                     Err(KvError::OutOfBlocks { .. } | KvError::CopyFailed(_)) => {}
+                    Err(KvError::SequenceSuspended(_)) => {}
                     Err(e) => panic!("rewind: {e}"),
                 }
             }
@@ -377,6 +383,7 @@ fn run(
                 }
                 m.remove_sequence(id, store).unwrap();
                 live.remove(&id);
+                suspended.remove(&id);
             }
             72..=75 if !pinned.is_empty() => {
                 let (w, b) = pinned.swap_remove(rng.below(pinned.len()));
@@ -404,6 +411,48 @@ fn run(
                     e => Err(e),
                 })
                 .unwrap();
+            }
+            87..=89 if !live.is_empty() => {
+                let id = *live.keys().nth(rng.below(live.len())).unwrap();
+                log(format!("op {op}: suspend {id}"));
+                match m.suspend(id) {
+                    Ok(()) => assert!(suspended.insert(id)),
+                    Err(KvError::SequenceSuspended(_)) => assert!(suspended.contains(&id)),
+                    Err(e) => panic!("suspend: {e}"),
+                }
+            }
+            90..=92 if !suspended.is_empty() => {
+                let id = *suspended.iter().nth(rng.below(suspended.len())).unwrap();
+                log(format!("op {op}: resume {id}"));
+                match m.transact(|m| m.resume(id)) {
+                    Ok(true) => {
+                        suspended.remove(&id);
+                        // The last two blocks' tokens (attached in every window) came back with
+                        // their bytes, wherever they were meanwhile.
+                        let seq = &live[&id];
+                        let n = seq.tokens.len();
+                        touch(&mut m, id, seq, n.saturating_sub(TPB + n % TPB), n, true);
+                    }
+                    Ok(false) | Err(KvError::CopyFailed(_)) => {}
+                    Err(e) => panic!("resume: {e}"),
+                }
+            }
+            93 if !live.is_empty() => {
+                let id = *live.keys().nth(rng.below(live.len())).unwrap();
+                let draft = rng.below(3);
+                log(format!("op {op}: allocate_generation {id} {draft}"));
+                match m.transact(|m| m.allocate_generation(id, draft)) {
+                    Ok(true) if rng.percent(30) => {
+                        log(format!("op {op}: revert_allocate_generation {id}"));
+                        match m.transact(|m| m.revert_allocate_generation(id)) {
+                            Ok(reverted) => assert!(reverted, "the allocation was recorded"),
+                            Err(KvError::CopyFailed(_)) => {}
+                            Err(e) => panic!("revert_allocate_generation: {e}"),
+                        }
+                    }
+                    Ok(_) | Err(KvError::CopyFailed(_) | KvError::SequenceSuspended(_)) => {}
+                    Err(e) => panic!("allocate_generation: {e}"),
+                }
             }
             _ => {
                 log(format!("op {op}: flush"));
@@ -496,6 +545,11 @@ fn run(
     }
     let s = m.stats();
     assert!(s.reused_blocks > 0 && s.offloaded_blocks > 0 && s.onboarded_blocks > 0);
+    let moved: u64 = WINDOWS
+        .iter()
+        .map(|w| m.window(w.0).unwrap().stats().suspended_moved_to_host)
+        .sum();
+    assert!(moved > 0, "no suspended block ever moved to the host tier");
     Outcome { ops, survived }
 }
 

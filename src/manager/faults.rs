@@ -26,14 +26,21 @@ impl KvCacheManager {
         }
         let result = f(self);
         let logs: Vec<_> = self.windows.iter_mut().map(|w| w.end_copy_log()).collect();
-        let Some(error) = logs.iter().find_map(|(e, _)| e.clone()) else {
+        let Some(error) = logs.iter().find_map(|r| r.error.clone()) else {
             return result;
         };
         self.sequences = sequences;
         self.events = events;
-        for ((w, snapshot), (_, written)) in self.windows.iter_mut().zip(windows).zip(logs) {
+        for ((w, snapshot), record) in self.windows.iter_mut().zip(windows).zip(logs) {
             w.restore(snapshot);
-            w.invalidate_rows(&written);
+            let repaired = w.repair_moved_rows(&record);
+            let lost: Vec<_> = record
+                .written
+                .iter()
+                .filter(|r| !repaired.contains(r))
+                .copied()
+                .collect();
+            w.invalidate_rows(&lost);
             absorb(&mut self.events, w);
         }
         Err(error.into())

@@ -157,6 +157,11 @@ impl WindowBlockManager {
         }
         let fresh = self.get_free_block(BlockRetention::default(), now_ms);
         self.queue_copy(block, fresh, 0);
+        if self.arena.ref_count(block) > 0 {
+            // A held block (a suspended sequence's): a rollback must bring its bytes back.
+            self.copy_log
+                .note_moved_held(self.arena.row(block), self.arena.row(fresh));
+        }
         self.arena.swap_rows(block, fresh);
         self.queues
             .release(fresh, self.arena.level(fresh), false, now_ms);

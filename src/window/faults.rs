@@ -6,7 +6,11 @@
 //! copy; when a submission fails it restores the snapshots, so every block is again where its
 //! bytes are, and then evicts from the reuse tree the blocks whose rows the call had already
 //! overwritten (completed copies), so nothing cached claims bytes it no longer has. Those
-//! blocks were free before the call (copies only write rows taken from the free queues).
+//! blocks were free before the call (copies only write rows taken from the free queues), with
+//! one exception: a held block (a suspended sequence's) that the call moved between tiers gives
+//! its old row to the call, and the restored block owns that row again. Its bytes are in the row
+//! it moved to (that copy came first, so it completed before anything overwrote the old row),
+//! and the rollback copies them back (`repair_moved_rows`).
 
 use super::{SeqBlocks, WindowBlockManager};
 use crate::error::KvError;
@@ -26,10 +30,30 @@ pub(super) struct CopyLog {
     /// Record the rows written (only while a snapshot exists to roll back to).
     recording: bool,
     written: Vec<MemRow>,
+    /// (old row, new row) of each held block the call moved between tiers, in order.
+    moved_held: Vec<(MemRow, MemRow)>,
     error: Option<KvError>,
 }
 
+/// What a call's copies did, for its rollback.
+#[derive(Debug, Default)]
+pub struct CopyRecord {
+    /// The submission failure, if any.
+    pub error: Option<KvError>,
+    /// Rows written by completed copies.
+    pub written: Vec<MemRow>,
+    /// (old row, new row) of each held block moved between tiers, in order.
+    pub moved_held: Vec<(MemRow, MemRow)>,
+}
+
 impl CopyLog {
+    /// Records that a held block left `old_row` for `new_row` (its copy is queued).
+    pub(super) fn note_moved_held(&mut self, old_row: MemRow, new_row: MemRow) {
+        if self.recording {
+            self.moved_held.push((old_row, new_row));
+        }
+    }
+
     /// Whether a submission of this call failed (later ones are skipped).
     pub(super) fn failed(&self) -> bool {
         self.error.is_some()
@@ -137,10 +161,45 @@ impl WindowBlockManager {
         };
     }
 
-    /// Ends the call's copy log: its failure, if any, and the rows written.
-    pub fn end_copy_log(&mut self) -> (Option<KvError>, Vec<MemRow>) {
+    /// Ends the call's copy log: its failure, if any, the rows written and the held blocks
+    /// moved to the host tier.
+    pub fn end_copy_log(&mut self) -> CopyRecord {
         let log = std::mem::take(&mut self.copy_log);
-        (log.error, log.written)
+        CopyRecord {
+            error: log.error,
+            written: log.written,
+            moved_held: log.moved_held,
+        }
+    }
+
+    /// After a rollback: copies back the bytes of held blocks whose old rows the call
+    /// overwrote after moving them (their bytes are in the rows they moved to; moves are undone
+    /// last first, so a block moved twice comes back too). Returns the rows that now hold their
+    /// restored held owner's bytes. A failed repair leaves the copy error for the caller (the
+    /// manager is broken).
+    pub fn repair_moved_rows(&mut self, record: &CopyRecord) -> Vec<MemRow> {
+        let copies: Vec<RowCopy> = record
+            .moved_held
+            .iter()
+            .rev()
+            .filter(|(old, _)| record.written.contains(old))
+            .map(|&(old, new)| RowCopy {
+                src: new,
+                dst: old,
+                num_tokens: 0,
+            })
+            .collect();
+        if copies.is_empty() {
+            return Vec::new();
+        }
+        if let Err(f) = self.engine.submit(&copies) {
+            self.copy_log.error = Some(f.error);
+        }
+        (0..self.arena.len() as u32)
+            .filter(|&b| self.arena.ref_count(b) > 0)
+            .map(|b| self.arena.row(b))
+            .filter(|row| copies.iter().any(|c| c.dst == *row))
+            .collect()
     }
 
     /// A failed submission outside a logged call (nothing to roll back to).

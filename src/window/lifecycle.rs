@@ -169,6 +169,8 @@ impl WindowBlockManager {
         self.tree.disown_key(host);
         self.bump_epoch(host);
         self.queue_copy(b, host, 0);
+        self.copy_log
+            .note_moved_held(self.arena.row(b), self.arena.row(host));
         self.arena.swap_rows(b, host);
         // `host` now owns a GPU row and nothing else: a free primary block.
         self.queues.release(host, Level::Primary, false, now_ms);

@@ -26,7 +26,7 @@ mod tokens;
 mod verify;
 
 pub use admit::AdmitItem;
-pub use faults::WindowSnapshot;
+pub use faults::{CopyRecord, WindowSnapshot};
 pub use lifecycle::{ResumePlan, SlotTokens};
 pub use plan::{AdmissionPlan, PlannedReuse};
 pub use verify::SeqLengths;
