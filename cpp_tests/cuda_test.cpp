@@ -333,6 +333,25 @@ TEST_F(CudaBackendTest, OnboardedBytesArriveBeforeTheEnginesNextWork) {
     m.checkInvariants();
 }
 
+// A suspended sequence's blocks move to the pinned host tier when another request needs their
+// GPU rows, and come back with their bytes on resume, before the engine's next work.
+TEST_F(CudaBackendTest, SuspendedBytesSurviveTheHostTierAndResume) {
+    kvb::Manager m(cudaConfig(4, 8, stream));
+    const std::vector<int32_t> prompt = tokenRun(11, 16);  // the whole 4-block pool
+    m.addSequence(kvb::Request(1, prompt));
+    compute(m, 1, prompt, 0, 16);
+    m.suspend(1);
+    m.addSequence(kvb::Request(2, tokenRun(900, 16)));
+    for (int32_t b : m.getCacheBlockIds(1, kWindow)) {
+        EXPECT_EQ(m.getBlockInfo(kWindow, b).cache_level, KVB_CACHE_LEVEL_SECONDARY) << b;
+    }
+    m.removeSequence(2, false);
+    enqueueBusyWork();
+    ASSERT_TRUE(m.resume(1));
+    EXPECT_TRUE(holdsPattern(m, 1, prompt, 16));
+    m.checkInvariants();
+}
+
 // With kvblock's own copy stream, kvb_manager_sync_transfers orders the copies before the
 // engine's next work.
 TEST_F(CudaBackendTest, CopyStreamCopiesAreOrderedBySyncTransfers) {
