@@ -850,7 +850,7 @@ fn read_batch(batch: *mut kvb_event_batch_t, inp: &mut Input) {
             // SAFETY: valid until the batch is freed.
             let hashes =
                 unsafe { std::slice::from_raw_parts(e.removed_hashes, e.num_removed_hashes) };
-            std::hint::black_box(hashes.iter().sum::<u64>());
+            std::hint::black_box(hashes.iter().fold(0u64, |a, &h| a.wrapping_add(h)));
         }
         for b in 0..e.num_stored_blocks + usize::from(inp.bool()) {
             let mut sb = unsafe { std::mem::zeroed::<kvb_stored_block_t>() };

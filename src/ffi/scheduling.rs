@@ -6,7 +6,8 @@ use super::handle::{
 };
 use super::status::kvb_status_t;
 use super::types::{
-    kvb_request_state_t, kvb_request_t, request, request_state, request_state_default,
+    kvb_request_state_t, kvb_request_t, optional_request, request, request_state,
+    request_state_default,
 };
 
 /// Initialises a scheduler request state (phase context-init, beam width 1).
@@ -70,11 +71,7 @@ pub extern "C" fn kvb_manager_get_needed_blocks_one_step(
     with_manager(manager, |m| {
         require_out(out, "out")?;
         let st = request_state(state)?;
-        let req = if request.is_null() {
-            None
-        } else {
-            Some(self::request(request)?.to_request())
-        };
+        let req = optional_request(request)?;
         let n = m.needed_blocks_one_step(
             &st,
             req.as_ref(),
@@ -98,11 +95,7 @@ pub extern "C" fn kvb_manager_get_remaining_blocks_to_completion(
     with_manager(manager, |m| {
         require_out(out, "out")?;
         let st = request_state(state)?;
-        let req = if request.is_null() {
-            None
-        } else {
-            Some(self::request(request)?.to_request())
-        };
+        let req = optional_request(request)?;
         let n = m.remaining_blocks_to_completion(&st, req.as_ref(), window_arg(window_size)?)?;
         write_out(out, i32_result(n, "the result")?, "out")
     })

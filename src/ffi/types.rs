@@ -656,6 +656,16 @@ impl CRequest<'_> {
     }
 }
 
+/// `request` of an optional argument: null is `None`.
+pub(crate) fn optional_request(
+    r: *const kvb_request_t,
+) -> FfiResult<Option<crate::manager::Request>> {
+    if r.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(request(r)?.to_request()))
+}
+
 /// Reads a C request without copying its token arrays (multimodal items and a retention config,
 /// when given, are converted). Size checks that need the manager happen there.
 pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {

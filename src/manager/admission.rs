@@ -147,10 +147,17 @@ impl KvCacheManager {
         // The first request that does not fit, over windows (the lowest window on a tie).
         let mut first_short: Option<(usize, usize)> = None;
         for (wi, w) in self.windows.iter().enumerate() {
-            let available = w.num_free(Level::Primary) + movable_for(w, wi, plans);
+            let mut available = w.num_free(Level::Primary);
+            // Suspended blocks that could move to the host tier count too, computed only once
+            // the free blocks fall short.
+            let mut movable_counted = false;
             let mut needed = 0;
             for (i, plan) in plans.iter().enumerate() {
                 needed += plan.windows[wi].primary_blocks_needed;
+                if needed > available && !movable_counted {
+                    available += movable_for(w, wi, plans);
+                    movable_counted = true;
+                }
                 if needed > available {
                     if first_short.is_none_or(|(j, _)| i < j) {
                         first_short = Some((i, wi));

@@ -179,12 +179,8 @@ impl KvCacheManager {
     }
 
     fn grow(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
-        for w in &self.windows {
-            match w.check_grow(id, capacity) {
-                Ok(_) => {}
-                Err(KvError::OutOfBlocks { .. }) => return Ok(false),
-                Err(e) => return Err(e),
-            }
+        if !self.windows.iter().all(|w| w.can_grow(id, capacity)) {
+            return Ok(false);
         }
         let now = self.op_now_ms();
         let seq = &self.sequences[&id];
@@ -403,7 +399,7 @@ impl KvCacheManager {
         if self.gpu_utilization() > self.cfg.max_utilization_for_resume {
             return Ok(false);
         }
-        if self.windows.iter().any(|w| w.plan_resume(id).is_none()) {
+        if self.windows.iter().any(|w| !w.can_resume(id)) {
             return Ok(false);
         }
         let now = self.op_now_ms();

@@ -58,11 +58,6 @@ impl KvCacheManager {
         Err(KvError::Stalled(self.stall_cause(pass)))
     }
 
-    /// Consecutive stalled passes so far.
-    pub fn stalled_passes(&self) -> u32 {
-        self.stall.stalled_passes
-    }
-
     /// Why nothing can run: the window whose GPU pool is exhausted and what holds it.
     fn stall_cause(&self, pass: SchedulingPass) -> String {
         let passes = self.stall.stalled_passes;

@@ -208,14 +208,17 @@ impl WindowBlockManager {
     }
 
     /// After a rollback: the blocks owning `rows` lose their cached content (the rows were
-    /// overwritten by copies of the rolled-back call).
+    /// overwritten by copies of the rolled-back call): they leave the reuse tree, and their
+    /// content counts as replaced, so a sequence that detached one (a sliding window) does not
+    /// store it back.
     pub fn invalidate_rows(&mut self, rows: &[MemRow]) {
         if rows.is_empty() {
             return;
         }
         for b in 0..self.arena.len() as u32 {
-            if rows.contains(&self.arena.row(b)) && self.tree.is_in_tree(b) {
+            if rows.contains(&self.arena.row(b)) {
                 self.evict_from_tree(b);
+                self.bump_epoch(b);
             }
         }
     }

@@ -11,7 +11,6 @@
 //! only when an allocation needs their GPU rows.
 
 use super::WindowBlockManager;
-use crate::error::{KvError, KvResult};
 use crate::pool::Level;
 use crate::premixed::PremixedMap;
 use crate::retention::BlockRetention;
@@ -23,15 +22,6 @@ pub struct SlotTokens {
     pub token_ids: Vec<i32>,
     /// One per token; 0 when no key of the window has extra ids.
     pub extra_ids: Vec<u64>,
-}
-
-/// What resuming a sequence needs in one window (see `WindowBlockManager::plan_resume`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ResumePlan {
-    /// The sequence's blocks on the host tier, to bring back.
-    pub to_onboard: usize,
-    /// Blocks of other suspended sequences to move to the host tier first.
-    pub to_move_down: usize,
 }
 
 impl WindowBlockManager {
@@ -47,11 +37,6 @@ impl WindowBlockManager {
 
     pub fn is_suspended(&self, id: u64) -> bool {
         self.seqs.get(&id).is_some_and(|s| s.suspended_at.is_some())
-    }
-
-    /// Listed blocks (front-detached included) of beam 0 of sequence `id`.
-    pub fn num_listed_blocks(&self, id: u64) -> usize {
-        self.seqs.get(&id).map_or(0, |s| s.beams[0].len())
     }
 
     /// Primary blocks that moving suspended sequences' blocks to the host tier could free, in
@@ -115,11 +100,6 @@ impl WindowBlockManager {
             return 0;
         }
         self.movable_blocks(None, exclude).len().min(free_host)
-    }
-
-    /// Primary blocks free now or freeable by moving suspended blocks down.
-    pub fn available_primary(&self) -> usize {
-        self.queues.num_free(Level::Primary) + self.movable_count(&|_| false, 0)
     }
 
     /// GPU utilization of this window: (total − free − movable) / total, where movable counts
@@ -190,29 +170,23 @@ impl WindowBlockManager {
         self.num_suspended += 1;
     }
 
-    /// What resuming `id` needs here, or `None` when the GPU pool cannot take its blocks back
-    /// (even after moving other suspended blocks to the host tier).
-    pub fn plan_resume(&self, id: u64) -> Option<ResumePlan> {
+    /// Whether the GPU pool can take back every block of `id` that is on the host tier (moving
+    /// other suspended blocks down where it has no free block).
+    pub fn can_resume(&self, id: u64) -> bool {
         let n = self.host_blocks_of(id).len();
         let free = self.queues.num_free(Level::Primary);
         if n <= free {
-            return Some(ResumePlan {
-                to_onboard: n,
-                to_move_down: 0,
-            });
+            return true;
         }
         // Each onboarding gives a host block back, each move down takes one: after the first
         // `free` onboardings, moves and onboardings alternate, so one free host block suffices.
         let deficit = n - free;
         let movable = self.movable_blocks(Some(id), &|_| false).len();
         let host_free = self.queues.num_free(Level::Secondary) + free;
-        (deficit <= movable && host_free >= 1).then_some(ResumePlan {
-            to_onboard: n,
-            to_move_down: deficit,
-        })
+        deficit <= movable && host_free >= 1
     }
 
-    /// Resumes sequence `id` as planned: its host blocks come back to the GPU, moving other
+    /// Resumes sequence `id` (checked with `can_resume`): its host blocks come back to the GPU, moving other
     /// suspended blocks down where the pool has no free block.
     pub fn resume(&mut self, id: u64, now_ms: u64) {
         let blocks = self.host_blocks_of(id);
@@ -258,26 +232,15 @@ impl WindowBlockManager {
             * s.beams.len()
     }
 
-    /// Checks that growing `id` to `capacity` tokens can be served, counting blocks that moving
+    /// Whether growing `id` to `capacity` tokens can be served, counting blocks that moving
     /// suspended blocks down would free.
-    pub fn check_grow(&self, id: u64, capacity: usize) -> KvResult<usize> {
+    pub fn can_grow(&self, id: u64, capacity: usize) -> bool {
         let needed = self.blocks_to_grow(id, capacity);
         let free = self.queues.num_free(Level::Primary);
-        if needed <= free {
-            return Ok(needed);
-        }
-        let available = free + self.movable_count(&|_| false, 0);
-        if needed > available {
-            return Err(KvError::OutOfBlocks {
-                window_size: self.cfg.window_size,
-                needed,
-                available,
-            });
-        }
-        Ok(needed)
+        needed <= free || needed <= free + self.movable_count(&|_| false, 0)
     }
 
-    /// Grows sequence `id` to `capacity` tokens (checked with `check_grow`): new last blocks per
+    /// Grows sequence `id` to `capacity` tokens (checked with `can_grow`): new last blocks per
     /// beam with `retention`, after moving suspended blocks down if the pool needs room.
     pub fn grow(&mut self, id: u64, capacity: usize, retention: BlockRetention, now_ms: u64) {
         let needed = self.blocks_to_grow(id, capacity);

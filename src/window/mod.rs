@@ -27,7 +27,7 @@ mod verify;
 
 pub use admit::AdmitItem;
 pub use faults::{CopyRecord, WindowSnapshot};
-pub use lifecycle::{ResumePlan, SlotTokens};
+pub use lifecycle::SlotTokens;
 pub use plan::{AdmissionPlan, PlannedReuse};
 pub use verify::SeqLengths;
 
