@@ -89,6 +89,7 @@ impl FreeQueues {
         }
     }
 
+    #[inline]
     pub fn num_free(&self, level: Level) -> usize {
         self.free[level as usize]
     }
@@ -110,6 +111,7 @@ impl FreeQueues {
         self.timed(block).duration_ms
     }
 
+    #[inline]
     fn timed(&self, block: u32) -> Timed {
         if self.timed.is_empty() {
             return Timed::default();
@@ -133,6 +135,7 @@ impl FreeQueues {
 
     /// The next block to evict at `level` without removing it, and whether it may be offloaded
     /// to the secondary level instead of dropped.
+    #[inline]
     pub fn peek(&self, level: Level) -> Option<(u32, bool)> {
         let bits = self.non_empty[level as usize];
         if bits == 0 {
@@ -146,6 +149,7 @@ impl FreeQueues {
 
     /// The block queued after `block` in its queue (`None` when it is the last or not queued):
     /// the next victim once `block` is claimed, for prefetching.
+    #[inline]
     pub fn next_queued(&self, block: u32) -> Option<u32> {
         let link = &self.links[block as usize];
         (link.slot.is_some() && link.next != NIL).then_some(link.next)
@@ -158,6 +162,7 @@ impl FreeQueues {
 
     /// Removes `block` from its queue if it is queued (using the recorded slot) and drops its
     /// pending expiry. Returns whether it was queued.
+    #[inline]
     pub fn claim(&mut self, block: u32) -> bool {
         let Some(slot) = self.links[block as usize].slot else {
             return false;
@@ -173,6 +178,7 @@ impl FreeQueues {
 
     /// Claims `block` and applies a retention the way TensorRT-LLM's `claimBlock` does: the
     /// priority changes only when given; the duration always becomes the given one.
+    #[inline]
     pub fn claim_with_retention(&mut self, block: u32, retention: BlockRetention) {
         self.claim(block);
         if let Some(p) = retention.priority {
@@ -192,6 +198,7 @@ impl FreeQueues {
 
     /// Appends (or prepends) `block` to the queue of `level` and its current priority. A block
     /// with a duration and a non-default priority gets an expiry `now + duration`.
+    #[inline]
     pub fn release(&mut self, block: u32, level: Level, to_front: bool, now_ms: u64) {
         debug_assert!(!self.is_queued(block), "block {block} released twice");
         let priority = self.links[block as usize].priority;
@@ -306,6 +313,7 @@ impl FreeQueues {
         Ok(())
     }
 
+    #[inline]
     fn link(&mut self, block: u32, level: Level, priority: u8, to_front: bool) {
         let l = level as usize;
         let p = priority as usize;
@@ -335,6 +343,7 @@ impl FreeQueues {
         self.free[l] += 1;
     }
 
+    #[inline]
     fn unlink(&mut self, block: u32, slot: QueueSlot) {
         let l = slot.level as usize;
         let p = slot.priority as usize;

@@ -180,10 +180,12 @@ impl ReuseTree {
         self.num_in_tree
     }
 
+    #[inline]
     pub fn is_in_tree(&self, block: u32) -> bool {
         block != self.root && self.nodes[block as usize].in_tree
     }
 
+    #[inline]
     pub fn has_key(&self, block: u32) -> bool {
         self.nodes[block as usize].has_key
     }
@@ -283,6 +285,7 @@ impl ReuseTree {
 
     /// The lookup hash of the block's key when that key was written for its current holder and
     /// is `len` tokens long: the holder's tokens for the block are already in the slot.
+    #[inline]
     pub fn current_lookup(&self, block: u32, len: usize) -> Option<u64> {
         let n = &self.nodes[block as usize];
         (n.key_current && n.key_len as usize == len).then_some(n.lookup)
@@ -290,11 +293,13 @@ impl ReuseTree {
 
     /// The block goes to a new holder: its key is no longer the holder's (the holder writes its
     /// own tokens into the slot).
+    #[inline]
     pub fn disown_key(&mut self, block: u32) {
         self.nodes[block as usize].key_current = false;
     }
 
     /// `set_key` when the caller already has the key's `lookup_hash`.
+    #[inline]
     pub fn set_key_with_lookup(&mut self, block: u32, key: &BlockKeyRef<'_>, lookup: u64) {
         debug_assert!(!self.is_in_tree(block));
         debug_assert_eq!(lookup, lookup_hash(key));
@@ -325,6 +330,7 @@ impl ReuseTree {
     /// The key of the first `len` tokens already in the block's slot, with the holder's key
     /// attributes (`uses_extra_ids`: the extra ids in the slot are part of it). The slot of a
     /// block a sequence holds carries that sequence's tokens (see `write_token`).
+    #[inline]
     pub fn slot_key<'s>(
         &'s self,
         block: u32,
@@ -415,6 +421,7 @@ impl ReuseTree {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn set_key_fields(
         &mut self,
         block: u32,
@@ -457,6 +464,7 @@ impl ReuseTree {
     }
 
     /// The child of `parent` with this lookup hash, if any.
+    #[inline]
     fn child_with_lookup(&self, parent: u32, lookup: u64) -> Option<u32> {
         if self.nodes[parent as usize].wide {
             let child = *self.children.get(&child_key(parent, lookup))?;
@@ -541,6 +549,7 @@ impl ReuseTree {
     }
 
     /// `insert` when the caller already has the key's `lookup_hash`.
+    #[inline]
     pub fn insert_with_lookup(&mut self, parent: u32, block: u32, lookup: u64) -> bool {
         debug_assert!(!self.is_in_tree(block) && self.nodes[parent as usize].in_tree);
         debug_assert_eq!(lookup, lookup_hash(&self.key(block)));
@@ -582,32 +591,53 @@ impl ReuseTree {
         let p = &mut self.nodes[parent as usize];
         p.num_children += 1;
         if !p.wide && p.num_children > WIDE_CHILDREN {
-            p.wide = true;
-            let mut listed = std::mem::take(&mut self.stack);
-            let mut child = p.first_child;
-            while child != NIL {
-                let c = &self.nodes[child as usize];
-                self.children.insert(child_key(parent, c.lookup), child);
-                listed.push(child);
-                child = c.next_sibling;
-            }
-            // Last sibling first, so that each first-token chain is in sibling order.
-            while let Some(child) = listed.pop() {
-                self.index_first_token(parent, child);
-            }
-            self.stack = listed;
+            self.make_wide(parent);
         }
         true
+    }
+
+    /// Indexes the children of `parent`, which just passed `WIDE_CHILDREN`, in the child map
+    /// and the first-token chains.
+    #[cold]
+    fn make_wide(&mut self, parent: u32) {
+        let p = &mut self.nodes[parent as usize];
+        p.wide = true;
+        let mut listed = std::mem::take(&mut self.stack);
+        let mut child = p.first_child;
+        while child != NIL {
+            let c = &self.nodes[child as usize];
+            self.children.insert(child_key(parent, c.lookup), child);
+            listed.push(child);
+            child = c.next_sibling;
+        }
+        // Last sibling first, so that each first-token chain is in sibling order.
+        while let Some(child) = listed.pop() {
+            self.index_first_token(parent, child);
+        }
+        self.stack = listed;
     }
 
     /// Removes `block` and its whole subtree from the tree, calling `on_removed` for each block
     /// that left it (the block itself first, then descendants) with its TensorRT-LLM hash when
     /// hashes are tracked (0 otherwise). No-op when not in the tree.
+    #[inline]
     pub fn detach_subtree(&mut self, block: u32, mut on_removed: impl FnMut(u32, u64)) {
         if !self.is_in_tree(block) {
             return;
         }
         self.unlink_from_parent(block);
+        if self.nodes[block as usize].first_child == NIL {
+            // A leaf, the common case (eviction takes leaves first: a released chain queues
+            // its tail first): no walk.
+            self.reset_detached(block);
+            on_removed(block, self.removed_hash(block));
+            return;
+        }
+        self.detach_descendants(block, on_removed);
+    }
+
+    /// `detach_subtree` of an inner block already unlinked from its parent: walks its subtree.
+    fn detach_descendants(&mut self, block: u32, mut on_removed: impl FnMut(u32, u64)) {
         let mut stack = std::mem::take(&mut self.stack);
         stack.push(block);
         while let Some(b) = stack.pop() {
@@ -625,18 +655,36 @@ impl ReuseTree {
                 }
                 child = next;
             }
-            let n = &mut self.nodes[b as usize];
-            n.num_children = 0;
-            n.wide = false;
-            n.in_tree = false;
-            n.parent = NIL;
-            n.first_child = NIL;
-            n.next_sibling = NIL;
-            n.prev_sibling = NIL;
-            self.num_in_tree -= 1;
-            on_removed(b, self.hash(b));
+            self.reset_detached(b);
+            on_removed(b, self.removed_hash(b));
         }
         self.stack = stack;
+    }
+
+    /// Clears the tree links of a block that has left the tree (its children, if any, are
+    /// handled by the caller).
+    #[inline]
+    fn reset_detached(&mut self, block: u32) {
+        let n = &mut self.nodes[block as usize];
+        n.num_children = 0;
+        n.wide = false;
+        n.in_tree = false;
+        n.parent = NIL;
+        n.first_child = NIL;
+        n.next_sibling = NIL;
+        n.prev_sibling = NIL;
+        self.num_in_tree -= 1;
+    }
+
+    /// The TensorRT-LLM hash a block that just left the tree had, for its removal event: kept
+    /// when hashes are tracked, 0 otherwise (what `hash` answers for a block out of the tree).
+    #[inline]
+    fn removed_hash(&self, block: u32) -> u64 {
+        if self.track_hashes {
+            self.hashes[block as usize]
+        } else {
+            0
+        }
     }
 
     fn first_token(&self, block: u32) -> i32 {
@@ -673,6 +721,7 @@ impl ReuseTree {
         };
     }
 
+    #[inline]
     fn unlink_from_parent(&mut self, block: u32) {
         let Node {
             parent,

@@ -71,7 +71,11 @@ impl WindowBlockManager {
         }
         self.stats.alloc_total += 1;
         // Only cached content is worth a host block: a private block's tokens are unreachable.
-        let offloaded = if self.tree.is_in_tree(candidate) && can_offload {
+        // (The free-host-block count first: without a host tier this is the whole test.)
+        let offloaded = if can_offload
+            && self.queues.num_free(Level::Secondary) > 0
+            && self.tree.is_in_tree(candidate)
+        {
             match self.offload(candidate, now_ms) {
                 Offload::Done(host_block) => Some(host_block),
                 Offload::Detached => Some(candidate),
@@ -81,14 +85,15 @@ impl WindowBlockManager {
             None
         };
         let victim = offloaded.unwrap_or_else(|| {
-            self.queues.claim(candidate);
+            // Claimed by `finish_allocation` (one queue removal instead of two calls).
             self.evict_from_tree(candidate);
             candidate
         });
         self.finish_allocation(victim, retention)
     }
 
-    /// Gives a claimed, tree-less block its retention and a new allocation epoch.
+    /// Claims the victim (if still queued) with its retention and gives it a new allocation
+    /// epoch; it has left the tree.
     fn finish_allocation(&mut self, victim: u32, retention: BlockRetention) -> u32 {
         self.queues.claim_with_retention(
             victim,
