@@ -7,6 +7,11 @@ impl KvCacheManager {
     /// Appends a generated token (TensorRT-LLM `addToken`): detaches out-of-window blocks and
     /// allocates a new block when the sequence crosses a block boundary.
     pub fn add_token(&mut self, id: u64, token_id: i32) -> KvResult<()> {
+        self.grow_by_token(id, token_id).map(|_| ())
+    }
+
+    /// `add_token`, returning the sequence's new token count.
+    fn grow_by_token(&mut self, id: u64, token_id: i32) -> KvResult<usize> {
         let seq = self.sequence(id)?;
         Self::check_generating(id, seq)?;
         let num_tokens = seq.num_tokens + 1;
@@ -16,27 +21,34 @@ impl KvCacheManager {
                 max: self.cfg.max_sequence_length,
             });
         }
-        let max_len = self.cfg.max_sequence_length;
-        for w in &self.windows {
-            w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
-        }
-        let now = self.op_now_ms();
-        let seq = self.sequences.get_mut(&id).expect("checked");
-        seq.num_tokens = num_tokens;
         // Generated tokens have no extra id (0).
         let extra = seq.key_attrs.uses_extra_ids.then_some(0);
         let decode = seq.retention.decode_retention();
-        for w in &mut self.windows {
-            let swa = w.config().is_swa(max_len);
-            w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
-            absorb(&mut self.events, w);
+        let max_len = self.cfg.max_sequence_length;
+        let in_place = self
+            .windows
+            .iter()
+            .all(|w| w.token_fits_in_place(id, num_tokens, w.config().is_swa(max_len)));
+        if in_place {
+            // 31 tokens of 32: the token's slot is in a block every window holds.
+            for w in &mut self.windows {
+                w.write_last_token(id, num_tokens, token_id, extra);
+            }
+        } else {
+            for w in &self.windows {
+                w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
+            }
+            let now = self.op_now_ms();
+            for w in &mut self.windows {
+                let swa = w.config().is_swa(max_len);
+                w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
+                absorb(&mut self.events, w);
+            }
         }
-        self.sequences
-            .get_mut(&id)
-            .expect("checked")
-            .life
-            .token_added(num_tokens);
-        Ok(())
+        let seq = self.sequences.get_mut(&id).expect("checked");
+        seq.num_tokens = num_tokens;
+        seq.life.token_added(num_tokens);
+        Ok(num_tokens)
     }
 
     /// One decode step for many sequences: `add_token` (then `store_new_block` when `store`)
@@ -49,11 +61,14 @@ impl KvCacheManager {
         tokens: &[i32],
         store: bool,
     ) -> (usize, KvResult<()>) {
+        let tpb = self.cfg.tokens_per_block;
         for (i, (&id, &token)) in ids.iter().zip(tokens).enumerate() {
-            if let Err(e) = self.add_token(id, token) {
-                return (i, Err(e));
-            }
-            if store {
+            let num_tokens = match self.grow_by_token(id, token) {
+                Ok(n) => n,
+                Err(e) => return (i, Err(e)),
+            };
+            // `store_new_block` is a no-op unless the token opened a new block.
+            if store && (num_tokens - 1) % tpb == 0 {
                 // Cannot fail: the sequence exists (add_token just found it).
                 self.store_new_block(id).expect("sequence exists");
             }

@@ -125,6 +125,21 @@ impl WindowBlockManager {
             }
             self.flush_copies();
         }
+        self.write_last_token(id, num_tokens, token, extra);
+    }
+
+    /// Whether growing sequence `id` to `num_tokens` tokens only writes the token into a block
+    /// it already holds (nothing to detach, no block to allocate): `add_token`'s common case,
+    /// which needs no check and cannot fail.
+    pub fn token_fits_in_place(&self, id: u64, num_tokens: usize, swa: bool) -> bool {
+        let needs = self.token_needs(&self.seqs[&id], num_tokens, swa);
+        needs.detach == 0 && needs.new_blocks == 0
+    }
+
+    /// Writes token number `num_tokens` (the last) into its block's slot on every beam (with
+    /// reuse on: storing reads the slots). The block must be held (`token_fits_in_place`, or
+    /// `add_token` after allocating it).
+    pub fn write_last_token(&mut self, id: u64, num_tokens: usize, token: i32, extra: Option<u64>) {
         if self.cfg.enable_reuse {
             let pos = num_tokens - 1;
             let tpb = self.cfg.tokens_per_block;
