@@ -162,7 +162,7 @@ impl FreeQueues {
 
     /// Removes `block` from its queue if it is queued (using the recorded slot) and drops its
     /// pending expiry. Returns whether it was queued.
-    #[inline]
+    #[inline(always)]
     pub fn claim(&mut self, block: u32) -> bool {
         let Some(slot) = self.links[block as usize].slot else {
             return false;
@@ -178,7 +178,7 @@ impl FreeQueues {
 
     /// Claims `block` and applies a retention the way TensorRT-LLM's `claimBlock` does: the
     /// priority changes only when given; the duration always becomes the given one.
-    #[inline]
+    #[inline(always)]
     pub fn claim_with_retention(&mut self, block: u32, retention: BlockRetention) {
         self.claim(block);
         if let Some(p) = retention.priority {
@@ -198,7 +198,7 @@ impl FreeQueues {
 
     /// Appends (or prepends) `block` to the queue of `level` and its current priority. A block
     /// with a duration and a non-default priority gets an expiry `now + duration`.
-    #[inline]
+    #[inline(always)]
     pub fn release(&mut self, block: u32, level: Level, to_front: bool, now_ms: u64) {
         debug_assert!(!self.is_queued(block), "block {block} released twice");
         let priority = self.links[block as usize].priority;
@@ -313,7 +313,7 @@ impl FreeQueues {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn link(&mut self, block: u32, level: Level, priority: u8, to_front: bool) {
         let l = level as usize;
         let p = priority as usize;
@@ -325,6 +325,7 @@ impl FreeQueues {
             link.next = NIL;
             list.head = block;
             list.tail = block;
+            self.non_empty[l] |= 1u128 << p;
         } else if to_front {
             let old = list.head;
             link.prev = NIL;
@@ -339,11 +340,10 @@ impl FreeQueues {
             self.links[old as usize].next = block;
         }
         list.len += 1;
-        self.non_empty[l] |= 1u128 << p;
         self.free[l] += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, block: u32, slot: QueueSlot) {
         let l = slot.level as usize;
         let p = slot.priority as usize;

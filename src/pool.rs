@@ -173,6 +173,12 @@ impl BlockArena {
         crate::prefetch::prefetch(&self.ref_count[block as usize]);
     }
 
+    /// Prefetches what releasing `block` reads here (reference count and row).
+    pub fn prefetch_for_release(&self, block: u32) {
+        crate::prefetch::prefetch(&self.ref_count[block as usize]);
+        crate::prefetch::prefetch(&self.rows[block as usize]);
+    }
+
     pub fn ref_count(&self, block: u32) -> u32 {
         self.ref_count[block as usize]
     }

@@ -15,8 +15,15 @@ impl WindowBlockManager {
         if seq.suspended_at.is_some() {
             self.num_suspended -= 1;
         }
+        // Blocks were last touched at admission: fetch a few ahead of the release loop.
+        const AHEAD: usize = 8;
         let len = seq.beams[0].len();
         for idx in (seq.front_removed..len).rev() {
+            if idx >= seq.front_removed + AHEAD {
+                let ahead = seq.beams[0][idx - AHEAD];
+                self.arena.prefetch_for_release(ahead);
+                self.queues.prefetch(ahead);
+            }
             for beam in seq.beams.iter().rev() {
                 let b = beam[idx];
                 if self.arena.remove_ref(b) == 0 {
