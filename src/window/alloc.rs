@@ -38,6 +38,7 @@ impl WindowBlockManager {
         });
     }
 
+    #[inline]
     pub(super) fn evict_from_tree(&mut self, block: u32) {
         let stats = &mut self.stats;
         let mut events = self.events.as_mut();
@@ -52,6 +53,7 @@ impl WindowBlockManager {
     /// Takes the next block to evict from the primary queue, offloading its content to the host
     /// tier when its priority allows, and claims it with `retention`. Capacity must have been
     /// checked by the caller.
+    #[inline]
     pub(super) fn get_free_block(&mut self, retention: BlockRetention, now_ms: u64) -> u32 {
         let (candidate, can_offload) = self
             .queues

@@ -62,14 +62,20 @@ impl WindowBlockManager {
             }
             // Admission hashed a prompt block's key when it wrote it: not again here.
             let current = self.tree.current_lookup(block, len);
-            let key = self.tree.slot_key(block, len, attrs.slot, &scratch);
-            let lookup = current.unwrap_or_else(|| lookup_hash(&key));
-            let existing = if matching {
-                let found = self.tree.find_exact(parent, &key, lookup);
-                matching = found.is_some();
-                found
-            } else {
-                None
+            let (lookup, existing) = match current {
+                // Past the first miss with the key in place: nothing to compare.
+                Some(lookup) if !matching => (lookup, None),
+                _ => {
+                    let key = self.tree.slot_key(block, len, attrs.slot, &scratch);
+                    let lookup = current.unwrap_or_else(|| lookup_hash(&key));
+                    let found = if matching {
+                        self.tree.find_exact(parent, &key, lookup)
+                    } else {
+                        None
+                    };
+                    matching = found.is_some();
+                    (lookup, found)
+                }
             };
             let node = match existing {
                 Some(n) => n,
