@@ -174,9 +174,14 @@ pub fn lookup_hash(key: &BlockKeyRef<'_>) -> u64 {
         lanes[3] = step(lanes[3], pair(*t6, *t7), M[3]);
         rest = tail;
     }
-    for (i, &t) in rest.iter().enumerate() {
-        let w = u64::from(t as u32) | ((i as u64 + 1) << 40);
-        lanes[i & 3] = step(lanes[i & 3], w, M[i & 3]);
+    if !rest.is_empty() {
+        // The last 1..7 tokens, zero-padded (the length in lane 0 tells the padding apart).
+        let mut last = [0i32; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        lanes[0] = step(lanes[0], pair(last[0], last[1]), M[0]);
+        lanes[1] = step(lanes[1], pair(last[2], last[3]), M[1]);
+        lanes[2] = step(lanes[2], pair(last[4], last[5]), M[2]);
+        lanes[3] = step(lanes[3], pair(last[6], last[7]), M[3]);
     }
     let mut h =
         lanes[0] ^ lanes[1].rotate_left(17) ^ lanes[2].rotate_left(34) ^ lanes[3].rotate_left(51);
@@ -185,8 +190,14 @@ pub fn lookup_hash(key: &BlockKeyRef<'_>) -> u64 {
             h = (h ^ e).wrapping_mul(M[1]).rotate_left(29);
         }
     }
-    for v in [key.lora_task_id, key.cache_salt] {
-        h = (h ^ v.map_or(0x5bd1_e995, |x| x ^ 0x2545_f491_4f6c_dd1d)).wrapping_mul(M[2]);
+    // Each attribute mixed with its own constant, and only when present.
+    if let Some(lora) = key.lora_task_id {
+        h = (h ^ lora ^ 0x5bd1_e995).wrapping_mul(M[2]);
+    }
+    if let Some(salt) = key.cache_salt {
+        h = (h ^ salt ^ 0x2545_f491_4f6c_dd1d)
+            .wrapping_mul(M[3])
+            .rotate_left(19);
     }
     for mm in key.extra_keys {
         for chunk in mm.digest.chunks_exact(8) {

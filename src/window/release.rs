@@ -17,19 +17,27 @@ impl WindowBlockManager {
         }
         // Blocks were last touched at admission: fetch a few ahead of the release loop.
         const AHEAD: usize = 8;
-        let len = seq.beams[0].len();
-        for idx in (seq.front_removed..len).rev() {
-            if idx >= seq.front_removed + AHEAD {
-                let ahead = seq.beams[0][idx - AHEAD];
+        let first = &seq.beams[0][seq.front_removed..];
+        for (idx, &b) in first.iter().enumerate().rev() {
+            if idx >= AHEAD {
+                let ahead = first[idx - AHEAD];
                 self.arena.prefetch_for_release(ahead);
                 self.queues.prefetch(ahead);
             }
-            for beam in seq.beams.iter().rev() {
-                let b = beam[idx];
-                if self.arena.remove_ref(b) == 0 {
-                    self.queues.release(b, self.arena.level(b), false, now_ms);
-                }
+            // Beams last to first, beam 0 (`b`) last.
+            for beam in seq.beams[1..].iter().rev() {
+                self.release_ref(beam[seq.front_removed + idx], now_ms);
             }
+            self.release_ref(b, now_ms);
+        }
+    }
+
+    /// Drops one reference of `block`, queueing it for eviction when it was the last.
+    #[inline(always)]
+    fn release_ref(&mut self, block: u32, now_ms: u64) {
+        if self.arena.remove_ref(block) == 0 {
+            self.queues
+                .release(block, self.arena.level(block), false, now_ms);
         }
     }
 

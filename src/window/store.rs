@@ -90,7 +90,10 @@ impl WindowBlockManager {
                     if !self.tree.insert_with_lookup(parent, block, lookup) {
                         break;
                     }
-                    stored.push(block);
+                    // Only a Stored event lists them.
+                    if self.events.is_some() {
+                        stored.push(block);
+                    }
                     block
                 }
             };
