@@ -381,6 +381,7 @@ impl ReuseTree {
     /// Writes the holder's token at position `pos` of the block's slot (its extra id too when
     /// the holder has extra ids). Positions inside a cached key are never written; writing
     /// inside a private block's key makes that key no longer the holder's (see `disown_key`).
+    #[inline]
     pub fn write_token(&mut self, block: u32, pos: usize, token: i32, extra: Option<u64>) {
         debug_assert!(pos < self.tokens_per_block);
         let n = &mut self.nodes[block as usize];

@@ -12,38 +12,53 @@ impl KvCacheManager {
 
     /// `add_token`, returning the sequence's new token count.
     fn grow_by_token(&mut self, id: u64, token_id: i32) -> KvResult<usize> {
-        let seq = self.sequence(id)?;
+        let max_len = self.cfg.max_sequence_length;
+        let seq = self
+            .sequences
+            .get_mut(&id)
+            .ok_or(KvError::UnknownRequest(id))?;
         Self::check_generating(id, seq)?;
         let num_tokens = seq.num_tokens + 1;
-        if num_tokens > self.cfg.max_sequence_length {
+        if num_tokens > max_len {
             return Err(KvError::SequenceTooLong {
                 length: num_tokens,
-                max: self.cfg.max_sequence_length,
+                max: max_len,
             });
         }
         // Generated tokens have no extra id (0).
         let extra = seq.key_attrs.uses_extra_ids.then_some(0);
-        let decode = seq.retention.decode_retention();
-        let max_len = self.cfg.max_sequence_length;
-        let in_place = self
-            .windows
-            .iter()
-            .all(|w| w.token_fits_in_place(id, num_tokens, w.config().is_swa(max_len)));
-        if in_place {
-            // 31 tokens of 32: the token's slot is in a block every window holds.
-            for w in &mut self.windows {
-                w.write_last_token(id, num_tokens, token_id, extra);
-            }
-        } else {
-            for w in &self.windows {
-                w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
-            }
-            let now = self.op_now_ms();
-            for w in &mut self.windows {
+        // The common case (31 tokens of 32): the token's slot is in a block every window holds.
+        let in_place = match self.windows.as_mut_slice() {
+            [w] => {
                 let swa = w.config().is_swa(max_len);
-                w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
-                absorb(&mut self.events, w);
+                w.write_token_if_in_place(id, num_tokens, token_id, extra, swa)
             }
+            windows => {
+                let fits = windows
+                    .iter()
+                    .all(|w| w.token_fits_in_place(id, num_tokens, w.config().is_swa(max_len)));
+                if fits {
+                    for w in windows.iter_mut() {
+                        w.write_last_token(id, num_tokens, token_id, extra);
+                    }
+                }
+                fits
+            }
+        };
+        if in_place {
+            seq.num_tokens = num_tokens;
+            seq.life.token_added(num_tokens);
+            return Ok(num_tokens);
+        }
+        let decode = seq.retention.decode_retention();
+        for w in &self.windows {
+            w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
+        }
+        let now = self.op_now_ms();
+        for w in &mut self.windows {
+            let swa = w.config().is_swa(max_len);
+            w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
+            absorb(&mut self.events, w);
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = num_tokens;

@@ -132,8 +132,48 @@ impl WindowBlockManager {
     /// it already holds (nothing to detach, no block to allocate): `add_token`'s common case,
     /// which needs no check and cannot fail.
     pub fn token_fits_in_place(&self, id: u64, num_tokens: usize, swa: bool) -> bool {
-        let needs = self.token_needs(&self.seqs[&id], num_tokens, swa);
-        needs.detach == 0 && needs.new_blocks == 0
+        self.fits_in_place(&self.seqs[&id], num_tokens, swa)
+    }
+
+    /// `token_needs` is all zeros, decided without a division (this runs for every decode
+    /// token).
+    #[inline(always)]
+    fn fits_in_place(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> bool {
+        let tpb = self.cfg.tokens_per_block;
+        // Nothing slides out of a sliding window...
+        if swa
+            && seq.beams.len() == 1
+            && num_tokens - seq.front_removed * tpb >= self.cfg.window_size + tpb
+        {
+            return false;
+        }
+        // ...and the token's block is held: ceil(min(n, max) / tpb) <= held.
+        num_tokens.min(self.cfg.max_token_num) <= seq.beams[0].len() * tpb
+    }
+
+    /// `token_fits_in_place`, then `write_last_token` when it fits, with one sequence lookup:
+    /// all a manager with a single window does for the common decode token.
+    pub fn write_token_if_in_place(
+        &mut self,
+        id: u64,
+        num_tokens: usize,
+        token: i32,
+        extra: Option<u64>,
+        swa: bool,
+    ) -> bool {
+        let seq = &self.seqs[&id];
+        if !self.fits_in_place(seq, num_tokens, swa) {
+            return false;
+        }
+        if self.cfg.enable_reuse {
+            let pos = num_tokens - 1;
+            let tpb = self.cfg.tokens_per_block;
+            let (index, offset) = (pos / tpb, pos % tpb);
+            for beam in &seq.beams {
+                self.tree.write_token(beam[index], offset, token, extra);
+            }
+        }
+        true
     }
 
     /// Writes token number `num_tokens` (the last) into its block's slot on every beam (with
