@@ -1,10 +1,11 @@
 //! Growing and shrinking a sequence: new last blocks, sliding-window detach of front blocks,
 //! and rewinding with copy on write.
 
-use super::{SeqBlocks, WindowBlockManager};
+use super::{SeqBlocks, WindowBlockManager, WindowConfig};
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
 use crate::retention::BlockRetention;
+use crate::tree::ReuseTree;
 
 /// What growing a sequence by one token takes in one window (`add_token`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +26,27 @@ struct RewrittenBlock {
     block: u32,
     /// Tokens of the block the sequence keeps (1..tokens_per_block).
     kept: usize,
+}
+
+/// Writes token number `num_tokens` into its slot in every beam of `seq` (with reuse on:
+/// storing reads the slots).
+#[inline(always)]
+fn write_slots(
+    tree: &mut ReuseTree,
+    cfg: &WindowConfig,
+    seq: &SeqBlocks,
+    num_tokens: usize,
+    token: i32,
+    extra: Option<u64>,
+) {
+    if !cfg.enable_reuse {
+        return;
+    }
+    let pos = num_tokens - 1;
+    let (index, offset) = (pos / cfg.tokens_per_block, pos % cfg.tokens_per_block);
+    for beam in &seq.beams {
+        tree.write_token(beam[index], offset, token, extra);
+    }
 }
 
 impl WindowBlockManager {
@@ -165,14 +187,7 @@ impl WindowBlockManager {
         if !self.fits_in_place(seq, num_tokens, swa) {
             return false;
         }
-        if self.cfg.enable_reuse {
-            let pos = num_tokens - 1;
-            let tpb = self.cfg.tokens_per_block;
-            let (index, offset) = (pos / tpb, pos % tpb);
-            for beam in &seq.beams {
-                self.tree.write_token(beam[index], offset, token, extra);
-            }
-        }
+        write_slots(&mut self.tree, &self.cfg, seq, num_tokens, token, extra);
         true
     }
 
@@ -180,15 +195,8 @@ impl WindowBlockManager {
     /// reuse on: storing reads the slots). The block must be held (`token_fits_in_place`, or
     /// `add_token` after allocating it).
     pub fn write_last_token(&mut self, id: u64, num_tokens: usize, token: i32, extra: Option<u64>) {
-        if self.cfg.enable_reuse {
-            let pos = num_tokens - 1;
-            let tpb = self.cfg.tokens_per_block;
-            let seq = &self.seqs[&id];
-            for beam in &seq.beams {
-                self.tree
-                    .write_token(beam[pos / tpb], pos % tpb, token, extra);
-            }
-        }
+        let seq = &self.seqs[&id];
+        write_slots(&mut self.tree, &self.cfg, seq, num_tokens, token, extra);
     }
 
     /// Number of listed blocks (front-detached included) a sequence of `num_tokens` needs.
