@@ -93,6 +93,17 @@ class KvWriter {
     uint8_t* base_ = nullptr;
 };
 
+// One window of 8 blocks whose bytes live in host memory, so the tests can read them.
+kvb::Config hostConfig() {
+    kvb::Config cfg;
+    cfg.addWindow(kWindow, 8, 0, kLayers, kHeads, kHeadSize);
+    cfg.raw.tokens_per_block = kTpb;
+    cfg.raw.max_sequence_length = kWindow;
+    cfg.raw.bytes_per_element = kBytesPerElement;
+    cfg.raw.copy_backend = KVB_COPY_BACKEND_HOST;
+    return cfg;
+}
+
 }  // namespace
 
 // A commits a 13-token prompt and generates until its second block is full and stored (a block
@@ -101,13 +112,7 @@ class KvWriter {
 // block 1, then computes its own tokens from position 12 on in that same block. B's block 1 must
 // be a private copy holding A's first 4 tokens, and none of B's writes may change A's bytes.
 TEST(PartialBlockRebaseGuard, PartialTailBlockIsPrivateAndKeepsTheOwnersBytes) {
-    kvb::Config cfg;
-    cfg.addWindow(kWindow, 8, 0, kLayers, kHeads, kHeadSize);
-    cfg.raw.tokens_per_block = kTpb;
-    cfg.raw.max_sequence_length = kWindow;
-    cfg.raw.bytes_per_element = kBytesPerElement;
-    cfg.raw.copy_backend = KVB_COPY_BACKEND_HOST;
-    kvb::Manager m(cfg);
+    kvb::Manager m(hostConfig());
     KvWriter kv(m);
 
     const auto promptA = kvb_test::tokenRun(100, 13);
@@ -159,13 +164,7 @@ TEST(PartialBlockRebaseGuard, PartialTailBlockIsPrivateAndKeepsTheOwnersBytes) {
 // and may be taken over by B only because nobody else will read it; a later request with A's
 // whole prompt then misses that block instead of reading B's tokens as A's.
 TEST(PartialBlockRebaseGuard, TakenOverTailBlockLeavesTheTree) {
-    kvb::Config cfg;
-    cfg.addWindow(kWindow, 8, 0, kLayers, kHeads, kHeadSize);
-    cfg.raw.tokens_per_block = kTpb;
-    cfg.raw.max_sequence_length = kWindow;
-    cfg.raw.bytes_per_element = kBytesPerElement;
-    cfg.raw.copy_backend = KVB_COPY_BACKEND_HOST;
-    kvb::Manager m(cfg);
+    kvb::Manager m(hostConfig());
     KvWriter kv(m);
 
     const auto promptA = kvb_test::tokenRun(100, 17);

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::window;
+
 use common::Rng;
 use kvblock::error::KvError;
 use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
@@ -18,18 +20,6 @@ fn config(windows: Vec<WindowSpec>, partial: bool) -> ManagerConfig {
         enable_partial_reuse: partial,
         manual_clock: true,
         ..ManagerConfig::default()
-    }
-}
-
-fn window(size: usize, primary: usize, secondary: usize) -> WindowSpec {
-    WindowSpec {
-        window_size: size,
-        primary_blocks: primary,
-        secondary_blocks: secondary,
-        num_layers: 1,
-        num_kv_heads: 1,
-        size_per_head: 1,
-        auto_host_tier: false,
     }
 }
 

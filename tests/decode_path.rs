@@ -4,6 +4,10 @@
 //! when no block is crossed (while another window takes the same token in place), and the tokens
 //! written in place are the ones a later store caches.
 
+mod common;
+
+use common::window;
+
 use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
 
 const TPB: usize = 8;
@@ -11,18 +15,6 @@ const MAX_LEN: usize = 64;
 /// Not a multiple of the block size: the sliding window detaches inside a block.
 const SLIDING: usize = 20;
 const POOL: usize = 16;
-
-fn window(window_size: usize) -> WindowSpec {
-    WindowSpec {
-        window_size,
-        primary_blocks: POOL,
-        secondary_blocks: 0,
-        num_layers: 1,
-        num_kv_heads: 1,
-        size_per_head: 1,
-        auto_host_tier: false,
-    }
-}
 
 fn manager(windows: Vec<WindowSpec>) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
@@ -47,7 +39,7 @@ fn detached(n: usize) -> usize {
 
 #[test]
 fn a_sliding_window_detaches_on_the_token_that_leaves_it_even_inside_a_block() {
-    let mut m = manager(vec![window(SLIDING), window(MAX_LEN)]);
+    let mut m = manager(vec![window(SLIDING, POOL, 0), window(MAX_LEN, POOL, 0)]);
     m.add_sequence(&Request::new(1, (0..10).collect())).unwrap();
     let mut detach_tokens = Vec::new();
     for n in 11..=60usize {
@@ -78,8 +70,8 @@ fn tokens_written_in_place_are_the_ones_a_later_store_caches() {
     let prompt: Vec<i32> = (0..10).collect();
     let generated: Vec<i32> = (0..30).map(|i| 500 + i).collect();
     for windows in [
-        vec![window(MAX_LEN)],
-        vec![window(SLIDING), window(MAX_LEN)],
+        vec![window(MAX_LEN, POOL, 0)],
+        vec![window(SLIDING, POOL, 0), window(MAX_LEN, POOL, 0)],
     ] {
         let mut m = manager(windows.clone());
         m.add_sequence(&Request::new(1, prompt.clone())).unwrap();

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::window;
+
 use common::Rng;
 use std::collections::HashMap;
 
@@ -96,18 +98,6 @@ struct Workload {
     windows: Vec<WindowSpec>,
     partial: bool,
     copy_on_partial: bool,
-}
-
-fn spec(window_size: usize, primary: usize, secondary: usize) -> WindowSpec {
-    WindowSpec {
-        window_size,
-        primary_blocks: primary,
-        secondary_blocks: secondary,
-        num_layers: 1,
-        num_kv_heads: 1,
-        size_per_head: 1,
-        auto_host_tier: false,
-    }
 }
 
 fn run(workload: &Workload, seed: u64, steps: usize) {
@@ -212,7 +202,7 @@ fn run(workload: &Workload, seed: u64, steps: usize) {
 #[test]
 fn router_view_equals_trees_single_window_with_host_tier() {
     let w = Workload {
-        windows: vec![spec(64, 24, 16)],
+        windows: vec![window(64, 24, 16)],
         partial: true,
         copy_on_partial: true,
     };
@@ -224,7 +214,7 @@ fn router_view_equals_trees_single_window_with_host_tier() {
 #[test]
 fn router_view_equals_trees_without_copy_on_partial() {
     let w = Workload {
-        windows: vec![spec(64, 20, 8)],
+        windows: vec![window(64, 20, 8)],
         partial: true,
         copy_on_partial: false,
     };
@@ -236,7 +226,7 @@ fn router_view_equals_trees_without_copy_on_partial() {
 #[test]
 fn router_view_equals_trees_with_variable_windows() {
     let w = Workload {
-        windows: vec![spec(16, 30, 10), spec(64, 24, 12)],
+        windows: vec![window(16, 30, 10), window(64, 24, 12)],
         partial: true,
         copy_on_partial: true,
     };
@@ -248,7 +238,7 @@ fn router_view_equals_trees_with_variable_windows() {
 #[test]
 fn router_view_equals_trees_without_partial_reuse() {
     let w = Workload {
-        windows: vec![spec(64, 16, 0)],
+        windows: vec![window(64, 16, 0)],
         partial: false,
         copy_on_partial: false,
     };

@@ -3,11 +3,15 @@
 //! A counting global allocator (this test binary only) counts the allocations made on the
 //! calling thread while the failing call runs.
 
+mod common;
+
+use common::window;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use kvblock::error::KvError;
-use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
+use kvblock::manager::{KvCacheManager, ManagerConfig, Request};
 use kvblock::pool::Level;
 
 struct Counting;
@@ -43,15 +47,7 @@ fn allocations() -> u64 {
 
 fn manager(primary: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
-        windows: vec![WindowSpec {
-            window_size: 4096,
-            primary_blocks: primary,
-            secondary_blocks: 0,
-            num_layers: 1,
-            num_kv_heads: 1,
-            size_per_head: 1,
-            auto_host_tier: false,
-        }],
+        windows: vec![window(4096, primary, 0)],
         tokens_per_block: 4,
         max_sequence_length: 4096,
         manual_clock: true,

@@ -23,13 +23,8 @@ fn config(windows: usize) -> ManagerConfig {
     ManagerConfig {
         windows: (0..windows)
             .map(|i| WindowSpec {
-                window_size: 64 >> i,
-                primary_blocks: 5,
-                secondary_blocks: 5,
-                num_layers: 1,
-                num_kv_heads: 1,
                 size_per_head: 2,
-                auto_host_tier: false,
+                ..common::window(64 >> i, 5, 5)
             })
             .collect(),
         tokens_per_block: 4,

@@ -4,11 +4,13 @@
 
 mod common;
 
+use common::window;
+
 use common::Rng;
 
 use kvblock::error::KvError;
 use kvblock::manager::{
-    ContextRevert, CopyBackend, KvCacheManager, ManagerConfig, Request, SchedulingPass, WindowSpec,
+    ContextRevert, CopyBackend, KvCacheManager, ManagerConfig, Request, SchedulingPass,
 };
 use kvblock::pool::Level;
 
@@ -16,15 +18,7 @@ const W: usize = 1024;
 
 fn config(primary: usize, secondary: usize, tpb: usize) -> ManagerConfig {
     ManagerConfig {
-        windows: vec![WindowSpec {
-            window_size: W,
-            primary_blocks: primary,
-            secondary_blocks: secondary,
-            num_layers: 1,
-            num_kv_heads: 1,
-            size_per_head: 1,
-            auto_host_tier: false,
-        }],
+        windows: vec![window(W, primary, secondary)],
         tokens_per_block: tpb,
         max_sequence_length: W,
         manual_clock: true,

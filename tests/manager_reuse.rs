@@ -1,19 +1,15 @@
 //! Scenario tests of the manager's reuse, eviction and host-tier behaviour.
 
-use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request, WindowSpec};
+mod common;
+
+use common::window;
+
+use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request};
 use kvblock::pool::Level;
 
 fn config(primary: usize, secondary: usize, tpb: usize) -> ManagerConfig {
     ManagerConfig {
-        windows: vec![WindowSpec {
-            window_size: 1024,
-            primary_blocks: primary,
-            secondary_blocks: secondary,
-            num_layers: 1,
-            num_kv_heads: 1,
-            size_per_head: 1,
-            auto_host_tier: false,
-        }],
+        windows: vec![window(1024, primary, secondary)],
         tokens_per_block: tpb,
         max_sequence_length: 1024,
         manual_clock: true,

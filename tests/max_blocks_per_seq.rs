@@ -2,10 +2,12 @@
 //! tokens a sequence may hold past its maximum length: a sequence grown to its limit with the
 //! largest draft still fits its table.
 
+mod common;
+
+use common::window;
+
 use kvblock::error::KvError;
-use kvblock::manager::{
-    CopyBackend, KvCacheManager, ManagerConfig, Request, WindowSpec, NO_BLOCK_OFFSET,
-};
+use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request, NO_BLOCK_OFFSET};
 
 const TPB: usize = 8;
 const MAX_LEN: usize = 30;
@@ -16,18 +18,7 @@ const WINDOWS: [usize; 2] = [16, 40];
 
 fn config(extra: usize, draft: usize) -> ManagerConfig {
     ManagerConfig {
-        windows: WINDOWS
-            .iter()
-            .map(|&w| WindowSpec {
-                window_size: w,
-                primary_blocks: 16,
-                secondary_blocks: 0,
-                num_layers: 1,
-                num_kv_heads: 1,
-                size_per_head: 1,
-                auto_host_tier: false,
-            })
-            .collect(),
+        windows: WINDOWS.iter().map(|&w| window(w, 16, 0)).collect(),
         tokens_per_block: TPB,
         max_sequence_length: MAX_LEN,
         num_extra_kv_tokens: extra,

@@ -25,6 +25,8 @@
 
 mod common;
 
+use common::window;
+
 use common::Rng;
 use std::collections::{HashMap, HashSet};
 
@@ -101,13 +103,10 @@ impl Scenario {
                 .windows
                 .iter()
                 .map(|&w| WindowSpec {
-                    window_size: w,
-                    primary_blocks: self.primary,
-                    secondary_blocks: self.secondary,
                     num_layers: LAYERS,
                     num_kv_heads: HEADS,
                     size_per_head: HEAD_SIZE,
-                    auto_host_tier: false,
+                    ..common::window(w, self.primary, self.secondary)
                 })
                 .collect(),
             tokens_per_block: TPB,
@@ -1180,15 +1179,7 @@ fn write_row(pools: Pools, row: *mut u8, bytes: &[u8]) {
 /// Windows 8 (sliding) and 32, 4 tokens per block, host pools of 8-byte rows
 /// ([K slots 0..4][V slots 0..4], one byte per token slot).
 fn swa_host_manager(secondary: usize) -> KvCacheManager {
-    let spec = |w| WindowSpec {
-        window_size: w,
-        primary_blocks: 8,
-        secondary_blocks: secondary,
-        num_layers: 1,
-        num_kv_heads: 1,
-        size_per_head: 1,
-        auto_host_tier: false,
-    };
+    let spec = |w| window(w, 8, secondary);
     KvCacheManager::new(ManagerConfig {
         windows: vec![spec(8), spec(32)],
         tokens_per_block: TPB,
@@ -1339,15 +1330,7 @@ fn takeover_of_a_detached_leaf_invalidates_the_owner_store() {
 /// the old tokens reuses only the KV of the old tokens.
 #[test]
 fn rewinding_into_stored_blocks_keeps_cached_kv() {
-    let spec = WindowSpec {
-        window_size: 32,
-        primary_blocks: 8,
-        secondary_blocks: 0,
-        num_layers: 1,
-        num_kv_heads: 1,
-        size_per_head: 1,
-        auto_host_tier: false,
-    };
+    let spec = window(32, 8, 0);
     let mut m = KvCacheManager::new(ManagerConfig {
         windows: vec![spec],
         tokens_per_block: TPB,

@@ -2,9 +2,13 @@
 //! the manager's buffer drops events, replay from the ring with its end marker, destroy
 //! publishing what was flushed. (Payload schema: `scripts/events_wire_test.py`.)
 
+mod common;
+
+use common::window;
+
 use std::time::Duration;
 
-use kvblock::manager::{KvCacheManager, ManagerConfig, Request, WindowSpec};
+use kvblock::manager::{KvCacheManager, ManagerConfig, Request};
 use kvblock::publisher::{Publisher, PublisherConfig, END_SEQ};
 
 const TPB: usize = 4;
@@ -12,15 +16,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn manager(event_capacity: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
-        windows: vec![WindowSpec {
-            window_size: 64,
-            primary_blocks: 16,
-            secondary_blocks: 0,
-            num_layers: 1,
-            num_kv_heads: 1,
-            size_per_head: 1,
-            auto_host_tier: false,
-        }],
+        windows: vec![window(64, 16, 0)],
         tokens_per_block: TPB,
         max_sequence_length: 64,
         manual_clock: true,

@@ -46,13 +46,8 @@ fn config() -> ManagerConfig {
         windows: WINDOWS
             .iter()
             .map(|&(window_size, primary, secondary)| WindowSpec {
-                window_size,
-                primary_blocks: primary,
-                secondary_blocks: secondary,
-                num_layers: 1,
-                num_kv_heads: 1,
                 size_per_head: TOKEN_BYTES,
-                auto_host_tier: false,
+                ..common::window(window_size, primary, secondary)
             })
             .collect(),
         tokens_per_block: TPB,

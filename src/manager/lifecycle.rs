@@ -230,12 +230,7 @@ impl KvCacheManager {
         } else {
             SlotTokens::default()
         };
-        let now = self.op_now_ms();
-        let decode = seq.retention.decode_retention();
-        for w in &mut self.windows {
-            w.remove_tokens(id, capacity, decode, now);
-            absorb(&mut self.events, w);
-        }
+        self.shrink_windows(id, capacity);
         let seq = self.sequences.get_mut(&id).expect("checked");
         if !kept.token_ids.is_empty() {
             seq.life.pending_tokens.splice(0..0, kept.token_ids);

@@ -118,16 +118,22 @@ impl KvCacheManager {
         for w in &self.windows {
             w.check_remove_tokens(id, target)?;
         }
-        let now = self.op_now_ms();
-        let decode = seq.retention.decode_retention();
-        for w in &mut self.windows {
-            w.remove_tokens(id, target, decode, now);
-            absorb(&mut self.events, w);
-        }
+        self.shrink_windows(id, target);
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = target;
         self.note_rewound(id, target);
         Ok(())
+    }
+
+    /// Shrinks sequence `id` to `num_tokens` token slots in every window (checked by the
+    /// caller): rewind and capacity shrinks.
+    pub(super) fn shrink_windows(&mut self, id: u64, num_tokens: usize) {
+        let now = self.op_now_ms();
+        let decode = self.sequences[&id].retention.decode_retention();
+        for w in &mut self.windows {
+            w.remove_tokens(id, num_tokens, decode, now);
+            absorb(&mut self.events, w);
+        }
     }
 
     /// Stores the full blocks of the prompt computed so far (`context_position` tokens, never

@@ -74,3 +74,21 @@ pub fn cuda_write(address: u64, bytes: &[u8]) {
     let r = unsafe { sys::cuMemcpyHtoD_v2(address, bytes.as_ptr().cast(), bytes.len()) };
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyHtoD");
 }
+
+/// A window of `window_size` tokens with these pools and the smallest geometry (one layer, one
+/// head, one element per token): for tests of the bookkeeping, not of the bytes.
+pub fn window(
+    window_size: usize,
+    primary_blocks: usize,
+    secondary_blocks: usize,
+) -> kvblock::manager::WindowSpec {
+    kvblock::manager::WindowSpec {
+        window_size,
+        primary_blocks,
+        secondary_blocks,
+        num_layers: 1,
+        num_kv_heads: 1,
+        size_per_head: 1,
+        auto_host_tier: false,
+    }
+}
