@@ -52,6 +52,8 @@ fn write_slots(
 impl WindowBlockManager {
     /// Blocks `add_token` needs in this window when the sequence grows to `num_tokens`, and the
     /// blocks it frees first by detaching out-of-window front blocks.
+    /// Runs for every decode token: inlined, and without a division.
+    #[inline(always)]
     fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> TokenNeeds {
         let tpb = self.cfg.tokens_per_block;
         let mut detach = 0;
@@ -67,8 +69,9 @@ impl WindowBlockManager {
                 detach += 1;
             }
         }
-        // A block reserved by a capacity grow already holds the token's slot.
-        let new_blocks = if self.blocks_for_tokens(num_tokens) > seq.beams[0].len() {
+        // A block reserved by a capacity grow already holds the token's slot. (The listed
+        // blocks hold `len * tpb` slots: `blocks_for_tokens(n) > len` without dividing.)
+        let new_blocks = if num_tokens.min(self.cfg.max_token_num) > seq.beams[0].len() * tpb {
             seq.beams.len()
         } else {
             0
@@ -157,20 +160,11 @@ impl WindowBlockManager {
         self.fits_in_place(&self.seqs[&id], num_tokens, swa)
     }
 
-    /// `token_needs` is all zeros, decided without a division (this runs for every decode
-    /// token).
+    /// `token_needs` is all zeros: nothing to detach, no block to allocate.
     #[inline(always)]
     fn fits_in_place(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> bool {
-        let tpb = self.cfg.tokens_per_block;
-        // Nothing slides out of a sliding window...
-        if swa
-            && seq.beams.len() == 1
-            && num_tokens - seq.front_removed * tpb >= self.cfg.window_size + tpb
-        {
-            return false;
-        }
-        // ...and the token's block is held: ceil(min(n, max) / tpb) <= held.
-        num_tokens.min(self.cfg.max_token_num) <= seq.beams[0].len() * tpb
+        let needs = self.token_needs(seq, num_tokens, swa);
+        needs.detach == 0 && needs.new_blocks == 0
     }
 
     /// `token_fits_in_place`, then `write_last_token` when it fits, with one sequence lookup:
