@@ -182,6 +182,7 @@ fn seed_state() -> KvCacheManager {
         .unwrap();
     m.add_sequence(&Request::new(100, (0..9).collect()))
         .unwrap();
+    common::prefill_done(&mut m, 100);
     m.remove_sequence(100, true).unwrap();
     m.remove_sequence(101, false).unwrap();
     m
@@ -224,12 +225,15 @@ fn sequential_onboarding_evicts_host_blocks_and_the_batch_does_not() {
         // B's prefix, then A's prefix, both cached; then pressure moves both to the host.
         m.add_sequence(&Request::new(100, (0..9).collect()))
             .unwrap();
+        common::prefill_done(&mut m, 100);
         m.remove_sequence(100, true).unwrap();
         m.add_sequence(&Request::new(101, (900..909).collect()))
             .unwrap();
+        common::prefill_done(&mut m, 101);
         m.remove_sequence(101, true).unwrap();
         m.add_sequence(&Request::new(102, (500..524).collect()))
             .unwrap();
+        common::prefill_done(&mut m, 102);
         m.remove_sequence(102, true).unwrap();
         m
     };

@@ -58,6 +58,7 @@ fn table(m: &KvCacheManager) -> Vec<(kvblock::pool::Level, u32, bool, u32)> {
 /// Caches 5 blocks of `tokens` (request 1, released with store).
 fn cache(m: &mut KvCacheManager, tokens: &[i32]) {
     m.add_sequence(&Request::new(1, tokens.to_vec())).unwrap();
+    common::prefill_done(m, 1);
     m.remove_sequence(1, true).unwrap();
 }
 
@@ -104,6 +105,7 @@ fn a_failure_after_completed_copies_is_rolled_back_too() {
     cache(&mut m, &a);
     let b: Vec<i32> = (100..117).collect();
     m.add_sequence(&Request::new(2, b.clone())).unwrap();
+    common::prefill_done(&mut m, 2);
     m.remove_sequence(2, true).unwrap();
     let (before, rows) = (m.stats(), table(&m));
     // Re-admitting a onboards its host blocks and offloads b's: two copies of the failing

@@ -120,6 +120,7 @@ fn resize_grows_and_shrinks_and_a_failed_grow_changes_nothing() {
 fn a_shrink_never_drops_computed_committed_or_reused_tokens() {
     let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
     m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     // Reuses 8 tokens (two blocks).
     let a = m.add_sequence(&Request::new(2, tokens(0..12))).unwrap();
@@ -182,10 +183,14 @@ fn reverting_a_context_allocation_suspends_or_releases() {
     assert_eq!((l.num_tokens, l.capacity), (10, 0));
     assert_eq!(m.window(W).unwrap().num_free(Level::Primary), free + 3);
     m.check_invariants().unwrap();
+    // A second revert has nothing left to undo: it says so and changes nothing.
+    let before = fingerprint(&m);
     assert_eq!(
-        m.revert_allocate_context(1).unwrap_err(),
-        KvError::SequenceSuspended(1)
+        m.revert_allocate_context(1).unwrap(),
+        ContextRevert::NothingToRevert
     );
+    assert_eq!(fingerprint(&m), before);
+    assert!(m.sequence_lengths(1).unwrap().suspended);
     // Resume, allocate the first chunk again, compute and store it: the prompt's tokens were
     // kept, so what is stored is the prompt.
     assert!(m.resume(1).unwrap());

@@ -27,6 +27,7 @@ fn full_blocks_are_reused_and_last_token_never_is() {
     let a = m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
     assert_eq!(a.prepopulated_prompt_len, 0);
     assert_eq!(a.stats.missed_blocks, 3);
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     m.check_invariants().unwrap();
     // Same prompt: 8 reusable tokens (2 full blocks); the 9th is the last token.
@@ -45,6 +46,7 @@ fn full_blocks_are_reused_and_last_token_never_is() {
 fn partial_reuse_takes_over_unused_leaf_and_copies_shared_block() {
     let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
     m.add_sequence(&Request::new(1, tokens(0..7))).unwrap();
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     // Tree now: [0..4] -> [4,5] (partial). Request shares 0..6 then diverges.
     let mut t = tokens(0..6);
@@ -66,6 +68,7 @@ fn partial_reuse_takes_over_unused_leaf_and_copies_shared_block() {
 fn offload_on_eviction_and_onboard_on_reuse() {
     let mut m = KvCacheManager::new(config(4, 4, 4)).unwrap();
     m.add_sequence(&Request::new(1, tokens(0..13))).unwrap();
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     // A different prompt takes all 4 primary blocks: cached blocks move to the host.
     m.add_sequence(&Request::new(2, tokens(100..116))).unwrap();
@@ -112,6 +115,7 @@ fn host_data_survives_offload_and_onboard() {
         let mem = m.block_info(1024, b).unwrap().memory_index as usize;
         unsafe { std::ptr::write_bytes(base.add(mem * row), 10 + i as u8, row) };
     }
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     m.add_sequence(&Request::new(2, tokens(100..108))).unwrap();
     m.remove_sequence(2, false).unwrap();
@@ -157,7 +161,9 @@ fn stored_keys_are_the_tokens_written_into_the_slots() {
         m.add_token(1, t).unwrap();
     }
     m.check_invariants().unwrap();
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
+    common::prefill_done(&mut m, 2);
     m.remove_sequence(2, true).unwrap();
     m.check_invariants().unwrap();
     let mut rewritten: Vec<i32> = tokens(0..6);
@@ -186,6 +192,7 @@ fn stored_keys_are_the_tokens_written_into_the_slots() {
 fn pinning_store_checks_the_callers_bound_before_changing_anything() {
     let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
     m.add_sequence(&Request::new(1, tokens(0..10))).unwrap();
+    common::prefill_done(&mut m, 1);
     // 9 stored tokens span 3 blocks: a bound of 2 fails, nothing is stored or pinned.
     let err = m.store_blocks_for_reuse(1, true, None, 2).unwrap_err();
     assert_eq!(

@@ -1272,6 +1272,7 @@ fn explicit_offload_into_a_detached_block_invalidates_the_owner_store() {
     m.check_invariants().unwrap();
 
     // Sequence 1 lost a detached block's content: releasing it stores nothing.
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     let mut prompt: Vec<i32> = (10..18).collect();
     prompt.push(99);
@@ -1288,6 +1289,7 @@ fn explicit_offload_into_a_detached_block_invalidates_the_owner_store() {
 fn takeover_of_a_detached_leaf_invalidates_the_owner_store() {
     let mut m = swa_host_manager(0);
     m.add_sequence(&Request::new(1, vec![10, 11, 12])).unwrap();
+    common::prefill_done(&mut m, 1);
     // Stores tokens [10, 11] as a partial leaf in both windows.
     m.store_blocks_for_reuse(1, false, None, 0).unwrap();
     for w in [8, 32] {
@@ -1313,6 +1315,7 @@ fn takeover_of_a_detached_leaf_invalidates_the_owner_store() {
 
     // Sequence 1 no longer owns its detached block: releasing it stores nothing, so the block
     // request 2 writes does not enter the tree under sequence 1's tokens.
+    common::prefill_done(&mut m, 1);
     m.remove_sequence(1, true).unwrap();
     assert!(!m.block_info(8, leaf).unwrap().in_reuse_tree);
     m.check_invariants().unwrap();

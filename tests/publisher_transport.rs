@@ -32,6 +32,7 @@ fn store_request(m: &mut KvCacheManager, id: u64, blocks: usize) {
         .map(|t| t + 1000 * id as i32)
         .collect();
     m.add_sequence(&Request::new(id, tokens)).unwrap();
+    common::prefill_done(m, id);
     m.remove_sequence(id, true).unwrap();
     m.flush_iteration_events();
 }

@@ -1,6 +1,7 @@
 //! Batch admission: validation, planning in every window (phase 1), the scheduler's estimate,
 //! and execution (phase 2).
 
+use super::lifecycle::CountedBlocks;
 use super::{absorb, Admission, KvCacheManager, Request, RequestRef, RequestStats, Sequence};
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
@@ -255,6 +256,7 @@ impl KvCacheManager {
         let now = self.op_now_ms();
         let plans = std::mem::take(&mut self.plans);
         let mut alloc_new = vec![0u64; n];
+        let mut counted = vec![CountedBlocks::default(); n];
         for (wi, w) in self.windows.iter_mut().enumerate() {
             let items: Vec<AdmitItem<'_>> = reqs
                 .iter()
@@ -268,8 +270,15 @@ impl KvCacheManager {
                     plan: &p.windows[wi],
                 })
                 .collect();
-            for (total, new) in alloc_new.iter_mut().zip(w.admit_batch(&items, now)) {
-                *total += new;
+            let news = w.admit_batch(&items, now);
+            let per_request = alloc_new.iter_mut().zip(news).zip(&mut counted);
+            for (((sum, new), c), (req, plan)) in per_request.zip(reqs.iter().zip(&plans)) {
+                *sum += new;
+                // What reverting the admission gives back: the blocks past the reused prefix.
+                let tail = w.blocks_for_tokens(req.input_length)
+                    - w.blocks_for_tokens(plan.matched_tokens);
+                let total = (tail as u64).min(plan.windows[wi].allocations as u64);
+                c.add(wi, total, new.min(total));
             }
             absorb(&mut self.events, w);
         }
@@ -277,7 +286,8 @@ impl KvCacheManager {
             .iter()
             .zip(&plans)
             .zip(alloc_new)
-            .map(|((req, plan), new)| self.record_sequence(req, plan, new))
+            .zip(counted)
+            .map(|(((req, plan), new), counted)| self.record_sequence(req, plan, new, counted))
             .collect();
         self.plans = plans;
         Ok(admissions)
@@ -297,6 +307,7 @@ impl KvCacheManager {
         req: &RequestRef<'_>,
         plan: &RequestPlan,
         alloc_new: u64,
+        counted: CountedBlocks,
     ) -> Admission {
         let mut stats = RequestStats {
             alloc_new_blocks: alloc_new,
@@ -328,6 +339,7 @@ impl KvCacheManager {
                 life: super::lifecycle::SeqLifecycle::admitted(
                     req.input_length,
                     plan.matched_tokens,
+                    counted,
                 ),
             },
         );

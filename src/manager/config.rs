@@ -356,6 +356,7 @@ impl KvCacheManager {
                     beyond_length,
                     cfg.tokens_per_block,
                 ),
+                detach_slack_tokens: cfg.max_draft_tokens,
                 enable_reuse: cfg.enable_block_reuse,
                 enable_partial_reuse: cfg.enable_partial_reuse,
                 copy_on_partial_reuse: cfg.copy_on_partial_reuse,

@@ -18,6 +18,7 @@ impl KvCacheManager {
                         num_tokens: s.num_tokens,
                         input_length: s.input_length,
                         capacity: s.life.capacity,
+                        history: s.life.history,
                     })
                 },
                 max_len,

@@ -16,13 +16,65 @@ use super::{absorb, KvCacheManager};
 use crate::error::{KvError, KvResult};
 use crate::window::SlotTokens;
 
+/// Blocks an allocation counted in each window's statistics (`alloc_total`, `alloc_new`), so
+/// that reverting it uncounts them: only committed allocations stay in the statistics, as in
+/// TensorRT-LLM V2. The first window's pair is inline, so that recording one costs no heap
+/// allocation with one window (admission records one for every request).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct CountedBlocks {
+    first: (u64, u64),
+    rest: Vec<(u64, u64)>,
+}
+
+impl CountedBlocks {
+    /// Adds `(total, new)` blocks counted in window `i`.
+    pub(super) fn add(&mut self, i: usize, total: u64, new: u64) {
+        let slot = if i == 0 {
+            &mut self.first
+        } else {
+            if self.rest.len() < i {
+                self.rest.resize(i, (0, 0));
+            }
+            &mut self.rest[i - 1]
+        };
+        slot.0 += total;
+        slot.1 += new;
+    }
+
+    /// Adds every window's count of `other`.
+    fn merge(&mut self, other: &CountedBlocks) {
+        for (i, (total, new)) in other.iter() {
+            self.add(i, total, new);
+        }
+    }
+
+    /// `(window index, (total, new))` for every window with a count.
+    fn iter(&self) -> impl Iterator<Item = (usize, (u64, u64))> + '_ {
+        std::iter::once(self.first)
+            .chain(self.rest.iter().copied())
+            .enumerate()
+    }
+}
+
 /// A generation allocation, recorded so that its revert undoes exactly what it added.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct GenerationAllocation {
     /// Capacity before the allocation.
     pre_capacity: usize,
     /// Draft tokens it reserved (padding extensions included).
     num_draft_tokens: usize,
+    /// Blocks it (and its padding extensions) counted, per window.
+    counted: CountedBlocks,
+}
+
+/// A context allocation that grew the capacity (admission's included), recorded for
+/// `revert_allocate_context`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ContextAllocation {
+    /// Capacity before the allocation.
+    pre_capacity: usize,
+    /// Blocks it counted, per window.
+    counted: CountedBlocks,
 }
 
 /// The lifecycle state of one sequence.
@@ -39,30 +91,37 @@ pub(super) struct SeqLifecycle {
     pending_tokens: Vec<i32>,
     pending_extra_ids: Vec<u64>,
     generation: Option<GenerationAllocation>,
-    /// Capacity before the last context allocation that grew it.
-    context_pre_capacity: Option<usize>,
+    /// This iteration's context allocation, when it grew the capacity.
+    context: Option<ContextAllocation>,
 }
 
 impl SeqLifecycle {
     /// A sequence just admitted: its prompt allocated, `reused` tokens found in the cache. The
-    /// admission is a context allocation that grew the capacity from `reused`.
-    pub(super) fn admitted(input_length: usize, reused: usize) -> Self {
+    /// admission is a context allocation that grew the capacity from `reused`, counting
+    /// `counted` blocks per window.
+    pub(super) fn admitted(input_length: usize, reused: usize, counted: CountedBlocks) -> Self {
         SeqLifecycle {
             capacity: input_length,
             history: reused,
             committed: reused,
             reused,
-            context_pre_capacity: (input_length > reused).then_some(reused),
+            context: (input_length > reused).then_some(ContextAllocation {
+                pre_capacity: reused,
+                counted,
+            }),
             ..SeqLifecycle::default()
         }
     }
 
     /// Bookkeeping of `add_token`: the sequence grew to `num_tokens`, all but the last computed;
-    /// the step's generation allocation is consumed.
+    /// the step's generation allocation is consumed, and prefill is over (nothing of it is left
+    /// to revert).
+    #[inline(always)]
     pub(super) fn token_added(&mut self, num_tokens: usize) {
         self.capacity = self.capacity.max(num_tokens);
         self.history = self.history.max(num_tokens - 1);
         self.generation = None;
+        self.context = None;
     }
 
     /// The least capacity a shrink may reach.
@@ -135,17 +194,23 @@ impl KvCacheManager {
     /// prompt. Known tokens past a shrunk capacity are kept and written back when it grows
     /// again. Forgets recorded generation and context allocations (their reverts become no-ops).
     pub fn resize(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
-        let done = self.resize_to(id, capacity)?;
+        let done = self.resize_to(id, capacity, &mut CountedBlocks::default())?;
         if done {
             let life = self.life_mut(id);
             life.generation = None;
-            life.context_pre_capacity = None;
+            life.context = None;
         }
         Ok(done)
     }
 
-    /// `resize` without touching the recorded allocations.
-    fn resize_to(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
+    /// `resize` without touching the recorded allocations; a grow adds the blocks it counts in
+    /// the statistics to `counted` (per window).
+    fn resize_to(
+        &mut self,
+        id: u64,
+        capacity: usize,
+        counted: &mut CountedBlocks,
+    ) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
         if seq.beam_width != 1 {
             return Err(KvError::Unsupported(
@@ -164,7 +229,7 @@ impl KvCacheManager {
             return Ok(true);
         }
         if capacity > current {
-            return self.grow(id, capacity);
+            return self.grow(id, capacity, counted);
         }
         let floor = seq.life.floor();
         if capacity < floor {
@@ -178,10 +243,16 @@ impl KvCacheManager {
         Ok(true)
     }
 
-    fn grow(&mut self, id: u64, capacity: usize) -> KvResult<bool> {
+    fn grow(&mut self, id: u64, capacity: usize, counted: &mut CountedBlocks) -> KvResult<bool> {
         if !self.windows.iter().all(|w| w.can_grow(id, capacity)) {
             return Ok(false);
         }
+        let before: Vec<(u64, u64)> = self
+            .windows
+            .iter()
+            .map(|w| (w.stats().alloc_total, w.stats().alloc_new))
+            .collect();
+        // (A grow allocates blocks anyway; this list is no extra cost worth avoiding.)
         let now = self.op_now_ms();
         let seq = &self.sequences[&id];
         let retention = seq.retention.decode_retention();
@@ -190,6 +261,9 @@ impl KvCacheManager {
         for w in &mut self.windows {
             w.grow(id, capacity, retention, now);
             absorb(&mut self.events, w);
+        }
+        for (i, (w, (total, new))) in self.windows.iter().zip(before).enumerate() {
+            counted.add(i, w.stats().alloc_total - total, w.stats().alloc_new - new);
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         if restore_end > old {
@@ -210,8 +284,11 @@ impl KvCacheManager {
         Ok(true)
     }
 
-    /// Shrinks to `capacity` (validated by the caller): copy on write where the new last block
-    /// is shared, then the surplus blocks go back to their free queues.
+    /// Shrinks to `capacity` (validated by the caller): the surplus blocks go back to their
+    /// free queues. The known tokens past the new capacity are kept and written back, the same
+    /// tokens in the same slots, when it grows again, so a shared new last block is kept as it
+    /// is: giving capacity back never needs a free block (a scheduler reverts exactly when
+    /// blocks are short).
     fn shrink(&mut self, id: u64, capacity: usize) -> KvResult<()> {
         for w in &self.windows {
             if !w.can_shrink_to(id, capacity) {
@@ -220,7 +297,6 @@ impl KvCacheManager {
                     w.window_size()
                 )));
             }
-            w.check_remove_tokens(id, capacity)?;
         }
         let seq = &self.sequences[&id];
         let keep_end = seq.num_tokens.min(seq.life.capacity);
@@ -230,7 +306,7 @@ impl KvCacheManager {
         } else {
             SlotTokens::default()
         };
-        self.shrink_windows(id, capacity);
+        self.shrink_windows(id, capacity, true);
         let seq = self.sequences.get_mut(&id).expect("checked");
         if !kept.token_ids.is_empty() {
             seq.life.pending_tokens.splice(0..0, kept.token_ids);
@@ -242,11 +318,28 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// The capacity `base + more` tokens, or `SequenceTooLong` when the sum overflows.
+    fn capacity_sum(&self, base: usize, more: usize) -> KvResult<usize> {
+        base.checked_add(more).ok_or(KvError::SequenceTooLong {
+            length: usize::MAX,
+            max: self.max_kv_tokens(),
+        })
+    }
+
+    /// Takes back the blocks a reverted allocation counted in the windows' statistics.
+    fn uncount(&mut self, counted: &CountedBlocks) {
+        for (i, (total, new)) in counted.iter() {
+            if let Some(w) = self.windows.get_mut(i) {
+                w.uncount_allocations(total, new);
+            }
+        }
+    }
+
     /// Reserves KV slots for the next generation step: `1 + num_draft_tokens` tokens past the
     /// known ones (capped at `max_kv_tokens`: the maximum sequence length plus the configured
-    /// extra KV and draft tokens). Returns `Ok(false)`, changing
-    /// nothing, when the blocks cannot be had. Records the capacity before, so that
-    /// `revert_allocate_generation` undoes exactly this allocation.
+    /// extra KV and draft tokens; a count whose sum overflows is `SequenceTooLong`). Returns
+    /// `Ok(false)`, changing nothing, when the blocks cannot be had. Records the capacity
+    /// before, so that `revert_allocate_generation` undoes exactly this allocation.
     pub fn allocate_generation(&mut self, id: u64, num_draft_tokens: usize) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
         if seq.life.capacity < seq.num_tokens {
@@ -256,26 +349,28 @@ impl KvCacheManager {
             )));
         }
         let pre_capacity = seq.life.capacity;
-        let target = (seq.num_tokens + 1 + num_draft_tokens)
-            .min(self.max_kv_tokens())
-            .max(pre_capacity);
-        if !self.resize_to(id, target)? {
+        let wanted = self.capacity_sum(seq.num_tokens + 1, num_draft_tokens)?;
+        let target = wanted.min(self.max_kv_tokens()).max(pre_capacity);
+        let mut counted = CountedBlocks::default();
+        if !self.resize_to(id, target, &mut counted)? {
             return Ok(false);
         }
         self.life_mut(id).generation = Some(GenerationAllocation {
             pre_capacity,
             num_draft_tokens,
+            counted,
         });
         Ok(true)
     }
 
     /// Undoes the last `allocate_generation` (with its padding extensions): the capacity goes
-    /// back to what it was before it. Returns whether there was one to undo: the step's first
-    /// `add_token` consumes the allocation (the tokens it reserved slots for are arriving), so
-    /// a revert after it changes nothing.
+    /// back to what it was before it, and the blocks it took leave the statistics. Returns
+    /// whether there was one to undo: the step's first `add_token` consumes the allocation (the
+    /// tokens it reserved slots for are arriving), so a revert after it changes nothing. Never
+    /// needs a free block.
     pub fn revert_allocate_generation(&mut self, id: u64) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
-        let Some(alloc) = seq.life.generation else {
+        let Some(alloc) = &seq.life.generation else {
             return Ok(false);
         };
         debug_assert!(
@@ -283,8 +378,9 @@ impl KvCacheManager {
             "add_token clears the record"
         );
         let target = alloc.pre_capacity.max(seq.life.floor());
-        self.resize_to(id, target)?;
-        self.life_mut(id).generation = None;
+        self.resize_to(id, target, &mut CountedBlocks::default())?;
+        let alloc = self.life_mut(id).generation.take().expect("checked");
+        self.uncount(&alloc.counted);
         Ok(true)
     }
 
@@ -292,56 +388,80 @@ impl KvCacheManager {
     /// draft tokens of a step to a fixed count; the KV cache must cover the padded length so
     /// that the later rewind matches). Counts as draft tokens of the recorded generation
     /// allocation, so its revert undoes the padding too. `Ok(false)` when the blocks cannot be
-    /// had (nothing changed).
+    /// had (nothing changed); `SequenceTooLong` past `max_kv_tokens` (or when the sum overflows).
     pub fn extend_capacity_for_tokens(&mut self, id: u64, num_tokens: usize) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
-        let target = seq.life.capacity + num_tokens;
-        if !self.resize_to(id, target)? {
+        let target = self.capacity_sum(seq.life.capacity, num_tokens)?;
+        let mut counted = CountedBlocks::default();
+        if !self.resize_to(id, target, &mut counted)? {
             return Ok(false);
         }
         if let Some(g) = &mut self.life_mut(id).generation {
             g.num_draft_tokens += num_tokens;
+            g.counted.merge(&counted);
         }
         Ok(true)
     }
 
     /// The context allocation of a chunked prefill: grows the capacity to cover the next
-    /// `num_tokens` tokens past the history (never shrinks). Records the capacity before when it
-    /// grew (for `revert_allocate_context`); `Ok(false)` when the blocks cannot be had.
+    /// `num_tokens` tokens past the history (never shrinks; `SequenceTooLong` past
+    /// `max_kv_tokens` or when the sum overflows). Each call is a new scheduling iteration: it
+    /// forgets the previous iteration's record (admission's included), and records the
+    /// capacity before only when it grew — no growth this iteration, nothing to revert (seed
+    /// 001). `Ok(false)` when the blocks cannot be had (the capacity is unchanged; the stale
+    /// record is forgotten all the same).
     pub fn allocate_context(&mut self, id: u64, num_tokens: usize) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
         let pre_capacity = seq.life.capacity;
-        let target = seq.life.history + num_tokens;
+        let target = self.capacity_sum(seq.life.history, num_tokens)?;
+        self.life_mut(id).context = None;
         if target <= pre_capacity {
             return Ok(true);
         }
-        if !self.resize_to(id, target)? {
+        let mut counted = CountedBlocks::default();
+        if !self.resize_to(id, target, &mut counted)? {
             return Ok(false);
         }
-        self.life_mut(id).context_pre_capacity = Some(pre_capacity);
+        self.life_mut(id).context = Some(ContextAllocation {
+            pre_capacity,
+            counted,
+        });
         Ok(true)
     }
 
-    /// Undoes the last context allocation of a request whose prefill the scheduler deferred
-    /// (delay batching), so its fresh blocks do not sit idle: nothing to do if it did not grow;
-    /// if prefill already computed past the old capacity the sequence cannot shrink, so it is
-    /// stored for reuse and released (the caller restarts prefill); otherwise it shrinks back
-    /// and is suspended.
+    /// Undoes this iteration's context allocation of a request whose prefill the scheduler
+    /// deferred (delay batching), so its fresh blocks do not sit idle. Nothing to do (and
+    /// `NothingToRevert`) if no context allocation grew the capacity this iteration, if it was
+    /// already reverted, or once prefill is over (the sequence is generating). If prefill
+    /// already computed past the old capacity the sequence cannot shrink, so it is stored for
+    /// reuse (what was computed) and released (the caller restarts prefill); otherwise it
+    /// shrinks back (never needing a free block), is suspended, and the allocation's blocks
+    /// leave the statistics.
     pub fn revert_allocate_context(&mut self, id: u64) -> KvResult<ContextRevert> {
-        let seq = self.active_sequence(id)?;
-        let Some(pre_capacity) = seq.life.context_pre_capacity else {
+        let seq = self.sequence(id)?;
+        let Some(alloc) = &seq.life.context else {
             return Ok(ContextRevert::NothingToRevert);
         };
+        if seq.num_tokens > seq.input_length || seq.life.history >= seq.input_length {
+            // Prefill is over: the allocation was consumed, nothing of it is left to revert.
+            self.life_mut(id).context = None;
+            return Ok(ContextRevert::NothingToRevert);
+        }
+        if seq.life.suspended {
+            return Err(KvError::SequenceSuspended(id));
+        }
+        let pre_capacity = alloc.pre_capacity;
         if seq.life.history > pre_capacity || seq.life.floor() > pre_capacity {
             let computed = seq.life.history.min(seq.input_length);
             self.store_context_blocks(id, computed)?;
             self.remove_sequence(id, false)?;
             return Ok(ContextRevert::Released);
         }
-        self.resize_to(id, pre_capacity)?;
+        self.resize_to(id, pre_capacity, &mut CountedBlocks::default())?;
         let life = self.life_mut(id);
-        life.context_pre_capacity = None;
+        let alloc = life.context.take().expect("checked");
         life.generation = None;
+        self.uncount(&alloc.counted);
         self.suspend(id)?;
         Ok(ContextRevert::ShrunkAndSuspended)
     }

@@ -109,16 +109,21 @@ impl KvCacheManager {
             )));
         }
         let target = seq.num_tokens - n;
-        if let Some(w) = self.windows.iter().find(|w| !w.can_shrink_to(id, target)) {
+        let back_in_window = |w: &&crate::window::WindowBlockManager| {
+            !w.can_shrink_to(id, target) || !w.rewind_keeps_window(id, target)
+        };
+        if let Some(w) = self.windows.iter().find(back_in_window) {
             return Err(KvError::Unsupported(format!(
-                "rewinding to {target} tokens would reach blocks window {} already detached",
+                "rewinding to {target} tokens would bring blocks window {} already detached back \
+                 into the window (a sliding window keeps max_draft_tokens tokens of blocks past \
+                 it for rewinds)",
                 w.window_size()
             )));
         }
         for w in &self.windows {
             w.check_remove_tokens(id, target)?;
         }
-        self.shrink_windows(id, target);
+        self.shrink_windows(id, target, false);
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = target;
         self.note_rewound(id, target);
@@ -126,12 +131,12 @@ impl KvCacheManager {
     }
 
     /// Shrinks sequence `id` to `num_tokens` token slots in every window (checked by the
-    /// caller): rewind and capacity shrinks.
-    pub(super) fn shrink_windows(&mut self, id: u64, num_tokens: usize) {
+    /// caller): rewind, and capacity shrinks (`same_tokens`: the known tokens past it are kept).
+    pub(super) fn shrink_windows(&mut self, id: u64, num_tokens: usize, same_tokens: bool) {
         let now = self.op_now_ms();
         let decode = self.sequences[&id].retention.decode_retention();
         for w in &mut self.windows {
-            w.remove_tokens(id, num_tokens, decode, now);
+            w.remove_tokens(id, num_tokens, same_tokens, decode, now);
             absorb(&mut self.events, w);
         }
     }
@@ -196,7 +201,8 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Stores every computed token of the sequence (partial last block included) for reuse,
+    /// Stores every computed token of the sequence (its history: the last known token never
+    /// counts, and a prefill stops at what its chunks computed; partial last block included) for reuse,
     /// optionally pinning the path; returns the pinned block ids of `pin_window` (the smallest
     /// window when `None`). With `pin`, the caller takes at most `max_pins` ids: when the stored
     /// tokens span more blocks than that, fails with `KvError::BufferTooSmall` (`needed` = that
@@ -227,8 +233,12 @@ impl KvCacheManager {
         if !self.cfg.enable_block_reuse || seq.beam_width > 1 {
             return Ok(Vec::new());
         }
-        // Only tokens in blocks (a reverted context allocation gave some back).
-        let n = (seq.num_tokens - 1).min(self.stored_limit(id));
+        // Only tokens in blocks (a reverted context allocation gave some back) whose KV is
+        // computed: a request preempted in the middle of its prefill stores what its chunks
+        // computed (the history), never prompt blocks nobody wrote.
+        let n = (seq.num_tokens - 1)
+            .min(self.stored_limit(id))
+            .min(seq.life.history);
         let seq = self.sequences.get(&id).expect("checked");
         let attrs = seq.key_attrs();
         let mut out = Vec::new();

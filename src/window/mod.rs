@@ -52,6 +52,10 @@ pub struct WindowConfig {
     pub max_token_num: usize,
     /// Most blocks one beam may list (the rows of the window's offset table).
     pub max_blocks_per_seq: usize,
+    /// Tokens a sliding window keeps past the window before detaching a front block (the
+    /// configured draft tokens): a rewind of up to this many tokens (rejected drafts) never
+    /// brings a detached block back into the window. 0 detaches as TensorRT-LLM does.
+    pub detach_slack_tokens: usize,
     pub enable_reuse: bool,
     pub enable_partial_reuse: bool,
     pub copy_on_partial_reuse: bool,
@@ -246,6 +250,13 @@ impl WindowBlockManager {
 
     pub fn stats(&self) -> WindowStats {
         self.stats
+    }
+
+    /// Takes `total` allocations (`new` of them of blocks that held no content) out of the
+    /// statistics: an allocation the scheduler reverted is not counted.
+    pub fn uncount_allocations(&mut self, total: u64, new: u64) {
+        self.stats.alloc_total = self.stats.alloc_total.saturating_sub(total);
+        self.stats.alloc_new = self.stats.alloc_new.saturating_sub(new);
     }
 
     pub fn num_free(&self, level: Level) -> usize {

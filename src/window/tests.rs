@@ -12,6 +12,7 @@ fn window(primary: usize, secondary: usize, window_size: usize) -> WindowBlockMa
         tokens_per_block: TPB,
         max_token_num: 64.max(window_size),
         max_blocks_per_seq: 16,
+        detach_slack_tokens: 0,
         enable_reuse: true,
         enable_partial_reuse: true,
         copy_on_partial_reuse: true,

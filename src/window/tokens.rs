@@ -60,7 +60,8 @@ impl WindowBlockManager {
         let mut freed = 0;
         if swa && seq.beams.len() == 1 {
             let mut removed = seq.front_removed;
-            while num_tokens - removed * tpb >= self.cfg.window_size + tpb {
+            let reach = self.cfg.window_size + tpb + self.cfg.detach_slack_tokens;
+            while num_tokens - removed * tpb >= reach {
                 let b = seq.beams[0][removed];
                 if self.arena.ref_count(b) == 1 {
                     freed += 1;
@@ -207,6 +208,16 @@ impl WindowBlockManager {
         keep > seq.front_removed || (keep == 0 && seq.front_removed == 0)
     }
 
+    /// Whether rewinding sequence `id` to `num_tokens` known tokens keeps every block inside the
+    /// window held: a detached block must lie wholly before the window of the next token
+    /// (positions `num_tokens - window_size ..`). Otherwise the offset table would point attention
+    /// at a block the sequence no longer holds, which another request may have rewritten.
+    pub fn rewind_keeps_window(&self, id: u64, num_tokens: usize) -> bool {
+        let seq = &self.seqs[&id];
+        seq.front_removed * self.cfg.tokens_per_block
+            <= num_tokens.saturating_sub(self.cfg.window_size)
+    }
+
     /// The block a sequence shrunk to `num_tokens` tokens will write again from position
     /// `num_tokens` on, with the tokens it keeps — when that block is cached or shared, so its
     /// content must not change under the tree or another sequence.
@@ -225,8 +236,8 @@ impl WindowBlockManager {
         })
     }
 
-    /// Checks that shrinking sequence `id` to `num_tokens` tokens can be served: a shared block
-    /// that will be written again needs a fresh block for its copy.
+    /// Checks that rewinding sequence `id` to `num_tokens` tokens can be served: a shared block
+    /// that will be written again with other tokens needs a fresh block for its copy.
     pub fn check_remove_tokens(&self, id: u64, num_tokens: usize) -> KvResult<()> {
         let Some(RewrittenBlock { block, .. }) = self.rewritten_shared_block(id, num_tokens) else {
             return Ok(());
@@ -254,11 +265,14 @@ impl WindowBlockManager {
     /// Shrinks sequence `id` to `num_tokens` tokens (beam width 1), releasing surplus last blocks
     /// to the front of their queue (they are the next to evict). The new last block will be
     /// written again past the kept tokens: if other sequences share it, it is copied into a fresh
-    /// block first (copy on write); if only the reuse tree holds it, it leaves the tree.
+    /// block first (copy on write); if only the reuse tree holds it, it leaves the tree. With
+    /// `same_tokens` (a capacity shrink: the known tokens past it are kept and written back into
+    /// the same slots), a shared block keeps its content, so no copy and no free block is needed.
     pub fn remove_tokens(
         &mut self,
         id: u64,
         num_tokens: usize,
+        same_tokens: bool,
         decode: BlockRetention,
         now_ms: u64,
     ) {
@@ -279,6 +293,9 @@ impl WindowBlockManager {
             self.rewritten_shared_block(id, num_tokens)
         {
             if self.arena.ref_count(block) > 1 {
+                if same_tokens {
+                    return;
+                }
                 let fresh = self.get_free_block(decode, now_ms);
                 self.queue_copy(block, fresh, kept);
                 self.tree.copy_slot(block, fresh, kept);

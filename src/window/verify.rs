@@ -12,6 +12,8 @@ pub struct SeqLengths {
     pub input_length: usize,
     /// Tokens with KV slots: the blocks listed cover exactly this many.
     pub capacity: usize,
+    /// Tokens with KV computed.
+    pub history: usize,
 }
 
 impl WindowBlockManager {
@@ -51,6 +53,7 @@ impl WindowBlockManager {
                 num_tokens,
                 input_length,
                 capacity,
+                history,
             }) = lengths_of(id)
             else {
                 return Err(format!("window {w}: blocks held for unknown sequence {id}"));
@@ -83,7 +86,9 @@ impl WindowBlockManager {
             // A sequence's tokens live in its blocks' slots: a cached block it holds must not
             // have a key longer than the sequence's tokens there (it would be overwritten).
             for (i, &b) in seq.beams[0].iter().enumerate().skip(seq.front_removed) {
-                let held = num_tokens.min(capacity).saturating_sub(i * tpb).min(tpb);
+                // Known tokens past a shrunk capacity count: they are written back, the same
+                // tokens in the same slots, when the capacity grows again.
+                let held = num_tokens.saturating_sub(i * tpb).min(tpb);
                 if self.tree.is_in_tree(b) && self.tree.key(b).len() > held {
                     return Err(format!(
                         "window {w}: sequence {id} holds cached block {b} with a key longer than its {held} tokens there"
@@ -92,13 +97,26 @@ impl WindowBlockManager {
             }
             // The prompt is allocated whole; detaching starts with the first generated token.
             let generating = num_tokens > input_length;
+            let reach = w + tpb + self.cfg.detach_slack_tokens;
             if swa
                 && generating
                 && seq.beams.len() == 1
-                && num_tokens - seq.front_removed * tpb >= w + tpb
+                && num_tokens - seq.front_removed * tpb >= reach
             {
                 return Err(format!(
                     "window {w}: sequence {id} holds blocks outside its window"
+                ));
+            }
+            // Never an offset to a block the sequence does not hold: every detached block lies
+            // wholly before the window of the next token computed (at `history`, and at most
+            // the last known token).
+            let next = num_tokens.min(history + 1);
+            if seq.front_removed * tpb > next.saturating_sub(w) {
+                return Err(format!(
+                    "window {w}: sequence {id} detached {} blocks but its window reaches back to \
+                     token {} (a detached block is inside the window)",
+                    seq.front_removed,
+                    next.saturating_sub(w)
                 ));
             }
         }

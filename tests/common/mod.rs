@@ -92,3 +92,11 @@ pub fn window(
         auto_host_tier: false,
     }
 }
+
+/// Tells the manager that sequence `id`'s known tokens are computed (its whole prompt, or what
+/// its capacity covers), as an engine does after its prefill (`store_context_blocks` after each
+/// chunk, or `advance_history`): storing for reuse stops at what was computed.
+pub fn prefill_done(m: &mut kvblock::manager::KvCacheManager, id: u64) {
+    let l = m.sequence_lengths(id).unwrap();
+    m.advance_history(id, l.num_tokens.min(l.capacity)).unwrap();
+}
