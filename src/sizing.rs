@@ -80,6 +80,8 @@ pub fn window_size_to_share(windows: &[usize], cache_size_per_token: &[usize]) -
 /// otherwise normalised); primary blocks = `ceil(tokens / tpb)` with `tokens = (primary_bytes -
 /// extra_cost) × share / bytes_per_token[w]`, capped by `max_tokens` for a single window only;
 /// secondary blocks = `floor(secondary_bytes × share / bytes_per_token[w]) / tpb`.
+/// Shares are normalised through their largest, so finite shares whose sum would overflow to
+/// infinity keep their proportions (callers reject non-finite or non-positive shares).
 pub fn max_num_blocks(
     bytes_per_token: &[u64],
     shares: Option<&[f64]>,
@@ -90,14 +92,15 @@ pub fn max_num_blocks(
     tpb: usize,
 ) -> Vec<(u64, u64)> {
     let n = bytes_per_token.len();
-    let total_share: f64 = shares.map_or(n as f64, |s| s.iter().sum());
+    let largest = shares.map_or(1.0, |s| s.iter().copied().fold(0.0, f64::max));
+    let total_share: f64 = shares.map_or(n as f64, |s| s.iter().map(|x| x / largest).sum());
     let primary_budget = primary_bytes.saturating_sub(extra_cost_bytes) as f64;
     let tpb = tpb as u64;
     bytes_per_token
         .iter()
         .enumerate()
         .map(|(w, &per_token)| {
-            let share = shares.map_or(1.0, |s| s[w]) / total_share;
+            let share = shares.map_or(1.0, |s| s[w] / largest) / total_share;
             let mut tokens = (primary_budget * share / per_token as f64) as u64;
             if n == 1 {
                 if let Some(cap) = max_tokens {
@@ -137,8 +140,9 @@ pub fn auto_host_tier_blocks(
         return gpu_quota_blocks;
     }
     let cap = |figure: u64, percent: u64| -> Option<u64> {
-        // u128: a figure near u64::MAX times 100 must not wrap.
-        (figure > 0).then(|| {
+        // u128: a figure near u64::MAX times 100 must not wrap. Unknown (0) and unlimited
+        // (u64::MAX) figures cap nothing, however large the quota.
+        (figure > 0 && figure != u64::MAX).then(|| {
             let bytes = u128::from(figure) * u128::from(percent) / 100;
             u64::try_from(bytes / u128::from(row_bytes)).unwrap_or(u64::MAX)
         })
@@ -256,9 +260,14 @@ mod tests {
         assert_eq!(auto_host_tier_blocks(7, 64 * MIB, 50 * MIB, 0), 7);
         // Extreme figures do not overflow.
         assert_eq!(auto_host_tier_blocks(5, u64::MAX, u64::MAX, 1), 5);
+        // Unlimited figures cap nothing, however large the quota (was 50% of u64::MAX).
         assert_eq!(
-            auto_host_tier_blocks(usize::MAX, u64::MAX, u64::MAX, 1) as u64,
-            u64::MAX / 2
+            auto_host_tier_blocks(usize::MAX, u64::MAX, u64::MAX, 1),
+            usize::MAX
+        );
+        assert_eq!(
+            auto_host_tier_blocks(usize::MAX, 0, u64::MAX, 1),
+            usize::MAX
         );
     }
 
@@ -329,6 +338,17 @@ mod tests {
         // Explicit shares 1:3 are normalised.
         let weighted = max_num_blocks(&[1024, 1024], Some(&[1.0, 3.0]), 1 << 20, 0, 0, None, 16);
         assert_eq!(weighted, vec![(16, 0), (48, 0)]);
+        // Shares whose sum overflows keep their proportions (they gave zero blocks).
+        let huge = max_num_blocks(
+            &[1024, 1024],
+            Some(&[0.5e308, 1.5e308]),
+            1 << 20,
+            0,
+            0,
+            None,
+            16,
+        );
+        assert_eq!(huge, weighted);
     }
 
     #[test]

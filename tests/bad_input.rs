@@ -287,3 +287,57 @@ fn caught_panics_print_nothing_on_stderr() {
         "the host's own panic was swallowed:\n{stderr}"
     );
 }
+
+#[test]
+fn window_shares_that_overflow_when_summed_are_rejected_not_zero_blocks() {
+    let per_token = [1024u64, 1024];
+    let mut primary = [7u64; 2];
+    let mut secondary = [7u64; 2];
+    for shares in [[f64::MAX, f64::MAX], [1e308, 1e308]] {
+        let status = kvb_calculate_max_num_blocks(
+            per_token.as_ptr(),
+            shares.as_ptr(),
+            2,
+            1 << 20,
+            0,
+            0,
+            -1,
+            16,
+            primary.as_mut_ptr(),
+            secondary.as_mut_ptr(),
+        );
+        assert_eq!(status, KVB_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("overflow"), "{}", last_error());
+        assert_eq!((primary, secondary), ([7; 2], [7; 2]), "outputs untouched");
+    }
+    for shares in [
+        [f64::INFINITY, 1.0],
+        [f64::NAN, 1.0],
+        [0.0, 1.0],
+        [-1.0, 1.0],
+    ] {
+        let status = kvb_calculate_max_num_blocks(
+            per_token.as_ptr(),
+            shares.as_ptr(),
+            2,
+            1 << 20,
+            0,
+            0,
+            -1,
+            16,
+            primary.as_mut_ptr(),
+            secondary.as_mut_ptr(),
+        );
+        assert_eq!(status, KVB_STATUS_INVALID_ARGUMENT, "{shares:?}");
+    }
+}
+
+#[test]
+fn unlimited_locked_memory_caps_nothing_in_the_automatic_host_tier() {
+    let mut blocks = 0i64;
+    assert_eq!(
+        kvb_calculate_auto_host_tier_blocks(i64::MAX, 0, u64::MAX, 1, &mut blocks),
+        KVB_OK
+    );
+    assert_eq!(blocks, i64::MAX);
+}

@@ -146,6 +146,12 @@ pub extern "C" fn kvb_calculate_max_num_blocks(
                     "shares must be positive and finite".into(),
                 ));
             }
+            if !s.iter().sum::<f64>().is_finite() {
+                return Err(super::handle::invalid(
+                    "shares overflow when summed (scale them down: only their proportions count)"
+                        .into(),
+                ));
+            }
             Some(s)
         };
         let max_tokens = match max_tokens {
