@@ -7,6 +7,11 @@
 //! * Sequences are suspended (their blocks move to the host tier when an allocation needs GPU
 //!   rows) and resumed; a resumed sequence's recent tokens must still hold their bytes. Decode
 //!   slots are reserved ahead with generation allocations, some of them reverted.
+//! * Some requests are preempted in the middle of their chunked prefill: only the computed
+//!   chunk's bytes are written, and a later reuse of anything past it would read stale bytes.
+//! * Rewinds on the sliding window (drafts rejected) are followed by attention: every position
+//!   inside each window must still hold its own bytes. Shrinking the reserved capacity and
+//!   reverting generation allocations must never fail for lack of blocks.
 //! * `check_invariants` every `KVB_SOAK_CHECK_EVERY` operations (default 1,000).
 //! * A drainer thread applies the event stream to a router model; at the end it must equal the
 //!   reuse trees, every sequence is released and every pin dropped, and every block is free again.
@@ -40,6 +45,9 @@ const TOKEN_BYTES: usize = 2;
 const SLABS: usize = 2; // 1 layer × K|V × 1 head
 const WINDOWS: [(usize, usize, usize); 2] = [(16, 24, 8), (MAX_SEQ, 28, 12)];
 const MAX_LIVE: usize = 5;
+/// Draft tokens a step may reserve; a sliding window keeps this many tokens of blocks before
+/// detaching, so rewinds of up to this many never fail.
+const MAX_DRAFT: usize = 2;
 
 fn config() -> ManagerConfig {
     ManagerConfig {
@@ -56,6 +64,7 @@ fn config() -> ManagerConfig {
         copy_backend: CopyBackend::HostMemory,
         manual_clock: true,
         max_kv_event_entries: 1 << 20,
+        max_draft_tokens: MAX_DRAFT,
         ..ManagerConfig::default()
     }
 }
@@ -76,6 +85,8 @@ fn pattern(prefix: u64, slab: usize, byte: usize) -> u8 {
 struct Seq {
     tokens: Vec<i32>,
     prefix: Vec<u64>,
+    /// Tokens whose KV bytes were written (the prefill may stop part way).
+    computed: usize,
 }
 
 impl Seq {
@@ -99,6 +110,30 @@ fn slot(m: &mut KvCacheManager, window: usize, block: u32, pos: usize, slab: usi
         + (pos % TPB) * TOKEN_BYTES;
     // SAFETY: inside the pool of that level (row index < rows, offset < row_bytes).
     unsafe { base.add(offset) }
+}
+
+/// Attention of a sequence's next token: every position inside each window holds its bytes.
+fn attend(m: &mut KvCacheManager, id: u64, seq: &Seq) {
+    let n = seq.tokens.len();
+    for &(window, _, _) in &WINDOWS {
+        let blocks = m.cache_block_ids(id, window, 0).unwrap();
+        for pos in n.saturating_sub(window)..n {
+            let block = blocks[pos / TPB];
+            for s in 0..SLABS {
+                let p = slot(m, window, block, pos, s);
+                for b in 0..TOKEN_BYTES {
+                    // SAFETY: `p` addresses TOKEN_BYTES bytes of the slot.
+                    let got = unsafe { *p.add(b) };
+                    assert_eq!(
+                        got,
+                        pattern(seq.prefix[pos], s, b),
+                        "window {window}: attention of request {id} reads position {pos} \
+                         (block {block}) and finds bytes that are not its own"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Writes (`verify` false) or checks (`verify` true) the pattern of tokens `from..to`.
@@ -271,6 +306,7 @@ fn run(
                     let mut seq = Seq {
                         tokens: Vec::new(),
                         prefix: Vec::new(),
+                        computed: 0,
                     };
                     let base = &prompts[rng.below(prompts.len())];
                     let keep = rng.range(1, base.len());
@@ -314,12 +350,19 @@ fn run(
                 });
                 match result {
                     Ok(admissions) => {
-                        for (a, (id, seq)) in admissions.iter().zip(seqs) {
+                        for (a, (id, mut seq)) in admissions.iter().zip(seqs) {
                             let p = a.prepopulated_prompt_len;
+                            let len = seq.tokens.len();
                             touch(&mut m, id, &seq, 0, p, true);
-                            touch(&mut m, id, &seq, p, seq.tokens.len(), false);
-                            if rng.percent(60) {
-                                m.store_context_blocks(id, seq.tokens.len()).unwrap();
+                            // A quarter of the prefills stop after a chunk (preempted later).
+                            seq.computed = if rng.percent(25) {
+                                rng.range(p, len)
+                            } else {
+                                len
+                            };
+                            touch(&mut m, id, &seq, p, seq.computed, false);
+                            if seq.computed < len || rng.percent(60) {
+                                m.store_context_blocks(id, seq.computed).unwrap();
                             }
                             live.insert(id, seq);
                         }
@@ -331,11 +374,21 @@ fn run(
             30..=54 if !live.is_empty() => {
                 let id = *live.keys().nth(rng.below(live.len())).unwrap();
                 let t = 2000 + rng.below(4) as i32;
+                let seq = live.get_mut(&id).unwrap();
+                if seq.computed < seq.tokens.len() && !suspended.contains(&id) {
+                    // The rest of the prefill runs before the first generated token.
+                    let (from, len) = (seq.computed, seq.tokens.len());
+                    log(format!("op {op}: prefill {id} {from}..{len}"));
+                    touch(&mut m, id, seq, from, len, false);
+                    m.store_context_blocks(id, len).unwrap();
+                    seq.computed = len;
+                }
                 log(format!("op {op}: add_token {id} {t}"));
                 match m.transact(|m| m.add_token(id, t)) {
                     Ok(()) => {
                         let seq = live.get_mut(&id).unwrap();
                         seq.push(t);
+                        seq.computed = seq.tokens.len();
                         let seq = &live[&id];
                         let n = seq.tokens.len();
                         touch(&mut m, id, seq, n - 1, n, false);
@@ -358,8 +411,15 @@ fn run(
                 log(format!("op {op}: rewind {id} {n}"));
                 let len = live[&id].tokens.len();
                 match m.transact(|m| m.rewind(id, n)) {
-                    Ok(()) => live.get_mut(&id).unwrap().truncate(len - n),
-                    Err(KvError::InvalidArgument(_) | KvError::Unsupported(_)) => {}
+                    Ok(()) => {
+                        let seq = live.get_mut(&id).unwrap();
+                        seq.truncate(len - n);
+                        seq.computed = seq.computed.min(len - n);
+                        attend(&mut m, id, &live[&id]);
+                    }
+                    Err(KvError::InvalidArgument(_)) => {}
+                    // Past the blocks a sliding window keeps (MAX_DRAFT tokens), refused.
+                    Err(KvError::Unsupported(_)) if n > MAX_DRAFT => {}
                     Err(KvError::OutOfBlocks { .. } | KvError::CopyFailed(_)) => {}
                     Err(KvError::SequenceSuspended(_)) => {}
                     Err(e) => panic!("rewind: {e}"),
@@ -427,7 +487,10 @@ fn run(
                         // their bytes, wherever they were meanwhile.
                         let seq = &live[&id];
                         let n = seq.tokens.len();
-                        touch(&mut m, id, seq, n.saturating_sub(TPB + n % TPB), n, true);
+                        let from = n.saturating_sub(TPB + n % TPB);
+                        if from < seq.computed {
+                            touch(&mut m, id, seq, from, seq.computed, true);
+                        }
                     }
                     Ok(false) | Err(KvError::CopyFailed(_)) => {}
                     Err(e) => panic!("resume: {e}"),
@@ -448,6 +511,21 @@ fn run(
                     }
                     Ok(_) | Err(KvError::CopyFailed(_) | KvError::SequenceSuspended(_)) => {}
                     Err(e) => panic!("allocate_generation: {e}"),
+                }
+            }
+            94 if !live.is_empty() => {
+                // Give reserved slots back: a shrink never needs a free block.
+                let id = *live.keys().nth(rng.below(live.len())).unwrap();
+                let l = m.sequence_lengths(id).unwrap();
+                let floor = l.history.max(l.committed).max(l.reused).max(l.num_tokens);
+                if !l.suspended && l.capacity > floor {
+                    let target = rng.range(floor, l.capacity - 1);
+                    log(format!("op {op}: shrink {id} to {target}"));
+                    match m.transact(|m| m.resize(id, target)) {
+                        Ok(done) => assert!(done, "a shrink is always served"),
+                        Err(KvError::CopyFailed(_)) => {}
+                        Err(e) => panic!("shrinking resize: {e}"),
+                    }
                 }
             }
             _ => {
