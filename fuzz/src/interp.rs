@@ -391,6 +391,10 @@ fn create(inp: &mut Input) -> Option<Managed> {
         cfg.copy_backend = 0;
     }
     cfg.attention_dp_rank = if inp.bool() { -1 } else { inp.i32() };
+    // Draft tokens: a sliding window then keeps that many tokens of blocks for rewinds.
+    if !wild && inp.bool() {
+        cfg.max_draft_tokens = i32::from(inp.u8() % 4);
+    }
     let mut handle = null_mut();
     let st = kvb_manager_create(&cfg, &mut handle);
     check_status(st, "create");
@@ -757,6 +761,12 @@ fn lifecycle_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str) 
         b @ 0..=239 => usize::from(b % 80),
         _ => inp.u64() as usize,
     };
+    // Draft and padding counts: small, or next to usize::MAX (a sum that would overflow must be
+    // SEQUENCE_TOO_LONG, never a wrapped capacity or a caught overflow panic).
+    let draft = |inp: &mut Input| match inp.u8() {
+        b @ 0..=223 => usize::from(b % 8),
+        b => usize::MAX - usize::from(b % 4),
+    };
     match inp.u8() % 14 {
         0 => {
             let mut l = unsafe { std::mem::zeroed::<kvb_sequence_lengths_t>() };
@@ -771,22 +781,28 @@ fn lifecycle_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str) 
             (kvb_manager_resize(h, id, n, &mut done), "resize")
         }
         3 => {
-            let (id, n) = (inp.request_id(), size(inp) % 8);
-            (
-                kvb_manager_allocate_generation(h, id, n, &mut done),
-                "allocate_generation",
-            )
+            let (id, n) = (inp.request_id(), draft(inp));
+            let st = kvb_manager_allocate_generation(h, id, n, &mut done);
+            if n > usize::MAX / 2 {
+                assert_ne!(
+                    st,
+                    kvb_status_t::KVB_OK,
+                    "allocate_generation({n}) overflowed"
+                );
+            }
+            (st, "allocate_generation")
         }
         4 => (
             kvb_manager_revert_allocate_generation(h, inp.request_id(), &mut done),
             "revert_allocate_generation",
         ),
         5 => {
-            let (id, n) = (inp.request_id(), size(inp) % 8);
-            (
-                kvb_manager_extend_capacity_for_tokens(h, id, n, &mut done),
-                "extend_capacity",
-            )
+            let (id, n) = (inp.request_id(), draft(inp));
+            let st = kvb_manager_extend_capacity_for_tokens(h, id, n, &mut done);
+            if n > usize::MAX / 2 {
+                assert_ne!(st, kvb_status_t::KVB_OK, "extend_capacity({n}) overflowed");
+            }
+            (st, "extend_capacity")
         }
         6 => {
             let (id, n) = (inp.request_id(), size(inp));
