@@ -1240,6 +1240,9 @@ enum kvb_status_t kvb_manager_remove_token(struct kvb_manager_t *manager, uint64
  * blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
  * when the new last block is shared and no free block is left to copy it into,
  * `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
+ * `KVB_STATUS_UNSUPPORTED` (nothing changed) when a sliding window would get back a block it
+ * already detached (a sliding window keeps `max_draft_tokens` tokens of blocks past the window
+ * before detaching, so rewinds of rejected drafts up to that many always succeed),
  * `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
  * the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
  */
@@ -1269,7 +1272,10 @@ enum kvb_status_t kvb_manager_store_context_blocks(struct kvb_manager_t *manager
 enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uint64_t request_id);
 
 /**
- * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
+ * Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`):
+ * the tokens of its history (reported by `kvb_manager_store_context_blocks` after each context
+ * chunk, `kvb_manager_advance_history`, or `kvb_manager_add_token`), never the last known token
+ * and never prompt tokens no chunk computed, so no block whose KV nobody wrote is cached.
  * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
  * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
  * many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
@@ -1287,7 +1293,9 @@ enum kvb_status_t kvb_manager_store_blocks_for_reuse(struct kvb_manager_t *manag
 
 /**
  * Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
- * blocks (partial last block included) are first stored in the reuse tree (beam width 1).
+ * computed blocks (partial last block included) are first stored in the reuse tree (beam width
+ * 1): as `kvb_manager_store_blocks_for_reuse`, storing stops at the history, so a request
+ * preempted in the middle of its chunked prefill stores only what its chunks computed.
  */
 enum kvb_status_t kvb_manager_remove_sequence(struct kvb_manager_t *manager,
                                               uint64_t request_id,
@@ -1321,7 +1329,9 @@ enum kvb_status_t kvb_manager_get_sequence_lengths(struct kvb_manager_t *manager
  * needs room; when the blocks cannot be had, `*out_resized` is false and nothing changed.
  * Shrinking gives the surplus blocks back; it never drops computed, committed or reused
  * tokens and fails with `KVB_STATUS_INVALID_ARGUMENT` (nothing changed) if asked to. Known
- * tokens past a smaller capacity are kept and written back when it grows again. Forgets the
+ * tokens past a smaller capacity are kept and written back, the same tokens into the same
+ * slots, when it grows again, so a shrink never needs a free block (a shared last block is
+ * kept, not copied) and never fails with `KVB_STATUS_OUT_OF_BLOCKS`. Forgets the
  * recorded generation and context allocations (their reverts become no-ops). Fails with
  * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
  * beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
@@ -1339,7 +1349,9 @@ enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
  * `kvb_manager_add_token` calls cannot run out of blocks. `*out_allocated` is false, with
  * nothing changed, when the blocks cannot be had (suspend a victim and retry). Records the
  * capacity before it for `kvb_manager_revert_allocate_generation`. Fails with
- * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence (resume it first).
+ * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence (resume it first),
+ * `KVB_STATUS_SEQUENCE_TOO_LONG` when `num_tokens + 1 + num_draft_tokens` overflows `size_t`,
+ * `KVB_STATUS_INVALID_ARGUMENT` when the capacity does not cover the known tokens yet.
  */
 enum kvb_status_t kvb_manager_allocate_generation(struct kvb_manager_t *manager,
                                                   uint64_t request_id,
@@ -1351,7 +1363,9 @@ enum kvb_status_t kvb_manager_allocate_generation(struct kvb_manager_t *manager,
  * extensions), using what was recorded at allocation, not the current draft length: the
  * capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
  * there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
- * a resize or rewind forgets it.
+ * a resize or rewind forgets it. The blocks it took leave `alloc_total_blocks` and
+ * `alloc_new_blocks` (only committed allocations are counted). Never needs a free block: it
+ * does not fail with `KVB_STATUS_OUT_OF_BLOCKS`.
  */
 enum kvb_status_t kvb_manager_revert_allocate_generation(struct kvb_manager_t *manager,
                                                          uint64_t request_id,
@@ -1362,7 +1376,8 @@ enum kvb_status_t kvb_manager_revert_allocate_generation(struct kvb_manager_t *m
  * step's draft tokens to a fixed count needs KV slots for the padded length, so that the
  * rewind after verification matches. The padding counts as draft tokens of the recorded
  * generation allocation (its revert undoes both). `*out_extended` is false, with nothing
- * changed, when the blocks cannot be had.
+ * changed, when the blocks cannot be had. `KVB_STATUS_SEQUENCE_TOO_LONG` past
+ * `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`, or when the sum overflows.
  */
 enum kvb_status_t kvb_manager_extend_capacity_for_tokens(struct kvb_manager_t *manager,
                                                          uint64_t request_id,
@@ -1373,8 +1388,12 @@ enum kvb_status_t kvb_manager_extend_capacity_for_tokens(struct kvb_manager_t *m
  * The context allocation of a chunked prefill: grows the capacity to the history plus
  * `num_tokens` (never shrinks it). `kvb_manager_add_sequence` is the first one (from the
  * reused tokens to the whole prompt); this one serves the chunks after a reverted allocation.
- * Records the capacity before when it grew, for `kvb_manager_revert_allocate_context`.
- * `*out_allocated` is false, with nothing changed, when the blocks cannot be had.
+ * Each call starts a scheduling iteration: it forgets the previous iteration's record
+ * (admission's included) and records the capacity before only when it grew, so that a
+ * request whose allocation did not grow has nothing to revert (seed 001).
+ * `*out_allocated` is false when the blocks cannot be had (the capacity is unchanged, the
+ * stale record forgotten). `KVB_STATUS_SEQUENCE_TOO_LONG` past `max_sequence_length +
+ * num_extra_kv_tokens + max_draft_tokens`, or when `history + num_tokens` overflows.
  */
 enum kvb_status_t kvb_manager_allocate_context(struct kvb_manager_t *manager,
                                                uint64_t request_id,
@@ -1383,10 +1402,15 @@ enum kvb_status_t kvb_manager_allocate_context(struct kvb_manager_t *manager,
 
 /**
  * Undoes the last context allocation of a request whose prefill the scheduler deferred (delay
- * batching), so its fresh blocks do not sit idle. `*out_outcome` says what happened: nothing
- * (no allocation grew the capacity); shrunk back and suspended; or released, because prefill
- * had already computed past the old capacity: then the computed blocks were stored for reuse,
- * the sequence is gone, and the caller restarts prefill by admitting the request again.
+ * batching), so its fresh blocks do not sit idle. `*out_outcome` says what happened:
+ * `KVB_CONTEXT_REVERT_NOTHING` (no allocation grew the capacity this iteration, it was already
+ * reverted — a second revert reports this, suspended or not — or prefill is over and the
+ * sequence is generating: nothing changed); shrunk back and suspended (never needing a free
+ * block; the allocation's blocks leave the statistics); or released, because prefill had
+ * already computed past the old capacity: then the computed blocks (the history) were stored
+ * for reuse, the sequence is gone, and the caller restarts prefill by admitting the request
+ * again. `KVB_STATUS_SEQUENCE_SUSPENDED` only for a suspended sequence that still has a
+ * record to undo.
  */
 enum kvb_status_t kvb_manager_revert_allocate_context(struct kvb_manager_t *manager,
                                                       uint64_t request_id,

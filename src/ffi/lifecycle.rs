@@ -96,7 +96,9 @@ pub extern "C" fn kvb_manager_get_sequence_lengths(
 /// needs room; when the blocks cannot be had, `*out_resized` is false and nothing changed.
 /// Shrinking gives the surplus blocks back; it never drops computed, committed or reused
 /// tokens and fails with `KVB_STATUS_INVALID_ARGUMENT` (nothing changed) if asked to. Known
-/// tokens past a smaller capacity are kept and written back when it grows again. Forgets the
+/// tokens past a smaller capacity are kept and written back, the same tokens into the same
+/// slots, when it grows again, so a shrink never needs a free block (a shared last block is
+/// kept, not copied) and never fails with `KVB_STATUS_OUT_OF_BLOCKS`. Forgets the
 /// recorded generation and context allocations (their reverts become no-ops). Fails with
 /// `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
 /// beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
@@ -117,7 +119,9 @@ pub extern "C" fn kvb_manager_resize(
 /// `kvb_manager_add_token` calls cannot run out of blocks. `*out_allocated` is false, with
 /// nothing changed, when the blocks cannot be had (suspend a victim and retry). Records the
 /// capacity before it for `kvb_manager_revert_allocate_generation`. Fails with
-/// `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence (resume it first).
+/// `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence (resume it first),
+/// `KVB_STATUS_SEQUENCE_TOO_LONG` when `num_tokens + 1 + num_draft_tokens` overflows `size_t`,
+/// `KVB_STATUS_INVALID_ARGUMENT` when the capacity does not cover the known tokens yet.
 #[no_mangle]
 pub extern "C" fn kvb_manager_allocate_generation(
     manager: *mut kvb_manager_t,
@@ -134,7 +138,9 @@ pub extern "C" fn kvb_manager_allocate_generation(
 /// extensions), using what was recorded at allocation, not the current draft length: the
 /// capacity returns to its value before. `*out_reverted` is false, with nothing changed, when
 /// there is none to undo: the step's first `kvb_manager_add_token` consumes the allocation, and
-/// a resize or rewind forgets it.
+/// a resize or rewind forgets it. The blocks it took leave `alloc_total_blocks` and
+/// `alloc_new_blocks` (only committed allocations are counted). Never needs a free block: it
+/// does not fail with `KVB_STATUS_OUT_OF_BLOCKS`.
 #[no_mangle]
 pub extern "C" fn kvb_manager_revert_allocate_generation(
     manager: *mut kvb_manager_t,
@@ -150,7 +156,8 @@ pub extern "C" fn kvb_manager_revert_allocate_generation(
 /// step's draft tokens to a fixed count needs KV slots for the padded length, so that the
 /// rewind after verification matches. The padding counts as draft tokens of the recorded
 /// generation allocation (its revert undoes both). `*out_extended` is false, with nothing
-/// changed, when the blocks cannot be had.
+/// changed, when the blocks cannot be had. `KVB_STATUS_SEQUENCE_TOO_LONG` past
+/// `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`, or when the sum overflows.
 #[no_mangle]
 pub extern "C" fn kvb_manager_extend_capacity_for_tokens(
     manager: *mut kvb_manager_t,
@@ -166,8 +173,12 @@ pub extern "C" fn kvb_manager_extend_capacity_for_tokens(
 /// The context allocation of a chunked prefill: grows the capacity to the history plus
 /// `num_tokens` (never shrinks it). `kvb_manager_add_sequence` is the first one (from the
 /// reused tokens to the whole prompt); this one serves the chunks after a reverted allocation.
-/// Records the capacity before when it grew, for `kvb_manager_revert_allocate_context`.
-/// `*out_allocated` is false, with nothing changed, when the blocks cannot be had.
+/// Each call starts a scheduling iteration: it forgets the previous iteration's record
+/// (admission's included) and records the capacity before only when it grew, so that a
+/// request whose allocation did not grow has nothing to revert (seed 001).
+/// `*out_allocated` is false when the blocks cannot be had (the capacity is unchanged, the
+/// stale record forgotten). `KVB_STATUS_SEQUENCE_TOO_LONG` past `max_sequence_length +
+/// num_extra_kv_tokens + max_draft_tokens`, or when `history + num_tokens` overflows.
 #[no_mangle]
 pub extern "C" fn kvb_manager_allocate_context(
     manager: *mut kvb_manager_t,
@@ -181,10 +192,15 @@ pub extern "C" fn kvb_manager_allocate_context(
 }
 
 /// Undoes the last context allocation of a request whose prefill the scheduler deferred (delay
-/// batching), so its fresh blocks do not sit idle. `*out_outcome` says what happened: nothing
-/// (no allocation grew the capacity); shrunk back and suspended; or released, because prefill
-/// had already computed past the old capacity: then the computed blocks were stored for reuse,
-/// the sequence is gone, and the caller restarts prefill by admitting the request again.
+/// batching), so its fresh blocks do not sit idle. `*out_outcome` says what happened:
+/// `KVB_CONTEXT_REVERT_NOTHING` (no allocation grew the capacity this iteration, it was already
+/// reverted — a second revert reports this, suspended or not — or prefill is over and the
+/// sequence is generating: nothing changed); shrunk back and suspended (never needing a free
+/// block; the allocation's blocks leave the statistics); or released, because prefill had
+/// already computed past the old capacity: then the computed blocks (the history) were stored
+/// for reuse, the sequence is gone, and the caller restarts prefill by admitting the request
+/// again. `KVB_STATUS_SEQUENCE_SUSPENDED` only for a suspended sequence that still has a
+/// record to undo.
 #[no_mangle]
 pub extern "C" fn kvb_manager_revert_allocate_context(
     manager: *mut kvb_manager_t,

@@ -32,7 +32,10 @@ pub extern "C" fn kvb_manager_store_new_block(
     with_manager(manager, |m| Ok(m.store_new_block(request_id)?))
 }
 
-/// Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`).
+/// Stores every computed token of a sequence for reuse (TensorRT-LLM `storeBlocksForReuse`):
+/// the tokens of its history (reported by `kvb_manager_store_context_blocks` after each context
+/// chunk, `kvb_manager_advance_history`, or `kvb_manager_add_token`), never the last known token
+/// and never prompt tokens no chunk computed, so no block whose KV nobody wrote is cached.
 /// With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
 /// (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
 /// many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
@@ -72,7 +75,9 @@ pub extern "C" fn kvb_manager_store_blocks_for_reuse(
 }
 
 /// Releases a finished sequence (TensorRT-LLM `removeSequence`). With `store_for_reuse`, its
-/// blocks (partial last block included) are first stored in the reuse tree (beam width 1).
+/// computed blocks (partial last block included) are first stored in the reuse tree (beam width
+/// 1): as `kvb_manager_store_blocks_for_reuse`, storing stops at the history, so a request
+/// preempted in the middle of its chunked prefill stores only what its chunks computed.
 #[no_mangle]
 pub extern "C" fn kvb_manager_remove_sequence(
     manager: *mut kvb_manager_t,

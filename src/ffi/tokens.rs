@@ -78,6 +78,9 @@ pub extern "C" fn kvb_manager_remove_token(
 /// blocks no longer needed to the front of the free queue. Fails with `KVB_STATUS_OUT_OF_BLOCKS`
 /// when the new last block is shared and no free block is left to copy it into,
 /// `KVB_STATUS_INVALID_ARGUMENT` for a negative count or more tokens than were generated,
+/// `KVB_STATUS_UNSUPPORTED` (nothing changed) when a sliding window would get back a block it
+/// already detached (a sliding window keeps `max_draft_tokens` tokens of blocks past the window
+/// before detaching, so rewinds of rejected drafts up to that many always succeed),
 /// `KVB_STATUS_UNSUPPORTED` with beam search, and `KVB_STATUS_COPY_FAILED` (rolled back) when
 /// the copy backend fails (`KVB_STATUS_CUDA`, poisoned, for a failed CUDA launch).
 #[no_mangle]
