@@ -215,7 +215,7 @@ impl Worker {
     }
 
     fn publish(&mut self, events: &[WireEvent]) {
-        if self.seq >= END_SEQ {
+        if self.seq == END_SEQ {
             // Unreachable with a start_sequence below 2^63 (checked at start): never send the
             // end marker's number as a batch, never wrap.
             return;
