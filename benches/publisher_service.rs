@@ -42,7 +42,10 @@ fn iteration(m: &mut KvCacheManager, id: u64) {
     let tokens: Vec<i32> = (0..(8 * TPB) as i32)
         .map(|t| t + (id as i32 % 100_000) * 10_000)
         .collect();
+    let len = tokens.len();
     m.add_sequence(&Request::new(id, tokens)).unwrap();
+    // The prefill ran (storing stops at what was computed).
+    m.store_context_blocks(id, len).unwrap();
     m.remove_sequence(id, true).unwrap();
     m.flush_iteration_events();
 }

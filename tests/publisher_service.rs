@@ -41,13 +41,16 @@ fn manager() -> KvCacheManager {
     .unwrap()
 }
 
-/// One engine iteration: admit a request of `blocks` fresh blocks, store it for reuse, release
-/// it, flush the iteration's events.
+/// One engine iteration: admit a request of `blocks` fresh blocks, compute and store it for
+/// reuse, release it, flush the iteration's events.
 fn iteration(m: &mut KvCacheManager, id: u64, blocks: usize) {
     let tokens: Vec<i32> = (0..(blocks * TPB) as i32)
         .map(|t| t + (id as i32 % 100_000) * 10_000)
         .collect();
+    let len = tokens.len();
     m.add_sequence(&Request::new(id, tokens)).unwrap();
+    // The prefill ran (storing stops at what was computed).
+    m.store_context_blocks(id, len).unwrap();
     m.remove_sequence(id, true).unwrap();
     m.flush_iteration_events();
 }
