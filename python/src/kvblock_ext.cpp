@@ -406,7 +406,9 @@ void bind_enums(nb::module_& m) {
         .value("STALLED", KVB_STATUS_STALLED);
     nb::enum_<kvb_context_revert_t>(m, "ContextRevert",
                                     "What :meth:`Manager.revert_allocate_context` did.")
-        .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING, "No context allocation had grown.")
+        .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING,
+               "Nothing to undo: no context allocation grew this iteration, it was already "
+               "reverted, or prefill is over.")
         .value("SUSPENDED", KVB_CONTEXT_REVERT_SUSPENDED,
                "Shrunk back and suspended: resume and allocate the context again.")
         .value("RELEASED", KVB_CONTEXT_REVERT_RELEASED,
@@ -1134,8 +1136,9 @@ void bind_manager(nb::module_& m) {
             },
             "request_id"_a, "store_for_reuse"_a = true,
             "Releases a finished sequence (TensorRT-LLM ``removeSequence``), first storing its "
-            "blocks for "
-            "reuse unless ``store_for_reuse`` is False.")
+            "computed blocks (up to its history: what ``store_context_blocks``, "
+            "``advance_history`` or ``add_token`` reported) for reuse unless "
+            "``store_for_reuse`` is False.")
         .def(
             "pin_blocks", [](Manager& self, uint64_t id) { nogil([&] { self.m.pinBlocks(id); }); },
             "request_id"_a, "Pins every block of a sequence (TensorRT-LLM ``pinBlocks``).")
