@@ -1630,8 +1630,7 @@ void bind_publisher(nb::module_& m) {
     nb::class_<Publisher>(m, "EventPublisher", kPublisherDoc)
         .def(nb::init<nb::object, const std::string&, const std::string&, std::optional<int32_t>,
                       int32_t, std::optional<std::string>, int32_t, uint64_t, bool, int32_t,
-                      int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t, int32_t,
-                      int32_t>(),
+                      int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>(),
              "manager"_a, "endpoint"_a, "topic"_a = "", "dp_rank"_a = nb::none(),
              "send_hwm"_a = 100000, "replay_endpoint"_a = nb::none(),
              "replay_buffer_steps"_a = 10000, "start_sequence"_a = 0,
