@@ -72,16 +72,18 @@ if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION
 fi
 cbindgen --version
 
-# NVRTC for the CUDA backend's kernels: the tests compile them to CUBIN on machines without a GPU
-# too. The wheel's CUDA 13.0 line matches the driver the GPU machines run (a newer NVRTC emits
-# code an older driver rejects). It lands in .tools/ (git-ignored); scripts/nvrtc_env.sh puts
-# its library folder on the loader path.
-NVRTC_WHEEL=nvidia-cuda-nvrtc==13.0.88
+# NVRTC for the CUDA backend's kernels, on machines without a GPU too. The CUDA 12.x one (12.8 or
+# later: sm_100 and sm_120) compiles the CUBINs the build embeds (build_support/embed_cubins.rs):
+# every driver from CUDA 12.4 on loads them. The 13.0 one is the run-time fallback for an
+# architecture not embedded; scripts/nvrtc_env.sh puts its folder on the loader path. Both land in
+# .tools/ (git-ignored).
+NVRTC_WHEEL="nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvrtc-cu12==12.9.86"
 if [[ ! -e .tools/nvrtc.done ]] || [[ "$(cat .tools/nvrtc.done)" != "$NVRTC_WHEEL" ]]; then
     echo "+ installing $NVRTC_WHEEL into .tools/venv"
     rm -rf .tools/venv
     python3 -m venv .tools/venv
-    .tools/venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"
+    # shellcheck disable=SC2086 # two requirements
+    .tools/venv/bin/pip install -q --disable-pip-version-check $NVRTC_WHEEL
     echo "$NVRTC_WHEEL" > .tools/nvrtc.done
 fi
 echo "nvrtc: $NVRTC_WHEEL"

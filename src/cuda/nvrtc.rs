@@ -1,5 +1,7 @@
-//! Run-time compilation of `kernels/` with NVRTC, to a CUBIN for the device's own architecture
-//! (not PTX: PTX from a newer NVRTC is rejected by an older driver), cached per process.
+//! The copy kernel for a device: the CUBIN embedded at build time when one runs there
+//! (`cubins`), else run-time compilation of `kernels/` with NVRTC, to a CUBIN for the device's
+//! own architecture (not PTX: PTX from a newer NVRTC is rejected by an older driver), cached per
+//! process.
 
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex};
@@ -23,14 +25,36 @@ pub fn nvrtc_library_present() -> bool {
     std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
 }
 
-/// The block-copy kernel as a CUBIN for compute capability `arch` (e.g. 90 for sm_90),
-/// compiled once per process and architecture.
+/// Where a device's copy kernel comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelOrigin {
+    /// The CUBIN embedded at build time for this compute capability (it may be an older minor
+    /// version of the device's major one).
+    Embedded(u32),
+    /// Compiled by NVRTC at run time (no embedded CUBIN runs on the device).
+    Compiled,
+}
+
+/// Where the copy kernel for compute capability `arch` comes from (no compilation happens).
+pub fn block_copy_origin(arch: u32) -> KernelOrigin {
+    match super::cubins::embedded_cubin(arch) {
+        Some((built, _)) => KernelOrigin::Embedded(built),
+        None => KernelOrigin::Compiled,
+    }
+}
+
+/// The block-copy kernel as a CUBIN for compute capability `arch` (e.g. 90 for sm_90): the
+/// embedded one when it runs there (no NVRTC needed), else compiled by NVRTC; once per process
+/// and architecture.
 pub fn block_copy_cubin(arch: u32) -> CudaResult<Arc<[u8]>> {
     let mut cache = CUBINS.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, cubin)) = cache.iter().find(|(a, _)| *a == arch) {
         return Ok(cubin.clone());
     }
-    let cubin: Arc<[u8]> = compile_to_cubin(BLOCK_COPY_SOURCE, "block_copy.cu", arch)?.into();
+    let cubin: Arc<[u8]> = match super::cubins::embedded_cubin(arch) {
+        Some((_, embedded)) => embedded.into(),
+        None => compile_to_cubin(BLOCK_COPY_SOURCE, "block_copy.cu", arch)?.into(),
+    };
     cache.push((arch, cubin.clone()));
     Ok(cubin)
 }
@@ -66,11 +90,12 @@ impl Drop for Program {
 /// Compiles CUDA C++ `source` to a CUBIN for `sm_{arch}`; a compile error carries NVRTC's log.
 pub fn compile_to_cubin(source: &str, name: &str, arch: u32) -> CudaResult<Vec<u8>> {
     if !nvrtc_library_present() {
-        return Err(CudaError::Unavailable(
-            "no NVRTC library (libnvrtc.so.13) on the loader path: install the CUDA 13 toolkit \
-             or the nvidia-cuda-nvrtc wheel and add its lib folder to LD_LIBRARY_PATH"
-                .into(),
-        ));
+        return Err(CudaError::Unavailable(format!(
+            "no embedded CUBIN runs on sm_{arch} (embedded: {}) and no NVRTC library \
+             (libnvrtc.so.13) is on the loader path to compile one: install the CUDA 13 toolkit \
+             or the nvidia-cuda-nvrtc wheel and add its lib folder to LD_LIBRARY_PATH",
+            super::cubins::EMBEDDED_CUBINS_NOTE
+        )));
     }
     let src =
         CString::new(source).map_err(|_| CudaError::Call("kernel source has a NUL".into()))?;
@@ -162,13 +187,33 @@ mod tests {
         if !nvrtc_or_skip() {
             return;
         }
-        let cubin = block_copy_cubin(90).expect("the kernel compiles");
+        let cubin = compile_to_cubin(BLOCK_COPY_SOURCE, "block_copy.cu", 90).expect("compiles");
         assert_eq!(&cubin[..4], b"\x7fELF", "a CUBIN is an ELF image");
-        let again = block_copy_cubin(90).unwrap();
+    }
+
+    /// An architecture no embedded CUBIN runs on (sm_75: Turing) takes the NVRTC fallback, once
+    /// per process; a shipped one needs no NVRTC.
+    #[test]
+    fn an_architecture_outside_the_embedded_list_falls_back_to_nvrtc() {
+        assert_eq!(block_copy_origin(75), KernelOrigin::Compiled);
+        if !nvrtc_or_skip() {
+            return;
+        }
+        let cubin = block_copy_cubin(75).expect("the kernel compiles for sm_75");
+        assert_eq!(&cubin[..4], b"\x7fELF", "a CUBIN is an ELF image");
+        let again = block_copy_cubin(75).unwrap();
         assert!(
             Arc::ptr_eq(&cubin, &again),
             "compiled once per architecture"
         );
+        if let KernelOrigin::Embedded(built) = block_copy_origin(90) {
+            assert_eq!(built, 90);
+            let embedded = block_copy_cubin(90).unwrap();
+            assert_eq!(
+                &embedded[..],
+                super::super::cubins::embedded_cubin(90).unwrap().1
+            );
+        }
     }
 
     #[test]
