@@ -280,14 +280,20 @@ class CudaBackendTest : public ::testing::Test {
     // Admits `tokens` as `id` and lets the engine compute what was not reused.
     int32_t admitAndCompute(kvb::Manager& m, uint64_t id, const std::vector<int32_t>& tokens) {
         kvb_admission_t a = m.addSequence(kvb::Request(id, tokens));
+        m.syncTransfers();  // (copy-stream mode) before the engine's work on the blocks
         compute(m, id, tokens, a.prepopulated_prompt_len, static_cast<int32_t>(tokens.size()));
         m.storeContextBlocks(id, static_cast<int32_t>(tokens.size()));
         return a.prepopulated_prompt_len;
     }
 
-    // Offloads every cached block of a 4-block primary pool: another request takes all of them.
+    // Offloads every cached block of a 4-block primary pool: another request takes all of them,
+    // and the engine computes it, overwriting every row (a copy that was not ordered with the
+    // engine's stream, or not made, leaves bytes that differ from what the blocks held).
     void evictEverything(kvb::Manager& m, uint64_t id) {
-        m.addSequence(kvb::Request(id, tokenRun(50000 + static_cast<int32_t>(id) * 100, 16)));
+        const std::vector<int32_t> other = tokenRun(50000 + static_cast<int32_t>(id) * 100, 16);
+        m.addSequence(kvb::Request(id, other));
+        m.syncTransfers();
+        compute(m, id, other, 0, 16);
         m.removeSequence(id, false);
     }
 

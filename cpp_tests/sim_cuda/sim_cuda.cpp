@@ -53,6 +53,7 @@
 //                            call of cuMemAlloc_v2 (OUT_OF_MEMORY for allocating and creating calls,
 //                            CUDA_ERROR_UNKNOWN otherwise, or the code given third) and the 1st
 //                            cuLaunchKernel with 719. kvb_sim_cuda_fail() does the same at run time.
+//   KVB_SIM_CUDA_ORDERING    off: no happens-before checks (to see what a mode alone exposes).
 //   KVB_SIM_CUDA_LEAKS       fail (default) or report.
 //   KVB_SIM_CUDA_TRACE       1: log every simulated call to stderr.
 //
@@ -199,6 +200,7 @@ struct Config {
     int sms = 132;
     bool leaksFail = true;
     bool trace = false;
+    bool ordering = true;
 };
 
 const Config& config() {
@@ -233,6 +235,8 @@ const Config& config() {
         if (const char* s = std::getenv("KVB_SIM_CUDA_LEAKS"))
             c.leaksFail = std::string(s) != "report";
         if (const char* s = std::getenv("KVB_SIM_CUDA_TRACE")) c.trace = std::string(s) == "1";
+        if (const char* s = std::getenv("KVB_SIM_CUDA_ORDERING"))
+            c.ordering = std::string(s) != "off";
         if (c.arch < 10 || c.sms < 1) die("KVB_SIM_CUDA_ARCH / KVB_SIM_CUDA_SMS out of range");
         c.memory = (c.memory + 0xfff) & ~0xfffull;
         return c;
@@ -545,7 +549,7 @@ void splitAt(Sim& s, uint64_t at) {
 // memory itself: a change since the last device read is a host write the host must have ordered.
 void track(Sim& s, uint64_t lo, uint64_t hi, bool write, const Access& who, const Clock& clock,
            const uint8_t* pinnedView) {
-    if (lo >= hi) return;
+    if (lo >= hi || !config().ordering) return;
     // Fill the gaps with empty segments, then split at the ends.
     splitAt(s, lo);
     splitAt(s, hi);
