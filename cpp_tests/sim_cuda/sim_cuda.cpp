@@ -39,10 +39,11 @@
 //                            delayed: each operation first sleeps a random time (seeded per
 //                            stream, up to KVB_SIM_CUDA_DELAY_US, default 300 us);
 //                            deferred: stream work runs only when the host waits for it
-//                            (cuStreamSynchronize, cuEventSynchronize, cuEventQuery, cuCtxSynchronize,
-//                            synchronous copies, frees) or a stream that waits on it needs it, so
+//                            (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize, synchronous
+//                            copies, frees, a repeated query) or a stream that waits on it needs it, so
 //                            a host read or a reuse before the proper ordering point sees stale
-//                            bytes. cuEventQuery on unfinished work runs it but answers NOT_READY.
+//                            bytes. The first cuEventQuery/cuStreamQuery of unfinished work runs
+//                            nothing and answers NOT_READY; asked again (polling), it runs the work.
 //   KVB_SIM_CUDA_SEED        seed of the delays and of the CTA order (default 1).
 //   KVB_SIM_CUDA_MEMORY      device memory in bytes (default 2 GiB; suffixes K, M, G).
 //   KVB_SIM_CUDA_HOST_MEMORY pinned host memory limit in bytes (default: unlimited).
@@ -309,6 +310,7 @@ struct Stream {
     Context* ctx = nullptr;
     std::deque<Op> queue;
     uint64_t enqueued = 0, completed = 0, allowed = 0;
+    uint64_t queried = 0;  // deferred mode: the position cuStreamQuery answered NOT_READY for
     Clock clock;
     std::map<Stream*, uint64_t> waited;  // the other streams' positions already waited for
     bool destroyed = false;
@@ -324,6 +326,7 @@ struct Event {
     std::shared_ptr<Stream> stream;  // null: never recorded (complete)
     uint64_t seq = 0;
     Clock clock;
+    uint64_t queried = 0;  // deferred mode: the record position already answered NOT_READY
 };
 
 struct Module {
@@ -1551,11 +1554,15 @@ KVB_EXPORT CUresult cuStreamQuery(CUstream hStream) {
     NEED_CONTEXT();
     Stream* st = nullptr;
     if (CUresult rc = resolveStream(s, ctx, hStream, &st); rc != kSuccess) return rc;
+    // Deferred: as cuEventQuery, a second query of the same work runs it.
+    if (st->completed < st->enqueued && config().mode == Mode::Deferred &&
+        st->queried == st->enqueued)
+        hostWait(s, lock, st, st->enqueued);
     if (st->completed >= st->enqueued) {
         s.host.join(st->clock);
         return kSuccess;
     }
-    if (config().mode == Mode::Deferred) hostWait(s, lock, st, st->enqueued);
+    st->queried = st->enqueued;
     return kNotReady;
 }
 
@@ -1606,12 +1613,15 @@ KVB_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     auto it = s.events.find(static_cast<Event*>(hEvent));
     if (it == s.events.end()) return kInvalidHandle;
     Event& e = *it->second;
+    // Deferred: the first query of a record answers NOT_READY and runs nothing; a second one (a
+    // polling loop) runs the work and answers SUCCESS.
+    if (!eventDone(e) && config().mode == Mode::Deferred && e.queried == e.seq)
+        hostWait(s, lock, e.stream.get(), e.seq);
     if (eventDone(e)) {
         s.host.join(e.clock);
         return kSuccess;
     }
-    // Deferred: the query makes the work run, but it finished after the answer.
-    if (config().mode == Mode::Deferred) hostWait(s, lock, e.stream.get(), e.seq);
+    e.queried = e.seq;
     return kNotReady;
 }
 
