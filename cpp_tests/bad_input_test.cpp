@@ -227,6 +227,7 @@ class BadInputTest : public ::testing::Test {
         manager->addSequence(kvb::Request(kLive, tokenRun(0, 10)));
         manager->addToken(kLive, 100);
         manager->addSequence(kvb::Request(2, tokenRun(50, 9)));
+        kvb_test::markPrefillComputed(*manager, 2);
         manager->removeSequence(2, true);
         manager->checkInvariants();
     }
@@ -984,6 +985,7 @@ class BadInputOutOfBlocksTest : public ::testing::Test {
 TEST_F(BadInputOutOfBlocksTest, AddSequenceOutOfBlocksChangesNothing) {
     // Store a 3-block prompt, released: 4 free blocks, two of them reusable.
     manager->addSequence(kvb::Request(1, tokenRun(0, 10)));
+    kvb_test::markPrefillComputed(*manager, 1);
     manager->removeSequence(1, true);
     ASSERT_EQ(manager->getNumFreeBlocks(), 4);
     // Shares 8 tokens with it but needs 5 blocks.

@@ -73,12 +73,13 @@ using kvb_test::expectSameStats;
 using kvb_test::statusOf;
 using kvb_test::tokenRun;
 
-// Admits `request`, then removes it storing its blocks for reuse; returns its block ids (window
-// `window`) as they were while it ran.
+// Admits `request`, computes its prompt (kvb_test::markPrefillComputed), then removes it storing
+// its blocks for reuse; returns its block ids (window `window`) as they were while it ran.
 std::vector<int32_t> storeForReuse(kvb::Manager& m, const kvb::Request& request,
                                    int32_t window = kFull) {
     m.addSequence(request);
     std::vector<int32_t> ids = m.getCacheBlockIds(request.id, window);
+    kvb_test::markPrefillComputed(m, request.id);
     m.removeSequence(request.id, true);
     return ids;
 }
@@ -376,7 +377,9 @@ TEST(AddSequenceBatchEstimateTest, WindowsWithDifferentPrefixesReuseTheSameLengt
     m.addSequence(kvb::Request(1, tokenRun(0, 13)));
     m.addSequence(kvb::Request(2, tokenRun(0, 11)));
     const int32_t x2 = m.getCacheBlockIds(1, kFull)[2];
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // x0, x1, x2
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);  // L = [8, 9] under x1
     m.addSequence(
         kvb::Request(3, tokenRun(1000, 20)));  // evicts x2: dropped in 32, offloaded in 64
@@ -666,6 +669,7 @@ TEST(AddSequenceBatchAtomicTest, BatchThatDoesNotFitChangesNothing) {
     m.addSequence(kvb::Request(2, tokenRun(100, 9)));
     const std::vector<int32_t> hSliding = m.getCacheBlockIds(2, kSliding);
     const std::vector<int32_t> hFull = m.getCacheBlockIds(2, kFull);
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     for (int32_t i : {1, 0}) {  // both cached blocks of request 2 to host rows, in each window
         EXPECT_TRUE(m.offloadBlock(kSliding, hSliding[static_cast<size_t>(i)]));

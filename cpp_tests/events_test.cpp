@@ -374,6 +374,7 @@ TEST(KVCacheManagerEventStreamPriority, ExpiredRetentionReportsDecayToDefault) {
     kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 8));
 
     m.addSequence(kvb::Request(0, tokenRun(0, 5)).withRange(0, -1, 80, /*duration_ms=*/10));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     auto stored = flushAndDrain(m);
     ASSERT_EQ(stored.size(), 1u) << describeEvents(stored);
@@ -560,8 +561,10 @@ TEST(KVCacheManagerEventRemovedBatchedWithinWindow, TwoEvictionsOneEvent) {
 
     // A (5 tokens) stores block 0; B (5 tokens) stores block 2. Queue then [1, 0, 3, 2].
     m.addSequence(kvb::Request(0, tokenRun(0, 5)));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     m.addSequence(kvb::Request(1, tokenRun(100, 5)));
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);
     ASSERT_EQ(flushAndDrain(m).size(), 2u);
     const uint64_t hA = hashOf(m, kW, 0), hB = hashOf(m, kW, 2);
@@ -582,6 +585,7 @@ TEST(KVCacheManagerEventRemovedOrderedBeforeStore, RemovedPrecedesStoredInOneWin
     kvb::Manager m = drainedManager(eventConfig().addWindow(kW, 4));
 
     m.addSequence(kvb::Request(0, tokenRun(0, 5)));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 1u);
     const uint64_t hA = hashOf(m, kW, 0);
@@ -609,6 +613,7 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
 
     // X (5 tokens) leaves block 0 cached in both windows; queue [2, 3, 1, 0].
     m.addSequence(kvb::Request(0, tokenRun(500, 5)));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     const uint64_t hX = hashOf(m, 32, 0);
     ASSERT_EQ(hashOf(m, 16, 0), hX);
@@ -636,6 +641,7 @@ TEST(KVCacheManagerEventStoreForDifferentWindowDoesNotFlushPendingRemoves,
     kvb::Manager m = drainedManager(eventConfig().addWindow(16, 4).addWindow(32, 4));
 
     m.addSequence(kvb::Request(0, tokenRun(500, 5)));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 2u);
 
@@ -665,6 +671,7 @@ TEST(KVCacheManagerEventRemovedPolicy, PartialLeafTakeOverIsReported) {
 
     // 6 tokens: store keeps [0..4) and the partial [4] (5 of 6 tokens) as blocks 0 and 1.
     m.addSequence(kvb::Request(0, tokenRun(0, 6)));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     auto stored = flushAndDrain(m);
     ASSERT_EQ(stored.size(), 1u) << describeEvents(stored);
@@ -692,6 +699,7 @@ TEST(KVCacheManagerEventRemovedPolicy, EvictedParentReportsItsSubtree) {
 
     // 13 tokens, first block at priority 10, the rest at 80: blocks 0 <- 1 <- 2 stored.
     m.addSequence(kvb::Request(0, tokenRun(0, 13)).withRange(0, 4, 10).withRange(4, -1, 80));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0, true);
     ASSERT_EQ(flushAndDrain(m).size(), 1u);
     const std::set<uint64_t> chain = {hashOf(m, kW, 0), hashOf(m, kW, 1), hashOf(m, kW, 2)};
@@ -975,6 +983,9 @@ void runRouterWorkload(const RouterWorkload& w, uint32_t seed, int steps) {
                 size_t i = pick(live.size());
                 uint64_t id = live[i];
                 live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+                // A request that neither stored its context nor generated a token is preempted
+                // before its prefill ran: it stores only what it reused (storing stops at the
+                // history), the case of a request preempted mid-prefill.
                 m.removeSequence(id, chance(85));
             } else if (op == 8) {
                 m.advanceTime(below(10));

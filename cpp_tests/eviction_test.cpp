@@ -72,6 +72,7 @@ TEST(BlockManagerBlockPriorityTest, LowPriorityCachedBlocksAreEvictedFirst) {
     EXPECT_EQ(a.prepopulated_prompt_len, 4);
     EXPECT_EQ(a.stats.reused_blocks, 1u);
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow).at(0), 0);
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2);
     m.checkInvariants();
 }
@@ -141,7 +142,9 @@ TEST(KVCacheManagerTimedEvictionTest, TimedPriorityDecaysAfterDuration) {
     m.addSequence(fifty);
     ASSERT_EQ(m.getCacheBlockIds(0, kWindow), ids({0, 1, 2}));
     ASSERT_EQ(m.getCacheBlockIds(1, kWindow), ids({3, 4, 5}));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1);
     m.checkInvariants();
 
@@ -232,6 +235,7 @@ TEST(KVCacheManagerLeafBlockTest, LastBlockIsEvictedFirst) {
 
     m.addSequence(kvb::Request(0, tokenRun(0, 10)));
     ASSERT_EQ(m.getCacheBlockIds(0, kWindow), ids({0, 1, 2}));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // stores 9 tokens: blocks 0, 1 full, block 2 holds token 8
     kvb_block_info_t leaf = m.getBlockInfo(kWindow, 2);
     EXPECT_TRUE(leaf.in_reuse_tree);
@@ -279,6 +283,7 @@ TEST(KVCacheManagerLeafBlockWithDependentTest, ReclaimingParentDetachesDescendan
     r0.withRange(4, 8, 90);
     m.addSequence(r0);
     ASSERT_EQ(m.getCacheBlockIds(0, kWindow), ids({0, 1, 2, 3}));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 -> 1 -> 2 in the tree
     EXPECT_EQ(m.getBlockInfo(kWindow, 1).parent, 0);
     EXPECT_EQ(m.getBlockInfo(kWindow, 1).priority, 90);
@@ -332,6 +337,7 @@ TEST(GetPriorityByBlockId, ReturnsSetPriorityOrDefault) {
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 3), 35);  // never allocated
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, -1), 35);
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 9999), 35);
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);
     EXPECT_EQ(m.getPriorityByBlockId(kWindow, 0), 77);
     EXPECT_EQ(m.getBlockInfo(kWindow, 0).priority, 77);
@@ -349,6 +355,8 @@ TEST(KVCacheManagerEvictionLruTest, LeastRecentlyReleasedIsEvictedFirst) {
         kvb::Manager m(evictionConfig(4));
         m.addSequence(kvb::Request(0, tokensA));  // blocks 0, 1
         m.addSequence(kvb::Request(1, tokensB));  // blocks 2, 3
+        kvb_test::markPrefillComputed(m, 0);
+        kvb_test::markPrefillComputed(m, 1);
         m.removeSequence(releaseAFirst ? 0 : 1);
         m.removeSequence(releaseAFirst ? 1 : 0);
         ASSERT_EQ(reusableBlocks(m, tokensA, kWindow), 1);

@@ -200,7 +200,10 @@ TEST(HostTierOffloadTest, EvictionOffloadsBlocksAtOrAboveMinimumPriority) {
         kvb::Request low(2, promptLow);
         low.withRange(0, -1, 20);
         m.addSequence(low);
-        for (uint64_t id : {0, 1, 2}) m.removeSequence(id);  // each: 2 cached blocks + 1 private
+        for (uint64_t id : {0, 1, 2}) {
+            kvb_test::markPrefillComputed(m, id);
+            m.removeSequence(id);  // each: 2 cached blocks + 1 private
+        }
         m.checkInvariants();
 
         // Nine blocks: queue 20 (8, 7, 6), queue 35 (2, 1, 0), queue 45 (5, 4, 3). A cached block
@@ -235,6 +238,7 @@ TEST(HostTierOnboardTest, ReuseOnboardsHostBlocksToPrimary) {
     kvb::Manager m(hostTierConfig(4, 4));
     const std::vector<int32_t> prompt = tokenRun(0, 13);
     m.addSequence(kvb::Request(0, prompt));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 -> 1 -> 2 cached, block 3 private
     m.addSequence(kvb::Request(1, tokenRun(1000, 13)));
     EXPECT_EQ(m.getCacheBlockIds(1, kWindow), ids({3, 4, 5, 6}));
@@ -285,6 +289,7 @@ TEST(KVCacheManagerSecondaryBlockPrimaryChildTest, ChainWithHostParentIsReusedIn
     kvb::Request r0(0, prompt);
     r0.withRange(4, 12, 60);
     m.addSequence(r0);
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 (35) -> 1 (60) -> 2 (60); block 3 private
 
     m.addSequence(kvb::Request(1, tokenRun(1000, 5)));
@@ -323,6 +328,7 @@ TEST(HostTierDataTest, OffloadAndOnboardPreserveBytes) {
     const std::vector<int32_t> prompt = tokenRun(0, 13);
     m.addSequence(kvb::Request(0, prompt));
     writeRequestPattern(m, 0, 0, 13);
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 -> 1 -> 2 cached
 
     // Another request takes all four primary blocks: the three cached ones are offloaded.
@@ -414,10 +420,12 @@ TEST(BlockManagerTestPartialCopy, CopiesFromHostSource) {
     r0.withRange(8, 12, 60);  // block 2 outlives its parents on the primary tier
     m.addSequence(r0);
     writeRequestPattern(m, 0, 0, 13);
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 -> 1 -> 2 cached; queues 35: {3, 1, 0}, 60: {2}
     m.addSequence(kvb::Request(1, tokenRun(1000, 9)));  // offloads blocks 1 and 0
     EXPECT_EQ(m.getCacheBlockIds(1, kWindow), ids({3, 4, 5}));
     writeRequestPattern(m, 1, 1, 9);
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1);  // its blocks 3 -> 4 are cached on the primary tier
     kvb_block_info_t source = m.getBlockInfo(kWindow, 1);
     ASSERT_EQ(source.cache_level, KVB_CACHE_LEVEL_SECONDARY);
@@ -508,6 +516,7 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
         kvb::Request r0(0, tokenRun(0, 32));
         r0.withRange(0, 8, 90).withRange(8, 16, 60);  // blocks 0-1: 90, 2-3: 60, 4-7: 35
         m.addSequence(r0);
+        kvb_test::markPrefillComputed(m, 0);
         m.removeSequence(0);  // 31 tokens stored: all 8 blocks cached (block 7 partial)
         std::set<uint64_t> running;
         expectConsistentAccounting(m, running, kPrimary, kSecondary);
@@ -595,7 +604,11 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
         } else if (op <= 5 && !running.empty()) {
             auto it = running.begin();
             std::advance(it, next(static_cast<uint32_t>(running.size())));
-            m.removeSequence(*it, next(4) != 0);
+            // Released with store: a finished request, its prompt computed (storing stops at
+            // the history).
+            const bool store = next(4) != 0;
+            if (store) kvb_test::markPrefillComputed(m, *it);
+            m.removeSequence(*it, store);
             numTokens.erase(*it);
             inputLength.erase(*it);
             running.erase(it);
@@ -654,6 +667,7 @@ TEST(HostTierOffloadTest, ExplicitOffloadOfFreeBlock) {
     kvb::Manager m(hostTierConfig(4, 2));
     const std::vector<int32_t> prompt = tokenRun(0, 9);
     m.addSequence(kvb::Request(0, prompt));
+    kvb_test::markPrefillComputed(m, 0);
     m.removeSequence(0);  // chain 0 -> 1 cached and free
 
     EXPECT_TRUE(m.offloadBlock(kWindow, 1));
@@ -683,6 +697,7 @@ TEST(HostTierOffloadTest, ExplicitOffloadOfFreeBlock) {
 
     kvb::Manager noHost(hostTierConfig(4, 0));
     noHost.addSequence(kvb::Request(0, prompt));
+    kvb_test::markPrefillComputed(noHost, 0);
     noHost.removeSequence(0);
     EXPECT_FALSE(noHost.offloadBlock(kWindow, 0));
     EXPECT_EQ(noHost.getBlockInfo(kWindow, 0).cache_level, KVB_CACHE_LEVEL_PRIMARY);

@@ -141,6 +141,7 @@ TEST(LifecycleTest, AFailedGrowChangesNothing) {
 TEST(LifecycleTest, AShrinkNeverDropsCommittedOrReusedTokens) {
     kvb::Manager m(lifecycleConfig(16, 0));
     m.addSequence(kvb::Request(1, tokenRun(0, 9)));
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);
     kvb_admission_t a = m.addSequence(kvb::Request(2, tokenRun(0, 12)));
     ASSERT_EQ(a.prepopulated_prompt_len, 8);
@@ -240,6 +241,12 @@ TEST(LifecycleTest, ContextRevertShrinksAndSuspends) {
     EXPECT_EQ(l.num_tokens, 10u);
     EXPECT_EQ(m.getNumFreeBlocks(), free + 3);
     EXPECT_EQ(statusOf([&] { m.addToken(1, 7); }), KVB_STATUS_SEQUENCE_SUSPENDED);
+    // A second revert has nothing left to undo: it reports NOTHING (not SEQUENCE_SUSPENDED) and
+    // changes nothing.
+    const std::string before = fingerprint(m, {});
+    EXPECT_EQ(m.revertAllocateContext(1), KVB_CONTEXT_REVERT_NOTHING);
+    EXPECT_EQ(fingerprint(m, {}), before);
+    EXPECT_TRUE(m.getSequenceLengths(1).suspended);
 
     ASSERT_TRUE(m.resume(1));
     ASSERT_TRUE(m.allocateContext(1, 10));
@@ -274,7 +281,10 @@ TEST(LifecycleTest, ASuspendedSequenceTakesNoTokensAndHasNoOffsets) {
     auto dims = m.getOffsetTableDimensions();
     std::vector<int32_t> table(static_cast<size_t>(dims.first * dims.second * 2));
     EXPECT_EQ(statusOf([&] { m.copyBlockOffsets(table, 1, 0, 1); }), KVB_STATUS_SEQUENCE_SUSPENDED);
+    // Suspended before its prefill computed anything: released with store_for_reuse, it stores
+    // nothing (storing stops at the history; none of its prompt blocks was ever written).
     m.removeSequence(1, true);
+    EXPECT_EQ(kvb_test::reusableBlocks(m, tokenRun(0, 6), kWindow), 0);
     m.checkInvariants();
 }
 

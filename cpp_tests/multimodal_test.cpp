@@ -111,6 +111,7 @@ TEST(MultimodalReuseTest, DifferentImageBytesWithSamePlaceholdersDoNotReuse) {
     ASSERT_NE(digestOf(imageA), digestOf(imageB));
 
     m.addSequence(imageRequest(1, imageA));
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // stores blocks 0, 1, 2 for reuse
 
     auto b = m.addSequence(imageRequest(2, imageB));
@@ -124,6 +125,7 @@ TEST(MultimodalReuseTest, DifferentImageBytesWithSamePlaceholdersDoNotReuse) {
 TEST(MultimodalReuseTest, SameImageBytesReuseTheImageBlocks) {
     auto m = makeManager();
     m.addSequence(imageRequest(1, imageBytes(3)));
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);
 
     auto b = m.addSequence(imageRequest(2, imageBytes(3)));

@@ -170,6 +170,7 @@ TEST(PartialBlockRebaseGuard, TakenOverTailBlockLeavesTheTree) {
     const auto promptA = kvb_test::tokenRun(100, 17);
     m.addSequence(kvb::Request(1, promptA));
     kv.write(1, 1, 0, 17);
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // stores blocks [0, 8) and [8, 16)
 
     auto promptB = std::vector<int32_t>(promptA.begin(), promptA.begin() + 12);

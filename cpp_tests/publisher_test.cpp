@@ -126,4 +126,35 @@ TEST(Publisher, ReplayEndpointOfAPublisherWithoutReplayIsAnError) {
     kvb_event_publisher_destroy(p);
 }
 
+TEST(Publisher, DestroyTwiceAndCallsAfterDestroyReturnDestroyed) {
+    kvb::Manager m = eventManager(1024);
+    kvb_event_publisher_config_t c = loopbackConfig();
+    kvb_event_publisher_t* p = nullptr;
+    ASSERT_EQ(kvb_event_publisher_create(m.get(), &c, &p), KVB_OK);
+    kvb_event_publisher_t* second = nullptr;
+    EXPECT_EQ(kvb_event_publisher_create(m.get(), &c, &second), KVB_STATUS_UNSUPPORTED);
+    EXPECT_EQ(second, nullptr);
+    EXPECT_EQ(kvb_event_publisher_destroy(p), KVB_OK);
+    EXPECT_EQ(kvb_event_publisher_destroy(p), KVB_STATUS_DESTROYED);
+    kvb_event_publisher_stats_t s{};
+    EXPECT_EQ(kvb_event_publisher_get_stats(p, &s), KVB_STATUS_DESTROYED);
+    kvb_event_publisher_service_stats_t v{};
+    v.struct_size = sizeof v;
+    EXPECT_EQ(kvb_event_publisher_get_service_stats(p, &v), KVB_STATUS_DESTROYED);
+}
+
+TEST(Publisher, BadPortsAndStartSequencesAreRefused) {
+    kvb::Manager m = eventManager(1024);
+    kvb_event_publisher_config_t c = loopbackConfig();
+    kvb_event_publisher_t* p = nullptr;
+    c.endpoint = "tcp://127.0.0.1:70000";
+    EXPECT_EQ(kvb_event_publisher_create(m.get(), &c, &p), KVB_STATUS_TRANSPORT);
+    c.endpoint = "tcp://127.0.0.1:x";
+    EXPECT_EQ(kvb_event_publisher_create(m.get(), &c, &p), KVB_STATUS_TRANSPORT);
+    c = loopbackConfig();
+    c.start_sequence = UINT64_MAX;
+    EXPECT_EQ(kvb_event_publisher_create(m.get(), &c, &p), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(p, nullptr);
+}
+
 }  // namespace

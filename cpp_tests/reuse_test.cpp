@@ -42,9 +42,11 @@ using kvb_test::concatTokens;
 using kvb_test::ids;
 using kvb_test::statusOf;
 
-/// Admits `r` and releases it at once, storing its blocks for reuse.
+/// Admits `r`, computes its prompt (kvb_test::markPrefillComputed) and releases it, storing its
+/// blocks for reuse.
 kvb_admission_t storePrompt(kvb::Manager& m, const kvb::Request& r) {
     kvb_admission_t a = m.addSequence(r);
+    kvb_test::markPrefillComputed(m, r.id);
     m.removeSequence(r.id, true);
     return a;
 }
@@ -205,6 +207,7 @@ TEST(BlockManagerReuseTest, ExactReuseOfFullBlocks) {
     EXPECT_EQ(m.getNumFreeBlocks(), 13);
     m.checkInvariants();
 
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // stores [0..4) and [4..8)
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
     EXPECT_EQ(m.getKvCacheStats().used_num_blocks, 0u);
@@ -236,7 +239,9 @@ TEST(BlockManagerReuseTest, ExactReuseOfFullBlocks) {
     EXPECT_EQ(s.alloc_total_blocks, 5u);
     EXPECT_DOUBLE_EQ(s.cache_hit_rate, 4.0 / 9.0);
 
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
+    kvb_test::markPrefillComputed(m, 3);
     m.removeSequence(3, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
     m.checkInvariants();
@@ -298,6 +303,7 @@ TEST(BlockManagerReuseTest, PartialReuseCopiesBlockReferencedByRunningSequence) 
     m.checkInvariants();
 
     // Released, both branches under block 0 are reusable.
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     m.removeSequence(1, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
@@ -387,6 +393,7 @@ TEST(BlockManagerReuseTest, LongerPromptReusesStoredChainAndAllocatesRest) {
     m.checkInvariants();
 
     // Released, the longer chain is stored: a third request reuses 16 tokens.
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
     auto a3 = m.addSequence(kvb::Request(3, tokenRange(0, 18)));
@@ -403,6 +410,7 @@ TEST(BlockManagerReuseTest, ReleasingShorterRequestKeepsLongerChainReusable) {
     storePrompt(m, kvb::Request(1, tokenRange(0, 13)));          // chain 0 -> 1 -> 2
     auto a2 = m.addSequence(kvb::Request(2, tokenRange(0, 6)));  // blocks 0 and copy 4 = [4]
     EXPECT_EQ(a2.prepopulated_prompt_len, 5);
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
     auto shortBlock = m.getBlockInfo(kWindow, 4);
@@ -418,6 +426,7 @@ TEST(BlockManagerReuseTest, ReleasingShorterRequestKeepsLongerChainReusable) {
     EXPECT_TRUE(admitted(a3, 12, 3, 2, 2, 2));
     EXPECT_EQ(m.getCacheBlockIds(3, kWindow), ids({0, 1, 2, 5, 6}));
     EXPECT_EQ(m.getNumFreeBlocks(), 11);
+    kvb_test::markPrefillComputed(m, 3);
     m.removeSequence(3, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 16);
 
@@ -625,6 +634,7 @@ TEST(KVCacheManagerPerRequestStatsTest, PerRequestCountersAndHitRate) {
     EXPECT_DOUBLE_EQ(a1.stats.cache_hit_rate, 0.0);
     auto r1 = m.getRequestStats(1);
     EXPECT_TRUE(admitted(r1, 0, 0, 3, 3, 3));
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // free queue: 3, 2, 1, 0; tree 0 -> 1
 
     // 12 tokens: keys cover 11; [0..4), [4..8) reused, [8, 9, 10] in never-used block 3.
@@ -635,6 +645,7 @@ TEST(KVCacheManagerPerRequestStatsTest, PerRequestCountersAndHitRate) {
     EXPECT_TRUE(admitted(r2, 8, 2, 1, 1, 1));
     EXPECT_DOUBLE_EQ(r2.stats.cache_hit_rate, 2.0 / 3.0);
     m.checkInvariants();
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);  // free queue: 2, 3, 1, 0; tree 0 -> 1 -> 3
 
     // Unrelated prompt: takes block 2 (never held tokens) then cached blocks 3 and 1.
@@ -665,6 +676,7 @@ TEST(PinAndUnpinBlocksById, PinnedBlocksSurviveRemoveSequence) {
     m.addSequence(kvb::Request(1, tokenRange(0, 9)));  // blocks 0, 1, 2
     m.pinBlocks(1);
     EXPECT_EQ(m.getBlockInfo(kWindow, 0).ref_count, 2);
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 8 - 3);
     for (int32_t b = 0; b < 3; ++b) {
@@ -681,6 +693,7 @@ TEST(PinAndUnpinBlocksById, PinnedBlocksSurviveRemoveSequence) {
     EXPECT_EQ(a2.prepopulated_prompt_len, 8);
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 1, 3}));
     EXPECT_EQ(m.getNumFreeBlocks(), 4);
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     EXPECT_EQ(m.getNumFreeBlocks(), 5);
     m.checkInvariants();
@@ -699,6 +712,7 @@ TEST(PinAndUnpinBlocksById, PinnedBlocksSurviveRemoveSequence) {
 TEST(PinAndUnpinBlocksById, StoreBlocksForReuseWithPinReturnsPinnedIds) {
     auto m = makeManager(8);
     m.addSequence(kvb::Request(1, tokenRange(0, 9)));  // blocks 0, 1, 2
+    kvb_test::markPrefillComputed(m, 1);
     auto pinned = m.storeBlocksForReuse(1, /*pin=*/true);
     EXPECT_EQ(pinned, ids({0, 1}));  // 8 stored tokens: two blocks
     EXPECT_EQ(m.getBlockInfo(kWindow, 1).ref_count, 2);
@@ -723,6 +737,7 @@ TEST(PinAndUnpinBlocksById, UnpinningUnpinnedBlockFailsAndChangesNothing) {
     auto m = makeManager(8);
     m.addSequence(kvb::Request(1, tokenRange(0, 9)));
     m.pinBlocks(1);
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1, true);  // blocks 0, 1, 2 pinned once
     EXPECT_EQ(m.getNumFreeBlocks(), 5);
 
@@ -782,6 +797,7 @@ TEST(FindBlocksInReuseTreeByBlockKeys, StoredBlocksFormParentChain) {
     // Request 2 shares block 0 and gets never-used blocks 4 ([90..94)) and 5 (last token).
     m.addSequence(kvb::Request(2, concatTokens(tokenRange(0, 4), {90, 91, 92, 93, 94})));
     EXPECT_EQ(m.getCacheBlockIds(2, kWindow), ids({0, 4, 5}));
+    kvb_test::markPrefillComputed(m, 2);
     m.removeSequence(2, true);
     EXPECT_EQ(m.getBlockInfo(kWindow, 4).parent, 0);
     EXPECT_EQ(m.getBlockInfo(kWindow, 1).parent, 0);

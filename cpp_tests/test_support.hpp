@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -61,6 +63,22 @@ inline kvb_manager_config_t rawConfig(const kvb::Config& config) {
     raw.windows = config.windows.data();
     raw.num_windows = config.windows.size();
     return raw;
+}
+
+// Marks sequence `id`'s known tokens computed (its whole prompt, or what its capacity covers), as
+// an engine's prefill does before the request is stored or released for reuse: storing stops at
+// the history (tokens whose KV is computed), so a sequence admitted and removed with
+// store_for_reuse without this stores only what it reused at admission. Goes through
+// kvb_manager_advance_history, which stores nothing and emits no events (an engine that stores each
+// chunk calls kvb_manager_store_context_blocks instead).
+inline void markPrefillComputed(kvb_manager_t* m, uint64_t id) {
+    kvb_sequence_lengths_t l{};
+    ASSERT_EQ(kvb_manager_get_sequence_lengths(m, id, &l), KVB_OK) << kvb_last_error_message();
+    const size_t computed = std::min(l.num_tokens, l.capacity);
+    ASSERT_EQ(kvb_manager_advance_history(m, id, computed), KVB_OK) << kvb_last_error_message();
+}
+inline void markPrefillComputed(kvb::Manager& m, uint64_t id) {
+    markPrefillComputed(m.get(), id);
 }
 
 // Full prompt blocks of `tokens` currently in the reuse tree of `window` (host or primary), as

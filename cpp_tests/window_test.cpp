@@ -196,6 +196,7 @@ TEST(KVCacheManagerMaxAttentionWindowWithReuseTest, IdsAndPartialReuse) {
     m.checkInvariants();
 
     m.removeSequence(2);
+    kvb_test::markPrefillComputed(m, 3);
     m.removeSequence(3);
     EXPECT_EQ(m.getNumFreeBlocks(), kPrimary);
     m.checkInvariants();
@@ -290,6 +291,7 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
     EXPECT_EQ(table[8 + 4 + 2], 2 * 4 + 1);
 
     // A stores tokens 0..8 in both windows: two full blocks and a partial one ([8]).
+    kvb_test::markPrefillComputed(m, 1);
     m.removeSequence(1);
     for (int32_t w : {kSmall, kLarge}) {
         EXPECT_TRUE(m.getBlockInfo(w, 2).in_reuse_tree) << w;
@@ -356,7 +358,9 @@ TEST(KVCacheManagerVariableWindowAttentionWithReuseTest, SeparatePoolsReuseAndPa
     }
     m.checkInvariants();
 
+    kvb_test::markPrefillComputed(m, 3);
     m.removeSequence(3);
+    kvb_test::markPrefillComputed(m, 4);
     m.removeSequence(4);
     EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kSmall).first, 6);
     EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kLarge).first, 8);

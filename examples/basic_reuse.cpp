@@ -84,6 +84,8 @@ int main() {
     admit(m, 1, prompt(64, 1, 20));
     check(kvb_manager_store_context_blocks(m, 1, 84), "kvb_manager_store_context_blocks");
     admit(m, 2, prompt(64, 2, 20));
+    // Each prefill stores its computed blocks (storing for reuse stops at what was computed).
+    check(kvb_manager_store_context_blocks(m, 2, 84), "kvb_manager_store_context_blocks");
     print_stats(m);
 
     std::printf("== both finish; a third request repeats request 1 and reuses its partial block\n");

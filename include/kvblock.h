@@ -280,7 +280,8 @@ typedef struct kvb_event_batch_t kvb_event_batch_t;
 
 /**
  * Opaque publisher handle. Create with `kvb_event_publisher_create`, free with
- * `kvb_event_publisher_destroy`.
+ * `kvb_event_publisher_destroy`. Like a manager handle, a destroyed handle keeps a small shell,
+ * so that a second destroy or any later call returns `KVB_STATUS_DESTROYED`.
  */
 typedef struct kvb_event_publisher_t kvb_event_publisher_t;
 
@@ -956,6 +957,15 @@ typedef struct kvb_stored_block_t {
 /**
  * Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`
  * and whatever else differs from the defaults. Strings are copied by create.
+ *
+ * Endpoints: `tcp://HOST:PORT` (PORT a decimal 1-65535, or `*` for a free port) or
+ * `ipc://PATH`. Other transports, `inproc://` (the publisher's ZeroMQ context is private) and
+ * a malformed, non-numeric or out-of-range port are refused with `KVB_STATUS_TRANSPORT` before
+ * anything binds.
+ *
+ * The publisher is a network service and bounds what a peer can make it hold: the fields from
+ * `max_queued_bytes` on. A caller built against the older, shorter struct (its `struct_size`
+ * ends before `max_queued_bytes`) gets their defaults.
  */
 typedef struct kvb_event_publisher_config_t {
     /**
@@ -994,7 +1004,9 @@ typedef struct kvb_event_publisher_config_t {
     /**
      * Sequence number of the first batch (default 0). Routers ignore batches at or below the
      * last sequence number they applied: a restarted publisher should start above it, or set
-     * `all_blocks_cleared_first`.
+     * `all_blocks_cleared_first`. Must be below 2^63 (`KVB_STATUS_INVALID_ARGUMENT`
+     * otherwise), so that sequence numbers never reach the replay end marker
+     * (0xffffffffffffffff) nor wrap.
      */
     uint64_t start_sequence;
     /**
@@ -1009,6 +1021,42 @@ typedef struct kvb_event_publisher_config_t {
      * How long destroy lets queued messages leave, in ms (default 1000).
      */
     int32_t linger_ms;
+    /**
+     * Payload bytes queued in ZeroMQ on both sockets together (default 64 MiB, > 0). A live
+     * batch that does not fit is not sent (subscribers see a gap and can replay it; counted in
+     * `live_batches_unsent`); replays may use at most half. A lone batch larger than a limit is
+     * still sent, alone.
+     */
+    uint64_t max_queued_bytes;
+    /**
+     * Replay payload bytes queued for one peer (default 4 MiB, > 0): its replay goes on as
+     * ZeroMQ sends what is queued. ZeroMQ also queues at most 1000 replay messages per peer.
+     */
+    uint64_t replay_peer_max_bytes;
+    /**
+     * Replay requests accepted per second from one peer, burst one second's worth (default
+     * 10, > 0). Refused requests get no answer.
+     */
+    int32_t replay_requests_per_second_per_peer;
+    /**
+     * Replay requests accepted per second from all peers (default 100, > 0).
+     */
+    int32_t replay_requests_per_second;
+    /**
+     * Replay peers tracked at once (default 64, > 0); one replay per peer at a time.
+     */
+    int32_t max_replay_peers;
+    /**
+     * Largest incoming frame on either socket, in bytes (`ZMQ_MAXMSGSIZE`; default 256, at
+     * least 16 and the topic's length + 16): a larger frame disconnects its peer.
+     */
+    int32_t max_incoming_message_bytes;
+    /**
+     * A replay that can queue nothing for this long is dropped, and a peer that answers no
+     * ZMTP heartbeat (sent every second) for this long is disconnected, in ms (default 10000,
+     * > 0).
+     */
+    int32_t slow_peer_timeout_ms;
 } kvb_event_publisher_config_t;
 
 /**
@@ -1032,11 +1080,12 @@ typedef struct kvb_event_publisher_stats_t {
      */
     uint64_t gaps;
     /**
-     * Subscriptions received (each joining subscriber sends at least one).
+     * Subscribers connected now: open connections on the PUB socket, never more than the
+     * subscribe messages received (a peer that repeats subscriptions counts once).
      */
     uint64_t subscriptions;
     /**
-     * Replay requests answered.
+     * Replay requests accepted.
      */
     uint64_t replay_requests;
     /**
@@ -1044,6 +1093,63 @@ typedef struct kvb_event_publisher_stats_t {
      */
     uint64_t next_sequence;
 } kvb_event_publisher_stats_t;
+
+/**
+ * What a publisher holds and refuses as a network service (`kvb_event_publisher_get_service_stats`).
+ * Set `struct_size` to `sizeof(kvb_event_publisher_service_stats_t)` before the call.
+ */
+typedef struct kvb_event_publisher_service_stats_t {
+    /**
+     * `sizeof(kvb_event_publisher_service_stats_t)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * Payload bytes queued in ZeroMQ now, both sockets (at most `max_queued_bytes`, or one
+     * larger batch).
+     */
+    uint64_t queued_bytes;
+    /**
+     * The most payload bytes queued at once since create.
+     */
+    uint64_t queued_bytes_peak;
+    /**
+     * Of `queued_bytes`, those of replays.
+     */
+    uint64_t replay_queued_bytes;
+    /**
+     * Live batches not sent because `max_queued_bytes` was reached (kept for replay).
+     */
+    uint64_t live_batches_unsent;
+    /**
+     * Subscription messages received on the PUB socket (repeats included).
+     */
+    uint64_t subscription_messages;
+    /**
+     * Replay requests refused: over a rate limit, from a peer whose replay runs, or from a new
+     * peer beyond `max_replay_peers`.
+     */
+    uint64_t replay_requests_refused;
+    /**
+     * Replay requests that were not `[empty, 8-byte start]` or `[8-byte start]`.
+     */
+    uint64_t malformed_requests;
+    /**
+     * Replays sent up to their end marker.
+     */
+    uint64_t replays_completed;
+    /**
+     * Replays in progress.
+     */
+    uint64_t active_replays;
+    /**
+     * Replays dropped because their peer took nothing for `slow_peer_timeout_ms`.
+     */
+    uint64_t slow_peers_dropped;
+    /**
+     * Replays ended because their peer disconnected.
+     */
+    uint64_t replay_peers_gone;
+} kvb_event_publisher_service_stats_t;
 
 /**
  * Snapshot of one block.
@@ -1279,7 +1385,8 @@ enum kvb_status_t kvb_manager_store_new_block(struct kvb_manager_t *manager, uin
  * With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
  * (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
  * many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
- * one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
+ * one id per block of the stored tokens (`ceil(min(num_tokens - 1, history) / tokens_per_block)`, the history
+ * being `kvb_sequence_lengths_t::history`); with less,
  * the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
  * neither stores nor pins anything.
  */
@@ -1698,7 +1805,9 @@ enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
 
 /**
  * Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay
- * steps, sequence from 0, largest window, linger 1 s) and sets `struct_size`.
+ * steps, sequence from 0, largest window, linger 1 s; the service limits: 64 MiB queued in
+ * total, 4 MiB per replay peer, 10 replay requests/s per peer and 100/s in total, 64 replay
+ * peers, 256-byte incoming frames, 10 s slow-peer timeout) and sets `struct_size`.
  */
 enum kvb_status_t kvb_event_publisher_config_init(struct kvb_event_publisher_config_t *config);
 
@@ -1713,16 +1822,26 @@ enum kvb_status_t kvb_event_publisher_config_init(struct kvb_event_publisher_con
  * manager's buffer drops events, one sequence number is skipped so that routers see a gap.
  * `*out` receives a handle to free with `kvb_event_publisher_destroy` (null on failure). The
  * publisher may outlive the manager (it then publishes nothing more).
+ *
+ * Fails with `KVB_STATUS_UNSUPPORTED` when the manager already has a publisher (two would
+ * split one event stream, each gap-free, so routers could not see the loss; destroy the first
+ * one), `KVB_STATUS_INVALID_ARGUMENT` for a setting out of range (`start_sequence` at or above
+ * 2^63, a non-positive limit, an unknown window), `KVB_STATUS_TRANSPORT` for a refused endpoint
+ * or a failed bind, `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_NULL_POINTER`, and
+ * `KVB_STATUS_DESTROYED` / `KVB_STATUS_POISONED` for such a manager. Nothing changes on
+ * failure.
  */
 enum kvb_status_t kvb_event_publisher_create(struct kvb_manager_t *manager,
                                              const struct kvb_event_publisher_config_t *config,
                                              struct kvb_event_publisher_t **out);
 
 /**
- * Waits until at least `min_subscriptions` subscriptions have reached the publisher since it
- * was created, or `timeout_ms` passed (-1 = no limit); writes the number received to
- * `*out_subscriptions`. Returns `KVB_OK` either way: compare the count. Use it before the first
- * iteration so that a subscriber that joins slowly does not miss the first batches.
+ * Waits until at least `min_subscriptions` subscribers are connected (`subscriptions` of the
+ * stats: connections that subscribed, each counted once however many subscription messages it
+ * sends), or `timeout_ms` passed (-1 = no limit), or the publisher is destroyed by another
+ * thread; writes the number connected to `*out_subscriptions`. Returns `KVB_OK` either way:
+ * compare the count. Use it before the first iteration so that a subscriber that joins slowly
+ * does not miss the first batches. `KVB_STATUS_DESTROYED` after destroy.
  */
 enum kvb_status_t kvb_event_publisher_wait_for_subscribers(const struct kvb_event_publisher_t *publisher,
                                                            uint64_t min_subscriptions,
@@ -1730,7 +1849,7 @@ enum kvb_status_t kvb_event_publisher_wait_for_subscribers(const struct kvb_even
                                                            uint64_t *out_subscriptions);
 
 /**
- * The publisher's counters.
+ * The publisher's counters. `KVB_STATUS_DESTROYED` after destroy.
  */
 enum kvb_status_t kvb_event_publisher_get_stats(const struct kvb_event_publisher_t *publisher,
                                                 struct kvb_event_publisher_stats_t *out);
@@ -1739,7 +1858,8 @@ enum kvb_status_t kvb_event_publisher_get_stats(const struct kvb_event_publisher
  * Copies the bound endpoint of the PUB socket (`replay` false) or of the replay socket
  * (`replay` true), NUL-terminated, into `buf` of `buf_size` bytes; `*out_len` receives its
  * length without the NUL. `KVB_STATUS_BUFFER_TOO_SMALL` when it does not fit;
- * `KVB_STATUS_INVALID_ARGUMENT` for the replay endpoint of a publisher without replay.
+ * `KVB_STATUS_INVALID_ARGUMENT` for the replay endpoint of a publisher without replay;
+ * `KVB_STATUS_DESTROYED` after destroy.
  */
 enum kvb_status_t kvb_event_publisher_get_endpoint(const struct kvb_event_publisher_t *publisher,
                                                    bool replay,
@@ -1748,8 +1868,19 @@ enum kvb_status_t kvb_event_publisher_get_endpoint(const struct kvb_event_publis
                                                    size_t *out_len);
 
 /**
- * Publishes what the manager flushed before this call, stops the thread and joins it (waiting
- * up to `linger_ms` for queued messages to leave), then frees the handle. Null is accepted.
+ * What the publisher holds and refuses as a network service: queued bytes, refused and
+ * malformed replay requests, dropped slow peers. Set `out->struct_size` to
+ * `sizeof(kvb_event_publisher_service_stats_t)` first (`KVB_STATUS_STRUCT_SIZE` otherwise).
+ * `KVB_STATUS_DESTROYED` after destroy.
+ */
+enum kvb_status_t kvb_event_publisher_get_service_stats(const struct kvb_event_publisher_t *publisher,
+                                                        struct kvb_event_publisher_service_stats_t *out);
+
+/**
+ * Publishes what the manager flushed before this call, stops the threads and joins them
+ * (waiting up to `linger_ms` for queued messages to leave), and frees the publisher; the
+ * manager may then get a new one. Null is accepted. The handle keeps a small shell: a second
+ * destroy, or any call after it, returns `KVB_STATUS_DESTROYED` (never a double free).
  */
 enum kvb_status_t kvb_event_publisher_destroy(struct kvb_event_publisher_t *publisher);
 

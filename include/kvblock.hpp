@@ -258,6 +258,10 @@ class Manager {
     void rewindKVCache(uint64_t id, int32_t n) {
         check(kvb_manager_rewind_kv_cache(handle_, id, n));
     }
+    /// After a prefill chunk (kvb_manager_store_context_blocks): `position` prompt tokens are
+    /// computed; stores their full blocks for reuse and advances the history to `position`.
+    /// Storing for reuse (storeBlocksForReuse, removeSequence with storeForReuse) stops at the
+    /// history, so an engine reports each computed chunk here (or with advanceHistory).
     void storeContextBlocks(uint64_t id, int32_t position) {
         check(kvb_manager_store_context_blocks(handle_, id, position));
     }
@@ -311,6 +315,10 @@ class Manager {
         check(kvb_manager_revert_allocate_context(handle_, id, &outcome));
         return outcome;
     }
+    /// Marks `history` tokens of the sequence computed without storing anything
+    /// (kvb_manager_advance_history), for engines that compute without storing each chunk: never
+    /// decreases; throws KVB_STATUS_INVALID_ARGUMENT beyond the capacity or the known tokens.
+    /// Storing for reuse stops at the history.
     void advanceHistory(uint64_t id, size_t history) {
         check(kvb_manager_advance_history(handle_, id, history));
     }

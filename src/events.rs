@@ -202,6 +202,9 @@ pub struct EventDelivery {
     capacity: usize,
     state: Mutex<DeliveryState>,
     ready: Condvar,
+    /// Whether a wire publisher drains this buffer (at most one may: two would split one
+    /// stream between them, each gap-free, so routers could not see the loss).
+    publisher: std::sync::atomic::AtomicBool,
 }
 
 /// A drained batch: the events and how many were dropped (buffer full) since the last drain.
@@ -217,6 +220,7 @@ impl EventDelivery {
             capacity,
             state: Mutex::new(DeliveryState::default()),
             ready: Condvar::new(),
+            publisher: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -316,6 +320,20 @@ impl EventDelivery {
         st.dropped = 0;
         drop(st);
         self.ready.notify_all();
+    }
+
+    /// Marks the buffer as drained by a publisher; false (nothing changed) when one already is.
+    pub fn claim_publisher(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.publisher
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends a `claim_publisher` (the publisher stopped).
+    pub fn release_publisher(&self) {
+        self.publisher
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     /// Events delivered and not drained yet.

@@ -149,7 +149,9 @@ fn store_blocks_for_reuse_stops_at_the_history_too() {
     m.add_sequence(&Request::new(1, prompt.clone())).unwrap();
     probe.compute(&mut m, 1, &prompt, 0..8);
     m.advance_history(1, 8).unwrap();
-    m.store_blocks_for_reuse(1, false, None, 0).unwrap();
+    // Pinning needs room for the computed blocks' ids only (2, not the 3 that 12 tokens span).
+    let pinned = m.store_blocks_for_reuse(1, true, None, 2).unwrap();
+    assert_eq!(pinned.len(), 2);
     let snapshot = m.reuse_tree_snapshot(MAX_LEN).unwrap();
     assert_eq!(snapshot.len(), 2, "two computed blocks cached, no more");
     m.remove_sequence(1, false).unwrap();

@@ -124,10 +124,11 @@ inline kvb_request_t prompt_request(uint64_t id, const std::vector<int32_t>& pro
     return r;
 }
 
-/// The router check after the run: waits for late subscribers, then admits, stores and releases
-/// one probe prompt (a sampled prompt with a fresh tail, so the probe publishes a batch that late
-/// subscribers see, detect their gap on and replay), then writes one JSON line per prompt with
-/// kvblock's reusable full blocks in the published window.
+/// The router check after the run: waits for late subscribers, then admits, computes (one prefill
+/// chunk: store_context_blocks of the whole prompt) and releases one probe prompt (a sampled
+/// prompt with a fresh tail, so the probe publishes a batch that late subscribers see, detect
+/// their gap on and replay), then writes one JSON line per prompt with kvblock's reusable full
+/// blocks in the published window.
 inline void write_publish_check(kvb_manager_t* m, const EventPublisher& pub,
                                 const PublishOptions& o, std::vector<std::vector<int32_t>> prompts,
                                 int32_t window, int32_t tokens_per_block, uint64_t probe_id) {
@@ -138,6 +139,10 @@ inline void write_publish_check(kvb_manager_t* m, const EventPublisher& pub,
         kvb_request_t r = prompt_request(probe_id, probe);
         publish_check_status(kvb_manager_add_sequence(m, &r, nullptr),
                              "kvb_manager_add_sequence (probe)");
+        // Storing stops at what was computed: the engine's prefill of the probe comes first.
+        publish_check_status(
+            kvb_manager_store_context_blocks(m, probe_id, static_cast<int32_t>(probe.size())),
+            "kvb_manager_store_context_blocks (probe)");
         publish_check_status(kvb_manager_remove_sequence(m, probe_id, true),
                              "kvb_manager_remove_sequence (probe)");
         publish_check_status(kvb_manager_flush_iteration_events(m),

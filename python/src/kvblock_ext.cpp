@@ -406,7 +406,9 @@ void bind_enums(nb::module_& m) {
         .value("STALLED", KVB_STATUS_STALLED);
     nb::enum_<kvb_context_revert_t>(m, "ContextRevert",
                                     "What :meth:`Manager.revert_allocate_context` did.")
-        .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING, "No context allocation had grown.")
+        .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING,
+               "Nothing to undo: no context allocation grew this iteration, it was already "
+               "reverted, or prefill is over.")
         .value("SUSPENDED", KVB_CONTEXT_REVERT_SUSPENDED,
                "Shrunk back and suspended: resume and allocate the context again.")
         .value("RELEASED", KVB_CONTEXT_REVERT_RELEASED,
@@ -1134,8 +1136,9 @@ void bind_manager(nb::module_& m) {
             },
             "request_id"_a, "store_for_reuse"_a = true,
             "Releases a finished sequence (TensorRT-LLM ``removeSequence``), first storing its "
-            "blocks for "
-            "reuse unless ``store_for_reuse`` is False.")
+            "computed blocks (up to its history: what ``store_context_blocks``, "
+            "``advance_history`` or ``add_token`` reported) for reuse unless "
+            "``store_for_reuse`` is False.")
         .def(
             "pin_blocks", [](Manager& self, uint64_t id) { nogil([&] { self.m.pinBlocks(id); }); },
             "request_id"_a, "Pins every block of a sequence (TensorRT-LLM ``pinBlocks``).")
@@ -1546,7 +1549,10 @@ struct Publisher {
               std::optional<int32_t> dp_rank, int32_t send_hwm,
               std::optional<std::string> replay_endpoint, int32_t replay_buffer_steps,
               uint64_t start_sequence, bool all_blocks_cleared_first, int32_t window_size,
-              int32_t linger_ms)
+              int32_t linger_ms, uint64_t max_queued_bytes, uint64_t replay_peer_max_bytes,
+              int32_t replay_requests_per_second_per_peer, int32_t replay_requests_per_second,
+              int32_t max_replay_peers, int32_t max_incoming_message_bytes,
+              int32_t slow_peer_timeout_ms)
         : manager(std::move(mgr)) {
         Manager& m = nb::cast<Manager&>(manager);
         kvb_event_publisher_config_t c;
@@ -1562,6 +1568,13 @@ struct Publisher {
         c.all_blocks_cleared_first = all_blocks_cleared_first;
         c.window_size = window_size;
         c.linger_ms = linger_ms;
+        c.max_queued_bytes = max_queued_bytes;
+        c.replay_peer_max_bytes = replay_peer_max_bytes;
+        c.replay_requests_per_second_per_peer = replay_requests_per_second_per_peer;
+        c.replay_requests_per_second = replay_requests_per_second;
+        c.max_replay_peers = max_replay_peers;
+        c.max_incoming_message_bytes = max_incoming_message_bytes;
+        c.slow_peer_timeout_ms = slow_peer_timeout_ms;
         call([&] { return kvb_event_publisher_create(m.h(), &c, &p); });
     }
     ~Publisher() { close(); }
@@ -1617,16 +1630,24 @@ void bind_publisher(nb::module_& m) {
     nb::class_<Publisher>(m, "EventPublisher", kPublisherDoc)
         .def(nb::init<nb::object, const std::string&, const std::string&, std::optional<int32_t>,
                       int32_t, std::optional<std::string>, int32_t, uint64_t, bool, int32_t,
-                      int32_t>(),
+                      int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>(),
              "manager"_a, "endpoint"_a, "topic"_a = "", "dp_rank"_a = nb::none(),
              "send_hwm"_a = 100000, "replay_endpoint"_a = nb::none(),
              "replay_buffer_steps"_a = 10000, "start_sequence"_a = 0,
              "all_blocks_cleared_first"_a = false, "window_size"_a = 0, "linger_ms"_a = 1000,
-             "Binds ``endpoint`` (e.g. ``tcp://0.0.0.0:5557``; port ``*`` picks a free one) and "
-             "starts "
-             "publishing ``manager``'s flushed events; ``replay_endpoint`` adds the ROUTER socket "
-             "that "
-             "answers replay requests. Raises :class:`TransportError` when a socket cannot bind.")
+             "max_queued_bytes"_a = uint64_t{64} << 20,
+             "replay_peer_max_bytes"_a = uint64_t{4} << 20,
+             "replay_requests_per_second_per_peer"_a = 10, "replay_requests_per_second"_a = 100,
+             "max_replay_peers"_a = 64, "max_incoming_message_bytes"_a = 256,
+             "slow_peer_timeout_ms"_a = 10000,
+             "Binds ``endpoint`` (``tcp://HOST:PORT`` with PORT 1-65535 or ``*`` for a free one, "
+             "or ``ipc://PATH``) and starts publishing ``manager``'s flushed events; "
+             "``replay_endpoint`` adds the ROUTER socket that answers replay requests. The "
+             "service limits bound what peers can make the publisher queue and ask (see "
+             "``kvb_event_publisher_config_t``). Raises :class:`TransportError` for a refused "
+             "endpoint or a failed bind, :class:`InvalidArgumentError` (a ValueError) for a "
+             "setting out of range (``start_sequence`` at or above 2**63, a non-positive "
+             "limit), :class:`UnsupportedError` when the manager already has a publisher.")
         .def("close", &Publisher::close,
              "Publishes what was flushed, stops the thread and releases the sockets.")
         .def(

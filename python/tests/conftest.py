@@ -23,6 +23,17 @@ def prompt(n: int, start: int = 1) -> np.ndarray:
     return np.arange(start, start + n, dtype=np.int32)
 
 
+def mark_prefill_computed(m: kvblock.KVCacheManager, rid: int) -> None:
+    """Marks request `rid`'s known tokens computed (its whole prompt, or what its capacity covers),
+    as an engine's prefill does before the request is stored or released for reuse: storing stops
+    at the history (tokens whose KV is computed), so a request admitted and released with
+    store_for_reuse without this stores only what it reused at admission. Uses `advance_history`,
+    which stores nothing and emits no events (an engine that stores each chunk calls
+    `store_context_blocks` instead)."""
+    lengths = m.get_sequence_lengths(rid)
+    m.advance_history(rid, min(lengths.num_tokens, lengths.capacity))
+
+
 @pytest.fixture
 def manager():
     with make_manager() as m:

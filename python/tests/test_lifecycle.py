@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import kvblock
-from conftest import make_manager, prompt
+from conftest import make_manager, mark_prefill_computed, prompt
 
 
 def test_resize_and_a_failed_grow():
@@ -25,6 +25,7 @@ def test_resize_and_a_failed_grow():
 def test_a_shrink_below_the_reused_prompt_raises():
     with make_manager() as m:
         m.add_sequence(1, prompt(9))
+        mark_prefill_computed(m, 1)
         m.remove_sequence(1, True)
         assert m.add_sequence(2, prompt(12)).prepopulated_prompt_len == 8
         with pytest.raises(kvblock.InvalidArgumentError, match="reused"):
@@ -47,6 +48,9 @@ def test_context_revert_outcomes():
     with make_manager(secondary=4) as m:
         m.add_sequence(1, prompt(10))
         assert m.revert_allocate_context(1) == kvblock.ContextRevert.SUSPENDED
+        assert m.get_sequence_lengths(1).suspended
+        # A second revert has nothing left to undo: it says so (no SequenceSuspendedError).
+        assert m.revert_allocate_context(1) == kvblock.ContextRevert.NOTHING
         assert m.get_sequence_lengths(1).suspended
         with pytest.raises(kvblock.SequenceSuspendedError):
             m.add_token(1, 3)

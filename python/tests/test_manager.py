@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kvblock
-from conftest import TPB, make_manager, prompt
+from conftest import TPB, make_manager, mark_prefill_computed, prompt
 
 
 def admit_and_release(m, rid, tokens, store=True):
@@ -164,6 +164,7 @@ def test_generation_store_and_rewind(manager):
 
 def test_pinned_blocks_survive_release(manager):
     manager.add_sequence(1, prompt(9))
+    mark_prefill_computed(manager, 1)
     pinned = manager.store_blocks_for_reuse(1, pin=True)
     assert len(pinned) == 2
     manager.remove_sequence(1)

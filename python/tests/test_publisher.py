@@ -20,6 +20,23 @@ def test_bad_endpoint_raises_transport_error():
             kvblock.EventPublisher(m, "nonsense://endpoint")
 
 
+def test_bad_ports_start_sequences_and_second_publishers_are_refused():
+    with make_manager(max_kv_event_entries=1024) as m:
+        for endpoint in ("tcp://127.0.0.1:70000", "tcp://127.0.0.1:abc", "inproc://kv"):
+            with pytest.raises(kvblock.TransportError):
+                kvblock.EventPublisher(m, endpoint)
+        with pytest.raises(kvblock.InvalidArgumentError):
+            kvblock.EventPublisher(m, "tcp://127.0.0.1:*", start_sequence=2**64 - 1)
+        with pytest.raises(kvblock.InvalidArgumentError):
+            kvblock.EventPublisher(m, "tcp://127.0.0.1:*", max_queued_bytes=0)
+        with kvblock.EventPublisher(m, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",
+                                    replay_peer_max_bytes=1 << 16, slow_peer_timeout_ms=500):
+            with pytest.raises(kvblock.UnsupportedError):
+                kvblock.EventPublisher(m, "tcp://127.0.0.1:*")
+        # The first one is gone: the manager may get a new publisher.
+        kvblock.EventPublisher(m, "tcp://127.0.0.1:*").close()
+
+
 def test_flushed_events_reach_a_subscriber():
     with make_manager(max_kv_event_entries=1024) as m:
         with kvblock.EventPublisher(m, "tcp://127.0.0.1:*", topic="kv", dp_rank=3) as pub:

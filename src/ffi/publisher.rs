@@ -2,6 +2,7 @@
 //! Dynamo format, from a thread of the library.
 
 use std::ffi::{c_char, CStr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::handle::{
@@ -10,10 +11,19 @@ use super::handle::{
 };
 use super::status::kvb_status_t;
 use super::types::check_struct_size;
-use crate::publisher::{PublishError, Publisher, PublisherConfig, PublisherStats};
+use crate::publisher::{defaults, PublishError, Publisher, PublisherConfig, PublisherStats};
 
 /// Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`
 /// and whatever else differs from the defaults. Strings are copied by create.
+///
+/// Endpoints: `tcp://HOST:PORT` (PORT a decimal 1-65535, or `*` for a free port) or
+/// `ipc://PATH`. Other transports, `inproc://` (the publisher's ZeroMQ context is private) and
+/// a malformed, non-numeric or out-of-range port are refused with `KVB_STATUS_TRANSPORT` before
+/// anything binds.
+///
+/// The publisher is a network service and bounds what a peer can make it hold: the fields from
+/// `max_queued_bytes` on. A caller built against the older, shorter struct (its `struct_size`
+/// ends before `max_queued_bytes`) gets their defaults.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvb_event_publisher_config_t {
@@ -36,7 +46,9 @@ pub struct kvb_event_publisher_config_t {
     pub replay_buffer_steps: i32,
     /// Sequence number of the first batch (default 0). Routers ignore batches at or below the
     /// last sequence number they applied: a restarted publisher should start above it, or set
-    /// `all_blocks_cleared_first`.
+    /// `all_blocks_cleared_first`. Must be below 2^63 (`KVB_STATUS_INVALID_ARGUMENT`
+    /// otherwise), so that sequence numbers never reach the replay end marker
+    /// (0xffffffffffffffff) nor wrap.
     pub start_sequence: u64,
     /// Publish a lone AllBlocksCleared as the first batch (default false).
     pub all_blocks_cleared_first: bool,
@@ -44,7 +56,32 @@ pub struct kvb_event_publisher_config_t {
     pub window_size: i32,
     /// How long destroy lets queued messages leave, in ms (default 1000).
     pub linger_ms: i32,
+    /// Payload bytes queued in ZeroMQ on both sockets together (default 64 MiB, > 0). A live
+    /// batch that does not fit is not sent (subscribers see a gap and can replay it; counted in
+    /// `live_batches_unsent`); replays may use at most half. A lone batch larger than a limit is
+    /// still sent, alone.
+    pub max_queued_bytes: u64,
+    /// Replay payload bytes queued for one peer (default 4 MiB, > 0): its replay goes on as
+    /// ZeroMQ sends what is queued. ZeroMQ also queues at most 1000 replay messages per peer.
+    pub replay_peer_max_bytes: u64,
+    /// Replay requests accepted per second from one peer, burst one second's worth (default
+    /// 10, > 0). Refused requests get no answer.
+    pub replay_requests_per_second_per_peer: i32,
+    /// Replay requests accepted per second from all peers (default 100, > 0).
+    pub replay_requests_per_second: i32,
+    /// Replay peers tracked at once (default 64, > 0); one replay per peer at a time.
+    pub max_replay_peers: i32,
+    /// Largest incoming frame on either socket, in bytes (`ZMQ_MAXMSGSIZE`; default 256, at
+    /// least 16 and the topic's length + 16): a larger frame disconnects its peer.
+    pub max_incoming_message_bytes: i32,
+    /// A replay that can queue nothing for this long is dropped, and a peer that answers no
+    /// ZMTP heartbeat (sent every second) for this long is disconnected, in ms (default 10000,
+    /// > 0).
+    pub slow_peer_timeout_ms: i32,
 }
+
+/// `struct_size` of the first version of `kvb_event_publisher_config_t` (up to `linger_ms`).
+const CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_event_publisher_config_t, max_queued_bytes);
 
 /// Counters of a publisher (`kvb_event_publisher_get_stats`).
 #[repr(C)]
@@ -58,9 +95,10 @@ pub struct kvb_event_publisher_stats_t {
     pub dropped_events: u64,
     /// Sequence numbers skipped to show those drops to routers.
     pub gaps: u64,
-    /// Subscriptions received (each joining subscriber sends at least one).
+    /// Subscribers connected now: open connections on the PUB socket, never more than the
+    /// subscribe messages received (a peer that repeats subscriptions counts once).
     pub subscriptions: u64,
-    /// Replay requests answered.
+    /// Replay requests accepted.
     pub replay_requests: u64,
     /// Sequence number of the next batch.
     pub next_sequence: u64,
@@ -73,24 +111,84 @@ impl From<PublisherStats> for kvb_event_publisher_stats_t {
             events: s.events,
             dropped_events: s.dropped_events,
             gaps: s.gaps,
-            subscriptions: s.subscriptions,
+            subscriptions: s.subscribers,
             replay_requests: s.replay_requests,
             next_sequence: s.next_sequence,
         }
     }
 }
 
-/// Opaque publisher handle. Create with `kvb_event_publisher_create`, free with
-/// `kvb_event_publisher_destroy`.
-pub struct kvb_event_publisher_t {
-    inner: Publisher,
+/// What a publisher holds and refuses as a network service (`kvb_event_publisher_get_service_stats`).
+/// Set `struct_size` to `sizeof(kvb_event_publisher_service_stats_t)` before the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kvb_event_publisher_service_stats_t {
+    /// `sizeof(kvb_event_publisher_service_stats_t)`, set by the caller.
+    pub struct_size: u32,
+    /// Payload bytes queued in ZeroMQ now, both sockets (at most `max_queued_bytes`, or one
+    /// larger batch).
+    pub queued_bytes: u64,
+    /// The most payload bytes queued at once since create.
+    pub queued_bytes_peak: u64,
+    /// Of `queued_bytes`, those of replays.
+    pub replay_queued_bytes: u64,
+    /// Live batches not sent because `max_queued_bytes` was reached (kept for replay).
+    pub live_batches_unsent: u64,
+    /// Subscription messages received on the PUB socket (repeats included).
+    pub subscription_messages: u64,
+    /// Replay requests refused: over a rate limit, from a peer whose replay runs, or from a new
+    /// peer beyond `max_replay_peers`.
+    pub replay_requests_refused: u64,
+    /// Replay requests that were not `[empty, 8-byte start]` or `[8-byte start]`.
+    pub malformed_requests: u64,
+    /// Replays sent up to their end marker.
+    pub replays_completed: u64,
+    /// Replays in progress.
+    pub active_replays: u64,
+    /// Replays dropped because their peer took nothing for `slow_peer_timeout_ms`.
+    pub slow_peers_dropped: u64,
+    /// Replays ended because their peer disconnected.
+    pub replay_peers_gone: u64,
 }
+
+impl From<PublisherStats> for kvb_event_publisher_service_stats_t {
+    fn from(s: PublisherStats) -> Self {
+        kvb_event_publisher_service_stats_t {
+            struct_size: std::mem::size_of::<Self>() as u32,
+            queued_bytes: s.queued_bytes,
+            queued_bytes_peak: s.queued_bytes_peak,
+            replay_queued_bytes: s.replay_queued_bytes,
+            live_batches_unsent: s.live_batches_unsent,
+            subscription_messages: s.subscription_messages,
+            replay_requests_refused: s.replay_requests_refused,
+            malformed_requests: s.malformed_requests,
+            replays_completed: s.replays_completed,
+            active_replays: s.active_replays,
+            slow_peers_dropped: s.slow_peers_dropped,
+            replay_peers_gone: s.replay_peers_gone,
+        }
+    }
+}
+
+/// Opaque publisher handle. Create with `kvb_event_publisher_create`, free with
+/// `kvb_event_publisher_destroy`. Like a manager handle, a destroyed handle keeps a small shell,
+/// so that a second destroy or any later call returns `KVB_STATUS_DESTROYED`.
+pub struct kvb_event_publisher_t {
+    /// `None` once destroyed. Calls take a reference and release the lock before they work, so
+    /// that a waiting call does not hold up destroy (which wakes it).
+    state: Mutex<Option<Arc<Publisher>>>,
+}
+
+/// Destroyed publisher handles keep their shell here, still reachable (as `handle::GRAVEYARD`
+/// does for managers).
+static GRAVEYARD: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 impl From<PublishError> for FfiError {
     fn from(e: PublishError) -> Self {
         match e {
             PublishError::Config(m) => invalid(m),
             PublishError::Transport(m) => FfiError(kvb_status_t::KVB_STATUS_TRANSPORT, m),
+            PublishError::Busy(m) => FfiError(kvb_status_t::KVB_STATUS_UNSUPPORTED, m),
         }
     }
 }
@@ -109,7 +207,59 @@ fn config_default() -> kvb_event_publisher_config_t {
         all_blocks_cleared_first: false,
         window_size: 0,
         linger_ms: 1000,
+        max_queued_bytes: defaults::MAX_QUEUED_BYTES as u64,
+        replay_peer_max_bytes: defaults::REPLAY_PEER_MAX_BYTES as u64,
+        replay_requests_per_second_per_peer: defaults::REPLAY_REQUESTS_PER_SECOND_PER_PEER as i32,
+        replay_requests_per_second: defaults::REPLAY_REQUESTS_PER_SECOND as i32,
+        max_replay_peers: defaults::MAX_REPLAY_PEERS as i32,
+        max_incoming_message_bytes: defaults::MAX_INCOMING_MESSAGE_BYTES as i32,
+        slow_peer_timeout_ms: defaults::SLOW_PEER_TIMEOUT_MS,
     }
+}
+
+/// Reads the caller's config: the whole struct, or the first version's prefix (then the later
+/// fields keep their defaults).
+fn read_config(
+    config: *const kvb_event_publisher_config_t,
+) -> FfiResult<kvb_event_publisher_config_t> {
+    if config.is_null() {
+        return Err(null_error("config"));
+    }
+    // SAFETY: every version of the struct starts with `struct_size`.
+    let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
+    let full = std::mem::size_of::<kvb_event_publisher_config_t>();
+    if size == CONFIG_V1_SIZE {
+        let mut c = config_default();
+        // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout;
+        // every field of that prefix is plain data or a pointer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                config.cast::<u8>(),
+                (&mut c as *mut kvb_event_publisher_config_t).cast::<u8>(),
+                size,
+            )
+        };
+        c.struct_size = full as u32;
+        return Ok(c);
+    }
+    check_struct_size(size as u32, full, "kvb_event_publisher_config_t")?;
+    // SAFETY: a full-size config from the caller.
+    Ok(unsafe { config.read() })
+}
+
+fn positive_i32(v: i32, what: &str) -> FfiResult<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or_else(|| invalid(format!("{what} must be positive (got {v})")))
+}
+
+fn positive_u64(v: u64, what: &str) -> FfiResult<usize> {
+    usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| {
+        invalid(format!(
+            "{what} must be positive and fit in size_t (got {v})"
+        ))
+    })
 }
 
 fn str_arg(p: *const c_char, what: &str) -> FfiResult<Option<String>> {
@@ -123,15 +273,24 @@ fn str_arg(p: *const c_char, what: &str) -> FfiResult<Option<String>> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-fn publisher_ref<'a>(p: *const kvb_event_publisher_t) -> FfiResult<&'a Publisher> {
-    // SAFETY: a handle from kvb_event_publisher_create, not yet destroyed (caller contract).
-    unsafe { p.as_ref() }
-        .map(|p| &p.inner)
-        .ok_or_else(|| null_error("publisher"))
+/// The live publisher behind a handle (a reference: the handle's lock is released on return).
+fn publisher_ref(p: *const kvb_event_publisher_t) -> FfiResult<Arc<Publisher>> {
+    // SAFETY: a handle from kvb_event_publisher_create (or null, checked here); destroyed
+    // handles stay allocated (GRAVEYARD).
+    let handle = unsafe { p.as_ref() }.ok_or_else(|| null_error("publisher"))?;
+    let state = handle.state.lock().unwrap_or_else(|p| p.into_inner());
+    state.clone().ok_or_else(|| {
+        FfiError(
+            kvb_status_t::KVB_STATUS_DESTROYED,
+            "the publisher was destroyed".into(),
+        )
+    })
 }
 
 /// Fills `config` with the defaults (vLLM's: empty topic, HWM 100000, no replay, 10000 replay
-/// steps, sequence from 0, largest window, linger 1 s) and sets `struct_size`.
+/// steps, sequence from 0, largest window, linger 1 s; the service limits: 64 MiB queued in
+/// total, 4 MiB per replay peer, 10 replay requests/s per peer and 100/s in total, 64 replay
+/// peers, 256-byte incoming frames, 10 s slow-peer timeout) and sets `struct_size`.
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_config_init(
     config: *mut kvb_event_publisher_config_t,
@@ -149,6 +308,14 @@ pub extern "C" fn kvb_event_publisher_config_init(
 /// manager's buffer drops events, one sequence number is skipped so that routers see a gap.
 /// `*out` receives a handle to free with `kvb_event_publisher_destroy` (null on failure). The
 /// publisher may outlive the manager (it then publishes nothing more).
+///
+/// Fails with `KVB_STATUS_UNSUPPORTED` when the manager already has a publisher (two would
+/// split one event stream, each gap-free, so routers could not see the loss; destroy the first
+/// one), `KVB_STATUS_INVALID_ARGUMENT` for a setting out of range (`start_sequence` at or above
+/// 2^63, a non-positive limit, an unknown window), `KVB_STATUS_TRANSPORT` for a refused endpoint
+/// or a failed bind, `KVB_STATUS_STRUCT_SIZE`, `KVB_STATUS_NULL_POINTER`, and
+/// `KVB_STATUS_DESTROYED` / `KVB_STATUS_POISONED` for such a manager. Nothing changes on
+/// failure.
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_create(
     manager: *mut kvb_manager_t,
@@ -158,13 +325,7 @@ pub extern "C" fn kvb_event_publisher_create(
     guard(|| {
         require_out(out, "out")?;
         write_out(out, std::ptr::null_mut(), "out")?;
-        // SAFETY: a config from the caller, checked for null.
-        let c = unsafe { config.as_ref() }.ok_or_else(|| null_error("config"))?;
-        check_struct_size(
-            c.struct_size,
-            std::mem::size_of::<kvb_event_publisher_config_t>(),
-            "kvb_event_publisher_config_t",
-        )?;
+        let c = &read_config(config)?;
         let endpoint =
             str_arg(c.endpoint, "endpoint")?.ok_or_else(|| null_error("config.endpoint"))?;
         let topic = str_arg(c.topic, "topic")?.unwrap_or_default();
@@ -214,17 +375,34 @@ pub extern "C" fn kvb_event_publisher_create(
             window_size: shape.0,
             tokens_per_block: shape.1,
             linger_ms: c.linger_ms,
+            max_queued_bytes: positive_u64(c.max_queued_bytes, "max_queued_bytes")?,
+            replay_peer_max_bytes: positive_u64(c.replay_peer_max_bytes, "replay_peer_max_bytes")?,
+            replay_requests_per_second_per_peer: positive_i32(
+                c.replay_requests_per_second_per_peer,
+                "replay_requests_per_second_per_peer",
+            )?,
+            replay_requests_per_second: positive_i32(
+                c.replay_requests_per_second,
+                "replay_requests_per_second",
+            )?,
+            max_replay_peers: positive_i32(c.max_replay_peers, "max_replay_peers")? as usize,
+            max_incoming_message_bytes: i64::from(c.max_incoming_message_bytes),
+            slow_peer_timeout_ms: c.slow_peer_timeout_ms,
         };
-        let inner = Publisher::start(delivery, cfg)?;
-        let handle = Box::into_raw(Box::new(kvb_event_publisher_t { inner }));
+        let inner = Arc::new(Publisher::start(delivery, cfg)?);
+        let handle = Box::into_raw(Box::new(kvb_event_publisher_t {
+            state: Mutex::new(Some(inner)),
+        }));
         write_out(out, handle, "out")
     })
 }
 
-/// Waits until at least `min_subscriptions` subscriptions have reached the publisher since it
-/// was created, or `timeout_ms` passed (-1 = no limit); writes the number received to
-/// `*out_subscriptions`. Returns `KVB_OK` either way: compare the count. Use it before the first
-/// iteration so that a subscriber that joins slowly does not miss the first batches.
+/// Waits until at least `min_subscriptions` subscribers are connected (`subscriptions` of the
+/// stats: connections that subscribed, each counted once however many subscription messages it
+/// sends), or `timeout_ms` passed (-1 = no limit), or the publisher is destroyed by another
+/// thread; writes the number connected to `*out_subscriptions`. Returns `KVB_OK` either way:
+/// compare the count. Use it before the first iteration so that a subscriber that joins slowly
+/// does not miss the first batches. `KVB_STATUS_DESTROYED` after destroy.
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_wait_for_subscribers(
     publisher: *const kvb_event_publisher_t,
@@ -246,7 +424,7 @@ pub extern "C" fn kvb_event_publisher_wait_for_subscribers(
     })
 }
 
-/// The publisher's counters.
+/// The publisher's counters. `KVB_STATUS_DESTROYED` after destroy.
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_get_stats(
     publisher: *const kvb_event_publisher_t,
@@ -262,7 +440,8 @@ pub extern "C" fn kvb_event_publisher_get_stats(
 /// Copies the bound endpoint of the PUB socket (`replay` false) or of the replay socket
 /// (`replay` true), NUL-terminated, into `buf` of `buf_size` bytes; `*out_len` receives its
 /// length without the NUL. `KVB_STATUS_BUFFER_TOO_SMALL` when it does not fit;
-/// `KVB_STATUS_INVALID_ARGUMENT` for the replay endpoint of a publisher without replay.
+/// `KVB_STATUS_INVALID_ARGUMENT` for the replay endpoint of a publisher without replay;
+/// `KVB_STATUS_DESTROYED` after destroy.
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_get_endpoint(
     publisher: *const kvb_event_publisher_t,
@@ -295,17 +474,60 @@ pub extern "C" fn kvb_event_publisher_get_endpoint(
     })
 }
 
-/// Publishes what the manager flushed before this call, stops the thread and joins it (waiting
-/// up to `linger_ms` for queued messages to leave), then frees the handle. Null is accepted.
+/// What the publisher holds and refuses as a network service: queued bytes, refused and
+/// malformed replay requests, dropped slow peers. Set `out->struct_size` to
+/// `sizeof(kvb_event_publisher_service_stats_t)` first (`KVB_STATUS_STRUCT_SIZE` otherwise).
+/// `KVB_STATUS_DESTROYED` after destroy.
+#[no_mangle]
+pub extern "C" fn kvb_event_publisher_get_service_stats(
+    publisher: *const kvb_event_publisher_t,
+    out: *mut kvb_event_publisher_service_stats_t,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out, "out")?;
+        // SAFETY: a non-null out-pointer from the caller; struct_size comes first.
+        let size = unsafe { out.cast::<u32>().read_unaligned() };
+        check_struct_size(
+            size,
+            std::mem::size_of::<kvb_event_publisher_service_stats_t>(),
+            "kvb_event_publisher_service_stats_t",
+        )?;
+        let stats = publisher_ref(publisher)?.stats();
+        write_out(out, stats.into(), "out")
+    })
+}
+
+/// Publishes what the manager flushed before this call, stops the threads and joins them
+/// (waiting up to `linger_ms` for queued messages to leave), and frees the publisher; the
+/// manager may then get a new one. Null is accepted. The handle keeps a small shell: a second
+/// destroy, or any call after it, returns `KVB_STATUS_DESTROYED` (never a double free).
 #[no_mangle]
 pub extern "C" fn kvb_event_publisher_destroy(
     publisher: *mut kvb_event_publisher_t,
 ) -> kvb_status_t {
     guard(|| {
-        if !publisher.is_null() {
-            // SAFETY: a handle from kvb_event_publisher_create, destroyed once (caller contract).
-            drop(unsafe { Box::from_raw(publisher) });
-        }
+        // SAFETY: a handle from kvb_event_publisher_create; shells are never freed.
+        let Some(handle) = (unsafe { publisher.as_ref() }) else {
+            return Ok(());
+        };
+        let taken = handle
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some(p) = taken else {
+            return Err(FfiError(
+                kvb_status_t::KVB_STATUS_DESTROYED,
+                "the publisher was already destroyed".into(),
+            ));
+        };
+        // Waiting calls hold references: stop and join now, free when the last one returns.
+        p.shutdown();
+        drop(p);
+        GRAVEYARD
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(publisher as usize);
         Ok(())
     })
 }

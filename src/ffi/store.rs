@@ -39,7 +39,8 @@ pub extern "C" fn kvb_manager_store_new_block(
 /// With `pin`, every block on the stored path is pinned and the pinned ids of `window_size`
 /// (0 = the smallest window) are written to `out_ids` (`capacity` entries; `*out_count` = how
 /// many). Pass `out_ids = NULL, capacity = 0` when not pinning. When pinning, `capacity` must hold
-/// one id per block of the stored tokens (`ceil((num_tokens - 1) / tokens_per_block)`); with less,
+/// one id per block of the stored tokens (`ceil(min(num_tokens - 1, history) / tokens_per_block)`, the history
+/// being `kvb_sequence_lengths_t::history`); with less,
 /// the call fails with `KVB_STATUS_BUFFER_TOO_SMALL`, writes that count to `*out_count` and
 /// neither stores nor pins anything.
 #[no_mangle]

@@ -219,10 +219,16 @@ impl KvCacheManager {
             None => 0,
         };
         let seq = self.sequence(id)?;
+        // Only tokens in blocks (a reverted context allocation gave some back) whose KV is
+        // computed: a request preempted in the middle of its prefill stores what its chunks
+        // computed (the history), never prompt blocks nobody wrote.
+        let n = (seq.num_tokens - 1)
+            .min(self.stored_limit(id))
+            .min(seq.life.history);
         if pin {
             // The pinned ids are known only after storing: check their bound first, so that a
             // failed call changes nothing.
-            let needed = (seq.num_tokens - 1).div_ceil(self.tokens_per_block());
+            let needed = n.div_ceil(self.tokens_per_block());
             if needed > max_pins {
                 return Err(KvError::BufferTooSmall {
                     needed,
@@ -233,12 +239,6 @@ impl KvCacheManager {
         if !self.cfg.enable_block_reuse || seq.beam_width > 1 {
             return Ok(Vec::new());
         }
-        // Only tokens in blocks (a reverted context allocation gave some back) whose KV is
-        // computed: a request preempted in the middle of its prefill stores what its chunks
-        // computed (the history), never prompt blocks nobody wrote.
-        let n = (seq.num_tokens - 1)
-            .min(self.stored_limit(id))
-            .min(seq.life.history);
         let seq = self.sequences.get(&id).expect("checked");
         let attrs = seq.key_attrs();
         let mut out = Vec::new();

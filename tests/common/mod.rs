@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fault;
+pub mod hostile;
 
 pub struct Rng(pub u64);
 
