@@ -6,6 +6,12 @@
 // skips and says why, and the one test that needs no GPU checks that creating a CUDA manager
 // there is a clean KVB_STATUS_UNSUPPORTED.
 //
+// With KVB_SIM_CUDA_LIBRARY naming the simulated driver (cpp_tests/sim_cuda/, registered by CMake
+// as the ctest cases CudaSim.eager, CudaSim.delayed and CudaSim.deferred), that library is
+// dlopen()ed by its absolute path before any driver call: its SONAME is libcuda.so, so kvblock's
+// loader (cudarc asks for "libcuda.so" first) gets it too, and the GPU tests run on it. There a
+// test that cannot run fails instead of skipping.
+//
 // The engine "computes" a token by writing a pattern derived from (position, token id, layer,
 // K|V, head, byte) into the token's slots of its block row, with asynchronous copies on its own
 // stream. Whatever the manager reuses (shared, onboarded from the host tier, partially copied)
@@ -14,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -36,6 +44,25 @@ using CUdevice = int;
 using CUdeviceptr = unsigned long long;
 using CUcontext = void*;
 using CUstream = void*;
+
+// The simulated driver's path when the tests run on it (KVB_SIM_CUDA_LIBRARY), else null.
+const char* simulatedDriver() {
+    const char* p = std::getenv("KVB_SIM_CUDA_LIBRARY");
+    return p && *p ? p : nullptr;
+}
+
+// Loads the simulated driver before anything else can load a real one (static initialization,
+// before main and so before kvblock's first driver call).
+void* const kSimulatedDriverHandle = [] {
+    const char* path = simulatedDriver();
+    if (!path) return static_cast<void*>(nullptr);
+    void* h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        std::fprintf(stderr, "KVB_SIM_CUDA_LIBRARY=%s cannot be loaded: %s\n", path, dlerror());
+        std::abort();
+    }
+    return h;
+}();
 
 struct Driver {
     CUresult (*cuInit)(unsigned);
@@ -64,7 +91,8 @@ struct Driver {
         static Driver d;
         static std::string reason;
         static bool loaded = [] {
-            void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+            void* lib = kSimulatedDriverHandle ? kSimulatedDriverHandle
+                                               : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
             if (!lib) {
                 reason = "no CUDA driver library (libcuda.so.1)";
                 return false;
@@ -162,11 +190,15 @@ class CudaBackendTest : public ::testing::Test {
     void SetUp() override {
         std::string why;
         cu = Driver::load(why);
+        if (!cu && simulatedDriver()) FAIL() << "on the simulated driver: " << why;
         if (!cu) GTEST_SKIP() << "skipped: " << why;
+        // On the simulated driver, "busy" work costs real CPU time: a smaller set suffices (its
+        // scheduling modes delay or defer the stream's work anyway).
+        busyBytes = simulatedDriver() ? (4u << 20) : kBusyBytes;
         ASSERT_TRUE(cu->enter());
         CU_OK(cu->cuStreamCreate(&stream, 1 /* non-blocking */));
         CU_OK(cu->cuMemHostAlloc(&staging, kStagingBytes, 0));
-        CU_OK(cu->cuMemAlloc(&busy, kBusyBytes));
+        CU_OK(cu->cuMemAlloc(&busy, busyBytes));
     }
     void TearDown() override {
         if (!cu) return;
@@ -178,8 +210,7 @@ class CudaBackendTest : public ::testing::Test {
     // Keeps the engine stream busy for a while, so a copy that were not ordered with it would
     // overtake the work queued behind.
     void enqueueBusyWork() {
-        for (int i = 0; i < 8; ++i)
-            CU_OK(cu->cuMemsetD8Async(busy, uint8_t(i), kBusyBytes, stream));
+        for (int i = 0; i < 8; ++i) CU_OK(cu->cuMemsetD8Async(busy, uint8_t(i), busyBytes, stream));
     }
 
     CUdeviceptr rowAddress(kvb::Manager& m, int32_t block) {
@@ -249,14 +280,20 @@ class CudaBackendTest : public ::testing::Test {
     // Admits `tokens` as `id` and lets the engine compute what was not reused.
     int32_t admitAndCompute(kvb::Manager& m, uint64_t id, const std::vector<int32_t>& tokens) {
         kvb_admission_t a = m.addSequence(kvb::Request(id, tokens));
+        m.syncTransfers();  // (copy-stream mode) before the engine's work on the blocks
         compute(m, id, tokens, a.prepopulated_prompt_len, static_cast<int32_t>(tokens.size()));
         m.storeContextBlocks(id, static_cast<int32_t>(tokens.size()));
         return a.prepopulated_prompt_len;
     }
 
-    // Offloads every cached block of a 4-block primary pool: another request takes all of them.
+    // Offloads every cached block of a 4-block primary pool: another request takes all of them,
+    // and the engine computes it, overwriting every row (a copy that was not ordered with the
+    // engine's stream, or not made, leaves bytes that differ from what the blocks held).
     void evictEverything(kvb::Manager& m, uint64_t id) {
-        m.addSequence(kvb::Request(id, tokenRun(50000 + static_cast<int32_t>(id) * 100, 16)));
+        const std::vector<int32_t> other = tokenRun(50000 + static_cast<int32_t>(id) * 100, 16);
+        m.addSequence(kvb::Request(id, other));
+        m.syncTransfers();
+        compute(m, id, other, 0, 16);
         m.removeSequence(id, false);
     }
 
@@ -267,6 +304,7 @@ class CudaBackendTest : public ::testing::Test {
     void* staging = nullptr;
     size_t stagingUsed = 0;
     CUdeviceptr busy = 0;
+    size_t busyBytes = kBusyBytes;
 };
 
 }  // namespace
@@ -439,13 +477,23 @@ TEST_F(CudaBackendTest, ExhaustedGpuMemoryIsAnErrorWithNothingLeaked) {
 TEST_F(CudaBackendTest, RegisteredPoolsAreUsed) {
     kvb::Config c = cudaConfig(4, 8, stream);
     c.raw.cuda_allocate_pools = false;
+    // The engine's memory outlives the manager, and the engine frees it afterwards.
+    CUdeviceptr primary = 0;
+    void* secondary = nullptr;
+    struct EngineMemory {
+        const Driver* cu;
+        CUdeviceptr& primary;
+        void*& secondary;
+        ~EngineMemory() {
+            if (primary) cu->cuMemFree(primary);
+            if (secondary) cu->cuMemFreeHost(secondary);
+        }
+    } engineMemory{cu, primary, secondary};
     kvb::Manager m(c);
     EXPECT_EQ(kvb_test::statusOf([&] { m.addSequence(kvb::Request(1, tokenRun(0, 5))); }),
               KVB_STATUS_UNSUPPORTED);
     EXPECT_EQ(m.getKvCacheStats().free_num_blocks, 4u);
 
-    CUdeviceptr primary = 0;
-    void* secondary = nullptr;
     CU_OK(cu->cuMemAlloc(&primary, 4 * kRowBytes));
     CU_OK(cu->cuMemHostAlloc(&secondary, 8 * kRowBytes, kHostAllocMapped));
     std::vector<uint8_t> pageable(4 * kRowBytes);
@@ -479,7 +527,6 @@ TEST_F(CudaBackendTest, RegisteredPoolsAreUsed) {
     EXPECT_TRUE(holdsPattern(m, 3, prompt, 12));
     m.removeSequence(3);
     CU_OK(cu->cuStreamSynchronize(stream));
-    // The memory stays the engine's; it outlives the manager here.
 }
 
 // Two engine threads, each with its own stream and manager, move bytes at the same time.

@@ -35,8 +35,30 @@ step "cmake configure + build (build/, Release)"
 # Options passed explicitly so a cached OFF from another command cannot silently skip tests.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVBLOCK_BUILD_TESTS=ON -DKVBLOCK_BUILD_EXAMPLES=ON
 cmake --build build -j2
-step "ctest"
-ctest --test-dir build --output-on-failure --no-tests=error -j2
+step "ctest (all but the simulated-driver cases, run next)"
+ctest --test-dir build --output-on-failure --no-tests=error -j2 -E '^CudaSim\.'
+
+# The CUDA suites on the simulated driver (cpp_tests/sim_cuda; README "GPU data path"): the CUDA
+# GoogleTests and the simulator's own tests in its three scheduling modes, then the Rust CUDA
+# property workload. Nothing GPU-related may skip here; the counts say what ran.
+step "CUDA suites on the simulated driver (ctest -R '^CudaSim\.', Rust CUDA workload)"
+sim_log="$(mktemp)"
+ctest --test-dir build --output-on-failure --no-tests=error -j2 -R '^CudaSim\.' -V >"$sim_log" 2>&1 ||
+    { tail -n 80 "$sim_log"; rm -f "$sim_log"; exit 1; }
+sim_runs="$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: CudaSim\..* Passed' "$sim_log" || true)"
+sim_gtests="$(grep -oE '\[  PASSED  \] [0-9]+ test' "$sim_log" | awk '{n += $4} END {print n + 0}')"
+sim_skipped="$(grep -c '\[  SKIPPED \]' "$sim_log" || true)"
+rm -f "$sim_log"
+sim_lib="$PWD/build/cpp_tests/sim_cuda/sim_cuda/libcuda.so"
+rust_cuda=0
+for mode in eager deferred; do
+    KVB_SIM_CUDA_LIBRARY="$sim_lib" KVB_SIM_CUDA_MODE="$mode" \
+        cargo test --release --test property random_operations_cuda_pools -- --exact
+    rust_cuda=$((rust_cuda + 1))
+done
+echo "CUDA tests on the simulated driver: $sim_gtests GoogleTests passed in $sim_runs ctest runs" \
+     "(eager, delayed, deferred; $sim_skipped skipped), Rust CUDA property workload: $rust_cuda runs" \
+     "(eager, deferred)"
 
 step "python: pip install --no-build-isolation . (into .venv)"
 # Make, as on a fresh machine (setup.sh installs no ninja); build-python/ keeps the build incremental.

@@ -36,11 +36,37 @@ impl Rng {
     }
 }
 
+/// Loads the simulated CUDA driver (cpp_tests/sim_cuda, built by CMake) when
+/// `KVB_SIM_CUDA_LIBRARY` names it, before any driver call: its SONAME is `libcuda.so`, the first
+/// name cudarc asks the loader for, so kvblock and these tests get the simulator. True when the
+/// tests run on it (then a CUDA test that cannot run fails instead of skipping).
+pub fn load_simulated_cuda_driver() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        let Some(path) = std::env::var_os("KVB_SIM_CUDA_LIBRARY").filter(|p| !p.is_empty()) else {
+            return false;
+        };
+        let c = std::ffi::CString::new(path.to_string_lossy().as_bytes()).expect("no NUL");
+        // SAFETY: loads a shared library by path; the handle is kept for the process.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        assert!(
+            !handle.is_null(),
+            "KVB_SIM_CUDA_LIBRARY={path:?} cannot be loaded"
+        );
+        true
+    })
+}
+
 /// Makes device 0's primary context current on this thread; false (skip the test) where no
-/// CUDA driver or device exists.
+/// CUDA driver or device exists (on the simulated driver that is a failure instead).
 pub fn cuda_context_current() -> bool {
     use cudarc::driver::sys;
+    let simulated = load_simulated_cuda_driver();
     if !kvblock::cuda::driver_library_present() {
+        assert!(
+            !simulated,
+            "the simulated CUDA driver was loaded but cudarc cannot use it"
+        );
         return false;
     }
     // SAFETY: plain driver calls with out-pointers to locals; the context stays retained for
