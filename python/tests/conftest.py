@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import numpy as np
 import pytest
 
-import kvblock
+# On the simulated CUDA driver (cpp_tests/sim_cuda; scripts/test.sh sets KVB_SIM_CUDA_LIBRARY):
+# loaded by its path before kvblock's first driver call, so that the loader's search for
+# libcuda.so finds it already loaded (by its SONAME).
+SIM_CUDA = (ctypes.CDLL(os.environ["KVB_SIM_CUDA_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
+            if os.environ.get("KVB_SIM_CUDA_LIBRARY") else None)
+
+import kvblock  # noqa: E402  (after the simulated driver)
 
 TPB = 4  # tokens per block in the small managers of the tests
 
