@@ -56,6 +56,7 @@ for mode in eager deferred; do
         cargo test --release --test property random_operations_cuda_pools -- --exact
     rust_cuda=$((rust_cuda + 1))
 done
+scripts/replay_on_sim.sh build/examples/replay "$sim_lib" 2>/dev/null
 echo "CUDA tests on the simulated driver: $sim_gtests GoogleTests passed in $sim_runs ctest runs" \
      "(eager, delayed, deferred; $sim_skipped skipped), Rust CUDA property workload: $rust_cuda runs" \
      "(eager, deferred)"
