@@ -16,7 +16,10 @@ mod nvrtc;
 mod plan;
 
 pub use device::{CudaConfig, CudaDevice, TransferMode};
-pub use driver::{driver_library_present, CudaError};
+pub use driver::{
+    driver_library, driver_library_present, driver_library_supported, version_name, CudaError,
+    DriverLibrary, MIN_DRIVER_VERSION,
+};
 pub use engine::CudaCopyEngine;
 pub use nvrtc::{block_copy_cubin, nvrtc_library_present};
 pub use plan::{CopyDescriptor, CopyPlan, PoolAddresses};

@@ -67,8 +67,9 @@ impl Drop for Program {
 pub fn compile_to_cubin(source: &str, name: &str, arch: u32) -> CudaResult<Vec<u8>> {
     if !nvrtc_library_present() {
         return Err(CudaError::Unavailable(
-            "no NVRTC library (libnvrtc.so.13) on the loader path: install the CUDA 13 toolkit \
-             or the nvidia-cuda-nvrtc wheel and add its lib folder to LD_LIBRARY_PATH"
+            "no NVRTC library (libnvrtc.so.13 or libnvrtc.so.12) on the loader path: install \
+             the CUDA toolkit or the nvidia-cuda-nvrtc wheel and add its lib folder to \
+             LD_LIBRARY_PATH"
                 .into(),
         ));
     }

@@ -36,10 +36,10 @@ impl Rng {
 }
 
 /// Makes device 0's primary context current on this thread; false (skip the test) where no
-/// CUDA driver or device exists.
+/// supported CUDA driver (12.4 or newer) or no device exists.
 pub fn cuda_context_current() -> bool {
     use cudarc::driver::sys;
-    if !kvblock::cuda::driver_library_present() {
+    if !kvblock::cuda::driver_library_supported() {
         return false;
     }
     // SAFETY: plain driver calls with out-pointers to locals; the context stays retained for
