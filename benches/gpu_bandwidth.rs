@@ -43,18 +43,44 @@ fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
             op();
             ok(sys::cuEventRecord(end, stream), "cuEventRecord");
             ok(sys::cuEventSynchronize(end), "cuEventSynchronize");
-            let mut ms = 0f32;
-            ok(
-                sys::cuEventElapsedTime_v2(&mut ms, start, end),
-                "cuEventElapsedTime",
-            );
-            times.push(f64::from(ms));
+            times.push(f64::from(elapsed_ms(start, end)));
         }
         sys::cuEventDestroy_v2(start);
         sys::cuEventDestroy_v2(end);
     }
     times.sort_by(f64::total_cmp);
     times[ROUNDS / 2]
+}
+
+/// Milliseconds between two completed events. `cuEventElapsedTime_v2` exists from CUDA 12.8 on
+/// (cudarc's 13.x bindings have only it); older drivers, down to the 12.4 kvblock supports,
+/// export only `cuEventElapsedTime`, with the same signature, looked up here in the loaded driver.
+fn elapsed_ms(start: CUevent, end: CUevent) -> f32 {
+    type ElapsedFn = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+    static V1: std::sync::OnceLock<ElapsedFn> = std::sync::OnceLock::new();
+    let mut driver = 0;
+    let mut ms = 0f32;
+    // SAFETY: out-pointers to locals; the v1 symbol, when used, has the v2 signature; the
+    // library handle is leaked so the function stays mapped.
+    unsafe {
+        ok(sys::cuDriverGetVersion(&mut driver), "cuDriverGetVersion");
+        if driver >= 12080 {
+            ok(
+                sys::cuEventElapsedTime_v2(&mut ms, start, end),
+                "cuEventElapsedTime_v2",
+            );
+        } else {
+            let v1 = V1.get_or_init(|| {
+                let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY);
+                assert!(!lib.is_null(), "libcuda.so.1 cannot be opened");
+                let f = libc::dlsym(lib, c"cuEventElapsedTime".as_ptr());
+                assert!(!f.is_null(), "the driver lacks cuEventElapsedTime");
+                std::mem::transmute::<*mut libc::c_void, ElapsedFn>(f)
+            });
+            ok(v1(&mut ms, start, end), "cuEventElapsedTime");
+        }
+    }
+    ms
 }
 
 fn gbps(bytes: usize, ms: f64) -> f64 {

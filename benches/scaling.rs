@@ -57,7 +57,7 @@ fn decode_step(c: &mut Criterion) {
             b.iter(|| {
                 // Keep the sequences short: every 1,024 steps they start over.
                 steps += 1;
-                if steps % 1024 == 0 {
+                if steps.is_multiple_of(1024) {
                     for &id in &ids {
                         m.remove_sequence(id, false).unwrap();
                         m.add_sequence(&Request::new(id, prompt(id, 100))).unwrap();

@@ -134,7 +134,9 @@ struct Driver {
             }
             bool libraries = false;
             if (kvb_cuda_libraries_available(&libraries) != KVB_OK || !libraries) {
-                reason = "NVRTC (libnvrtc.so.13) is not on the loader path";
+                reason =
+                    "NVRTC (libnvrtc.so.13 or .so.12) is not on the loader path, or the driver is "
+                    "older than CUDA 12.4";
                 return false;
             }
             return true;

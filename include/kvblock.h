@@ -1886,9 +1886,11 @@ enum kvb_status_t kvb_event_publisher_destroy(struct kvb_event_publisher_t *publ
 
 /**
  * Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
- * libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
- * still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
- * without CUDA.
+ * libraries go: a CUDA driver library of CUDA 12.4 (12040) or newer and NVRTC (for the copy
+ * kernel) are loadable. False for a driver older than 12.4, with which creating a CUDA manager
+ * fails with `KVB_STATUS_UNSUPPORTED` and a message naming the version found and the version
+ * needed. A GPU is still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never
+ * fails on a machine without CUDA.
  */
 enum kvb_status_t kvb_cuda_libraries_available(bool *out);
 

@@ -36,10 +36,10 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
-# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.86) and
+# Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.88) and
 # cbindgen's, so Rust comes from rustup (also when only that old distro Rust is present).
 rust_minor="$(rustc --version 2>/dev/null | sed -n 's/^rustc 1\.\([0-9]*\).*/\1/p' || true)"
-if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 86)); then
+if ! command -v cargo >/dev/null || [[ -z "$rust_minor" ]] || ((rust_minor < 88)); then
     echo "+ installing Rust (stable) via rustup"
     # The path check would stop rustup-init when an old distro rustc is on PATH.
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |

@@ -105,6 +105,7 @@ impl From<crate::cuda::CudaError> for KvError {
     fn from(e: crate::cuda::CudaError) -> Self {
         match e {
             crate::cuda::CudaError::Unavailable(m) => KvError::Unsupported(m),
+            e @ crate::cuda::CudaError::DriverTooOld { .. } => KvError::Unsupported(e.to_string()),
             crate::cuda::CudaError::Call(m) => KvError::Cuda(m),
         }
     }

@@ -709,7 +709,7 @@ impl Harness {
                         .store_new_block(id)
                         .unwrap_or_else(|e| self.fail(format!("store_new_block: {e}")));
                     // Stores the block the new token completed: tokens 0..len.
-                    if len % TPB == 0 {
+                    if len.is_multiple_of(TPB) {
                         self.record_store(id, len);
                     }
                 }
@@ -747,7 +747,7 @@ impl Harness {
             .store_new_block(id)
             .unwrap_or_else(|e| self.fail(format!("store_new_block({id}): {e}")));
         let n = self.seqs[&id].tokens.len() - 1;
-        if n % TPB == 0 {
+        if n.is_multiple_of(TPB) {
             self.record_store(id, n);
         }
     }

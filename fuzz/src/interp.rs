@@ -127,7 +127,7 @@ fn request(inp: &mut Input, tpb: usize) -> Box<RequestBuf> {
     let base = i32::from(inp.u8() % 3);
     let mut tokens = Vec::new();
     for b in 0..blocks {
-        let seed = if inp.u8() % 4 == 0 {
+        let seed = if inp.u8().is_multiple_of(4) {
             i32::from(inp.u8() % 5)
         } else {
             base + b as i32
@@ -318,7 +318,7 @@ fn same_stats(a: &(kvb_kv_cache_stats_t, i64), b: &(kvb_kv_cache_stats_t, i64)) 
 fn create(inp: &mut Input) -> Option<Managed> {
     let mut cfg = unsafe { std::mem::zeroed::<kvb_manager_config_t>() };
     check_ok(kvb_manager_config_init(&mut cfg));
-    let wild = inp.u8() % 8 == 0;
+    let wild = inp.u8().is_multiple_of(8);
     let tpb = match inp.u8() % 5 {
         0 => 1,
         1 => 2,
@@ -366,7 +366,7 @@ fn create(inp: &mut Input) -> Option<Managed> {
     }
     cfg.windows = windows.as_ptr();
     cfg.num_windows = windows.len();
-    if inp.u8() % 16 == 0 {
+    if inp.u8().is_multiple_of(16) {
         cfg.num_windows = 0;
     }
     let flags = inp.u8();
@@ -442,7 +442,7 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
         0..=5 => {
             let mut r = request(inp, tpb);
             let mut out = unsafe { std::mem::zeroed::<kvb_admission_t>() };
-            let out_ptr = if inp.u8() % 8 == 0 {
+            let out_ptr = if inp.u8().is_multiple_of(8) {
                 null_mut()
             } else {
                 &mut out as *mut _
@@ -956,12 +956,12 @@ fn free_call(inp: &mut Input) {
         7 => {
             let bytes: Vec<u8> = (0..inp.u8() % 64).map(|_| inp.u8()).collect();
             let mut digest = [0u8; 32];
-            let data = if inp.u8() % 8 == 0 {
+            let data = if inp.u8().is_multiple_of(8) {
                 null()
             } else {
                 bytes.as_ptr()
             };
-            let out = if inp.u8() % 8 == 0 {
+            let out = if inp.u8().is_multiple_of(8) {
                 null_mut()
             } else {
                 digest.as_mut_ptr()
@@ -1053,7 +1053,7 @@ fn publisher_call(
             let mut c = unsafe { std::mem::zeroed::<kvb_event_publisher_config_t>() };
             check_ok(kvb_event_publisher_config_init(&mut c));
             let ep = ENDPOINTS[usize::from(inp.u8()) % ENDPOINTS.len()];
-            c.endpoint = if inp.u8() % 16 == 0 {
+            c.endpoint = if inp.u8().is_multiple_of(16) {
                 null()
             } else {
                 ep.as_ptr()
@@ -1142,7 +1142,7 @@ fn publisher_call(
                 struct_size: std::mem::size_of::<kvb_event_publisher_service_stats_t>() as u32,
                 ..Default::default()
             };
-            if inp.u8() % 4 == 0 {
+            if inp.u8().is_multiple_of(4) {
                 v.struct_size = inp.u32();
             }
             let st = kvb_event_publisher_get_service_stats(p.handle, &mut v);
@@ -1261,7 +1261,7 @@ pub fn run(data: &[u8]) {
             15 => publisher_call(&mut inp, &managers, &destroyed, &mut publishers),
             14 => {
                 if let Some(m) = managers.last_mut() {
-                    if inp.u8() % 8 == 0 && !m.poisoned {
+                    if inp.u8().is_multiple_of(8) && !m.poisoned {
                         let st = kvb_manager_debug_trigger_panic(m.handle);
                         assert_eq!(st, kvb_status_t::KVB_STATUS_INTERNAL);
                         m.poisoned = true;

@@ -19,7 +19,7 @@ use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdevice_attribute, CUevent, CUfunction, CUmodule, CUstream,
 };
 
-use super::driver::{attribute, check, device, ContextGuard, CudaResult};
+use super::driver::{attribute, check, device, guarded, ContextGuard, CudaResult};
 use super::nvrtc::{block_copy_cubin, BLOCK_COPY_KERNEL};
 
 /// Where copies execute relative to the engine's stream.
@@ -81,8 +81,13 @@ unsafe impl Sync for CudaDevice {}
 
 impl CudaDevice {
     /// Retains the primary context of `cfg.device`, compiles (or takes from the process cache)
-    /// and loads the block-copy kernel, and sets up the streams of `cfg.mode`.
+    /// and loads the block-copy kernel, and sets up the streams of `cfg.mode`. A driver function
+    /// missing from the loaded library is an `Unavailable` error naming it.
     pub fn open(cfg: &CudaConfig) -> CudaResult<CudaDevice> {
+        guarded("opening the CUDA device", || Self::open_unguarded(cfg))
+    }
+
+    fn open_unguarded(cfg: &CudaConfig) -> CudaResult<CudaDevice> {
         let dev = device(cfg.device)?;
         let major = attribute(
             dev,

@@ -16,7 +16,7 @@ use cudarc::driver::sys::{
 };
 
 use super::device::CudaDevice;
-use super::driver::{check, ContextGuard, CudaError, CudaResult};
+use super::driver::{check, guarded, ContextGuard, CudaError, CudaResult};
 use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
 use crate::error::KvError;
 use crate::pool::{Level, PoolGeometry};
@@ -79,8 +79,21 @@ unsafe impl Send for CudaCopyEngine {}
 
 impl CudaCopyEngine {
     /// An engine for a window of `num_primary` + `num_secondary` rows of `geometry`; allocates
-    /// both pools when `allocate_pools`, else leaves them to `register_pool`.
+    /// both pools when `allocate_pools`, else leaves them to `register_pool`. A driver function
+    /// missing from the loaded library is an `Unavailable` error naming it.
     pub fn new(
+        device: Arc<CudaDevice>,
+        geometry: PoolGeometry,
+        num_primary: usize,
+        num_secondary: usize,
+        allocate_pools: bool,
+    ) -> CudaResult<CudaCopyEngine> {
+        guarded("creating the CUDA copy engine", || {
+            Self::new_unguarded(device, geometry, num_primary, num_secondary, allocate_pools)
+        })
+    }
+
+    fn new_unguarded(
         device: Arc<CudaDevice>,
         geometry: PoolGeometry,
         num_primary: usize,

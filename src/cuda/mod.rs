@@ -19,7 +19,10 @@ mod plan;
 
 pub use cubins::{EMBEDDED_CUBINS, EMBEDDED_CUBINS_NOTE};
 pub use device::{CudaConfig, CudaDevice, TransferMode};
-pub use driver::{driver_library_present, CudaError};
+pub use driver::{
+    driver_library, driver_library_present, driver_library_supported, version_name, CudaError,
+    DriverLibrary, MIN_DRIVER_VERSION,
+};
 pub use engine::CudaCopyEngine;
 pub use nvrtc::{block_copy_cubin, block_copy_origin, nvrtc_library_present, KernelOrigin};
 pub use plan::{CopyDescriptor, CopyPlan, PoolAddresses};

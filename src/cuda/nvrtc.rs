@@ -92,8 +92,8 @@ pub fn compile_to_cubin(source: &str, name: &str, arch: u32) -> CudaResult<Vec<u
     if !nvrtc_library_present() {
         return Err(CudaError::Unavailable(format!(
             "no embedded CUBIN runs on sm_{arch} (embedded: {}) and no NVRTC library \
-             (libnvrtc.so.13) is on the loader path to compile one: install the CUDA 13 toolkit \
-             or the nvidia-cuda-nvrtc wheel and add its lib folder to LD_LIBRARY_PATH",
+             (libnvrtc.so.13 or libnvrtc.so.12) is on the loader path to compile one: install the CUDA toolkit or \
+             the nvidia-cuda-nvrtc wheel and add its lib folder to LD_LIBRARY_PATH",
             super::cubins::EMBEDDED_CUBINS_NOTE
         )));
     }

@@ -8,16 +8,18 @@ use super::handle::{
 };
 use super::status::kvb_status_t;
 use super::types::level_arg;
-use crate::cuda::{driver_library_present, nvrtc_library_present};
+use crate::cuda::{driver_library_supported, nvrtc_library_present};
 
 /// Writes whether this process can create `KVB_COPY_BACKEND_CUDA` managers as far as the
-/// libraries go: the CUDA driver library and NVRTC (for the copy kernel) are loadable. A GPU is
-/// still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never fails on a machine
-/// without CUDA.
+/// libraries go: a CUDA driver library of CUDA 12.4 (12040) or newer and NVRTC (for the copy
+/// kernel) are loadable. False for a driver older than 12.4, with which creating a CUDA manager
+/// fails with `KVB_STATUS_UNSUPPORTED` and a message naming the version found and the version
+/// needed. A GPU is still needed; creation reports `KVB_STATUS_UNSUPPORTED` otherwise. Never
+/// fails on a machine without CUDA.
 #[no_mangle]
 pub extern "C" fn kvb_cuda_libraries_available(out: *mut bool) -> kvb_status_t {
     guard(|| {
-        let available = driver_library_present() && nvrtc_library_present();
+        let available = driver_library_supported() && nvrtc_library_present();
         write_out(out, available, "out")
     })
 }

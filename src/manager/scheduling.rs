@@ -69,7 +69,7 @@ impl KvCacheManager {
                 let len = (state.prompt_len + state.num_draft_tokens)
                     .min(window_size.saturating_add(state.context_chunk_size));
                 let shared = len / tpb;
-                let unshared = usize::from(len % tpb != 0) * beam;
+                let unshared = usize::from(!len.is_multiple_of(tpb)) * beam;
                 let reusable = match request {
                     Some(r) if self.cfg.enable_block_reuse && self.windows.len() == 1 => {
                         let src = r.key_source();

@@ -89,7 +89,7 @@ impl WindowBlockManager {
             } else {
                 n
             }
-        } else if beam_width == 1 || eff % self.cfg.tokens_per_block == 0 {
+        } else if beam_width == 1 || eff.is_multiple_of(self.cfg.tokens_per_block) {
             n
         } else {
             n.saturating_sub(1)

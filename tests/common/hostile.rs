@@ -120,7 +120,7 @@ impl Hostile {
                 let prefix = [1u8, b'k', b'a' + (i % 16) as u8];
                 let _ = s.send(&prefix[..1 + (i % 3) as usize], zmq::DONTWAIT);
                 i += 1;
-                if i % 100 == 0 {
+                if i.is_multiple_of(100) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }

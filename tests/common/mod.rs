@@ -58,14 +58,15 @@ pub fn load_simulated_cuda_driver() -> bool {
 }
 
 /// Makes device 0's primary context current on this thread; false (skip the test) where no
-/// CUDA driver or device exists (on the simulated driver that is a failure instead).
+/// supported CUDA driver (12.4 or newer) or no device exists (on the simulated driver that is a
+/// failure instead).
 pub fn cuda_context_current() -> bool {
     use cudarc::driver::sys;
     let simulated = load_simulated_cuda_driver();
-    if !kvblock::cuda::driver_library_present() {
+    if !kvblock::cuda::driver_library_supported() {
         assert!(
             !simulated,
-            "the simulated CUDA driver was loaded but cudarc cannot use it"
+            "the simulated CUDA driver was loaded but kvblock cannot use it"
         );
         return false;
     }
