@@ -53,7 +53,10 @@
 //   KVB_SIM_CUDA_FAIL        fault injection: "cuMemAlloc_v2:3,cuLaunchKernel:1:719" fails the 3rd
 //                            call of cuMemAlloc_v2 (OUT_OF_MEMORY for allocating and creating calls,
 //                            CUDA_ERROR_UNKNOWN otherwise, or the code given third) and the 1st
-//                            cuLaunchKernel with 719. kvb_sim_cuda_fail() does the same at run time.
+//                            cuLaunchKernel with 719. kvb_sim_cuda_fail() does the same at run time;
+//                            kvb_sim_cuda_calls() counts a function's calls and
+//                            kvb_sim_cuda_live_objects() the live allocations, streams, events and
+//                            modules.
 //   KVB_SIM_CUDA_ORDERING    off: no happens-before checks (to see what a mode alone exposes).
 //   KVB_SIM_CUDA_LEAKS       fail (default) or report.
 //   KVB_SIM_CUDA_TRACE       1: log every simulated call to stderr.
@@ -1801,6 +1804,13 @@ KVB_EXPORT unsigned long long kvb_sim_cuda_calls(const char* name) {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.calls.find(name ? name : "");
     return it == s.calls.end() ? 0 : it->second;
+}
+
+// Live allocations, streams, events and modules (what the exit report would call leaked).
+KVB_EXPORT unsigned long long kvb_sim_cuda_live_objects(void) {
+    Sim& s = sim();
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.allocations.size() + s.streams.size() + s.events.size() + s.modules.size();
 }
 
 // ---- Everything else of the driver API: stubs ----------------------------------------------------------

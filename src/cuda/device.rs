@@ -260,7 +260,12 @@ fn order_after(event: CUevent, earlier: CUstream, later: CUstream) -> CudaResult
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        let Ok(_ctx) = ContextGuard::enter(self.ctx) else {
+        // Tried twice (teardown must not leak over one failed call); a context that cannot be
+        // entered at all is dead, and releasing the primary context frees what it held.
+        let Ok(_ctx) = ContextGuard::enter(self.ctx).or_else(|_| ContextGuard::enter(self.ctx))
+        else {
+            // SAFETY: balances the retain in `open`.
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
             return;
         };
         let s = self.streams.get_mut().unwrap_or_else(|p| p.into_inner());

@@ -480,7 +480,10 @@ impl CopyEngine for CudaCopyEngine {
 
 impl Drop for CudaCopyEngine {
     fn drop(&mut self) {
-        let Ok(_ctx) = ContextGuard::enter(self.device.context()) else {
+        // Tried twice: teardown must not leak the pools over one failed call. A context that
+        // cannot be entered at all is dead; releasing it (the device's drop) frees everything.
+        let ctx = self.device.context();
+        let Ok(_ctx) = ContextGuard::enter(ctx).or_else(|_| ContextGuard::enter(ctx)) else {
             return;
         };
         self.wait_idle();
