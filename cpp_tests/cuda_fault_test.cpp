@@ -79,7 +79,8 @@ constexpr int32_t kTokensPerBlock = 4;
 std::vector<int32_t> blocks(kvb_manager_t* m, uint64_t id) {
     std::vector<int32_t> ids(16);
     size_t n = 0;
-    EXPECT_EQ(kvb_manager_get_cache_block_ids(m, id, kWindow, 0, ids.data(), ids.size(), &n), KVB_OK);
+    EXPECT_EQ(kvb_manager_get_cache_block_ids(m, id, kWindow, 0, ids.data(), ids.size(), &n),
+              KVB_OK);
     ids.resize(n);
     return ids;
 }
@@ -159,11 +160,11 @@ Outcome scenario(const SimHooks& sim) {
         }
     }
     ok = ok && step(kvb_manager_store_context_blocks(m, 1, 13), "store_context_blocks") &&
-              step(kvb_manager_remove_sequence(m, 1, true), "remove_sequence") &&
-              step(kvb_manager_add_sequence(m, &r2, &a), "add_sequence (offloads)") &&
-              step(kvb_manager_remove_sequence(m, 2, false), "remove_sequence") &&
-              step(kvb_manager_add_sequence(m, &r3, &a), "add_sequence (onboards)") &&
-              step(kvb_manager_sync_transfers(m), "sync_transfers");
+         step(kvb_manager_remove_sequence(m, 1, true), "remove_sequence") &&
+         step(kvb_manager_add_sequence(m, &r2, &a), "add_sequence (offloads)") &&
+         step(kvb_manager_remove_sequence(m, 2, false), "remove_sequence") &&
+         step(kvb_manager_add_sequence(m, &r3, &a), "add_sequence (onboards)") &&
+         step(kvb_manager_sync_transfers(m), "sync_transfers");
     if (ok) {
         // Whatever failed on the way was absorbed: the reused blocks hold the prompt's bytes.
         EXPECT_EQ(a.prepopulated_prompt_len, 12);
@@ -187,14 +188,29 @@ Outcome scenario(const SimHooks& sim) {
 
 // The driver functions kvblock calls (src/cuda), teardown ones last.
 const char* const kDriverCalls[] = {
-    "cuInit",           "cuDriverGetVersion",     "cuDeviceGetCount",
-    "cuDeviceGet",      "cuDeviceGetAttribute",   "cuDevicePrimaryCtxRetain",
-    "cuCtxGetCurrent",  "cuCtxPushCurrent_v2",    "cuModuleLoadData",
-    "cuModuleGetFunction", "cuMemAlloc_v2",       "cuMemHostAlloc",
-    "cuMemHostGetDevicePointer_v2", "cuPointerGetAttribute", "cuStreamCreate",
-    "cuEventCreate",    "cuEventRecord",          "cuEventQuery",
-    "cuEventSynchronize", "cuStreamWaitEvent",    "cuStreamSynchronize",
-    "cuLaunchKernel",   "cuCtxSynchronize",
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxGetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuMemAlloc_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuPointerGetAttribute",
+    "cuStreamCreate",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuStreamWaitEvent",
+    "cuStreamSynchronize",
+    "cuLaunchKernel",
+    "cuCtxSynchronize",
 };
 
 }  // namespace
@@ -223,7 +239,8 @@ TEST(CudaSimFaultTest, EveryDriverCallThatFailsIsReportedAndLeavesNothingBehind)
             Outcome o = scenario(*sim);
             if (std::getenv("KVB_FAULT_TABLE"))
                 std::fprintf(stderr, "FAULT %s %llu/%llu -> %s %s | live %+lld | %s\n", name, nth,
-                             perRun, o.call.c_str(), o.call.empty() ? "" : kvb_status_string(o.status),
+                             perRun, o.call.c_str(),
+                             o.call.empty() ? "" : kvb_status_string(o.status),
                              static_cast<long long>(sim->live() - liveBefore), o.message.c_str());
             ASSERT_GE(sim->calls(name) - callsBefore, nth) << "the failure was injected";
             ++failuresInjected;
@@ -241,7 +258,8 @@ TEST(CudaSimFaultTest, EveryDriverCallThatFailsIsReportedAndLeavesNothingBehind)
                 EXPECT_NE(o.message.find(base), std::string::npos)
                     << o.call << ": the message names the failed driver call: " << o.message;
                 if (o.status == KVB_STATUS_CUDA && o.call != "kvb_manager_create") {
-                    EXPECT_TRUE(o.poisonedAfter) << o.call << ": a failed launch poisons the handle";
+                    EXPECT_TRUE(o.poisonedAfter)
+                        << o.call << ": a failed launch poisons the handle";
                 }
             }
             EXPECT_EQ(sim->live(), liveBefore)
