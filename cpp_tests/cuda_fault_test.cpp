@@ -242,7 +242,12 @@ TEST(CudaSimFaultTest, EveryDriverCallThatFailsIsReportedAndLeavesNothingBehind)
                              perRun, o.call.c_str(),
                              o.call.empty() ? "" : kvb_status_string(o.status),
                              static_cast<long long>(sim->live() - liveBefore), o.message.c_str());
-            ASSERT_GE(sim->calls(name) - callsBefore, nth) << "the failure was injected";
+            if (sim->calls(name) - callsBefore < nth) {
+                // This run made fewer calls (lazily created descriptor buffers and events depend
+                // on timing): nothing was injected; disarm and go on.
+                ASSERT_EQ(sim->fail(name, 0, 0), 0);
+                continue;
+            }
             ++failuresInjected;
             if (o.call.empty()) {
                 // Absorbed: a fallback (descriptor buffers in chunks) or teardown; the scenario

@@ -1786,12 +1786,20 @@ KVB_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gridX, unsigned gridY,
 }
 
 // ---- Test hooks ------------------------------------------------------------------------------------------
-// Makes the `nth` next call of `name` fail with `code` (0: the default of KVB_SIM_CUDA_FAIL).
+// Makes the `nth` next call of `name` fail with `code` (0: the default of KVB_SIM_CUDA_FAIL);
+// `nth` 0 disarms the failures still pending for `name`.
 KVB_EXPORT int kvb_sim_cuda_fail(const char* name, unsigned nth, int code) {
     Sim& s = sim();
     std::lock_guard<std::mutex> lock(s.mu);
     initOnce(s);
-    if (!name || nth == 0) return kInvalidValue;
+    if (!name) return kInvalidValue;
+    if (nth == 0) {
+        auto& rules = s.failRules;
+        rules.erase(std::remove_if(rules.begin(), rules.end(),
+                                   [&](const FailRule& r) { return r.name == name; }),
+                    rules.end());
+        return kSuccess;
+    }
     std::string spec = std::string(name) + ":" + std::to_string(nth);
     if (code != 0) spec += ":" + std::to_string(code);
     parseFailRules(spec.c_str(), s.failRules, s.calls);
