@@ -16,7 +16,7 @@ def counts(engine) -> dict:
         "offloads (to the host tier)": s.offloaded_blocks,
         "onboards (from the host tier)": s.onboarded_blocks,
         "partial reuses": c["partial_reuses"],
-        "partial copies": c["partial_copies"],
+        "partial copies (estimated)": c["partial_copies"],
         "preemptions": c["preemptions"],
         "sliding-window detaches": c["swa_detaches"],
         "prefix hit rate": round(s.cache_hit_rate, 3),

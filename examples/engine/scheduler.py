@@ -28,9 +28,9 @@ from pools import Pools
 class EngineConfig:
     tokens_per_block: int = 8
     max_len: int = 256  # max sequence length: the full-attention window
-    primary_blocks: int = 40  # per window
+    primary_blocks: int = 32  # per window
     secondary_blocks: int = 120  # per window: the host tier
-    max_running: int = 6
+    max_running: int = 8
     token_budget: int = 48  # tokens per step (prefill chunks and decode tokens)
 
 
