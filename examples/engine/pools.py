@@ -69,5 +69,8 @@ class SequenceKV:
 
 def gather(slabs: np.ndarray, entries: np.ndarray) -> np.ndarray:
     """The slabs at `entries` as [tokens, heads, head size], in block order."""
+    if entries.size and (entries.min() < 0 or entries.max() >= len(slabs)):
+        raise IndexError(f"offset-table entry {int(entries.max())} is outside the GPU pool ({len(slabs)} slabs): "
+                         "a block in the attention window is not in GPU memory")
     g = slabs[entries]  # [blocks, heads, tpb, head]
     return g.transpose(0, 2, 1, 3).reshape(-1, g.shape[1], g.shape[3])
