@@ -191,13 +191,20 @@ using TableArray = nb::ndarray<int32_t, nb::c_contig, nb::device::cpu>;
 
 struct Manager {
     kvb::Manager m;
+    kvb::Config config;  // the pool geometry of pool_view (the C ABI has no config getter)
+    int live_views = 0;  // pool views alive (changed with the GIL held); close() refuses while > 0
 
-    explicit Manager(const kvb::Config& config) : m(config) {}
+    explicit Manager(const kvb::Config& c) : m(c), config(c) {}
 
     kvb_manager_t* h() const { return m.get(); }
 
     /// Destroys the handle now (later calls raise DestroyedError; a waiting drain returns).
     void close() {
+        if (live_views > 0) {
+            invalid_argument(std::to_string(live_views) +
+                             " pool view(s) of this manager are alive; they read its pools, "
+                             "which close() would free: delete them first");
+        }
         // The wrapper's destructor destroys again later, which the library answers with a status.
         call([&] { return kvb_manager_destroy(h()); });
     }
@@ -228,6 +235,83 @@ struct Manager {
         return table;
     }
 };
+
+// ---- pool views --------------------------------------------------------------------------------
+
+/// What a pool view's owner capsule holds: a strong reference to the KVCacheManager object, so
+/// the pools outlive every view, and the count close() checks.
+struct ViewOwner {
+    PyObject* manager;
+};
+
+void release_view_owner(void* p) noexcept {
+    auto* owner = static_cast<ViewOwner*>(p);
+    nb::inst_ptr<Manager>(nb::handle(owner->manager))->live_views -= 1;
+    Py_DECREF(owner->manager);
+    delete owner;
+}
+
+/// The element type of a view for `bytes_per_element`, and whether a trailing byte axis is
+/// needed (sizes numpy has no float type of: the raw bytes, one axis per element).
+std::pair<nb::dlpack::dtype, bool> view_dtype(int32_t bytes_per_element) {
+    using nb::dlpack::dtype_code;
+    switch (bytes_per_element) {
+        case 1:
+            return {{static_cast<uint8_t>(dtype_code::UInt), 8, 1}, false};
+        case 2:
+            return {{static_cast<uint8_t>(dtype_code::Float), 16, 1}, false};
+        case 4:
+            return {{static_cast<uint8_t>(dtype_code::Float), 32, 1}, false};
+        case 8:
+            return {{static_cast<uint8_t>(dtype_code::Float), 64, 1}, false};
+        default:
+            return {{static_cast<uint8_t>(dtype_code::UInt), 8, 1}, true};
+    }
+}
+
+/// Zero-copy view of the pool of (`window`, `level`): [blocks, layers, 2 (K|V), kv heads,
+/// tokens per block, head size] (TensorRT-LLM's pool layout; one row per block). Host memory
+/// (the host backend's pools, the CUDA backend's pinned host tier) is a numpy array; the CUDA
+/// backend's GPU pool is a DLPack tensor on the manager's device. The array's owner holds the
+/// manager object.
+nb::object pool_view(nb::handle self_obj, int32_t window, kvb_cache_level_t level) {
+    Manager& self = *nb::inst_ptr<Manager>(self_obj);
+    const kvb_window_config_t* w = nullptr;
+    for (const auto& c : self.config.windows)
+        if (c.window_size == window) w = &c;
+    if (w == nullptr) invalid_argument("pool_view: no window of size " + std::to_string(window));
+    auto [base, row] = nogil([&] { return self.m.getPoolPointer(window, level); });
+    const int64_t blocks = level == KVB_CACHE_LEVEL_PRIMARY
+                               ? w->primary_blocks
+                               : nogil([&] { return self.m.getHostTierBlocks(window); });
+    const int32_t bpe = self.config.raw.bytes_per_element;
+    auto [dtype, byte_axis] = view_dtype(bpe);
+    std::vector<size_t> shape = {static_cast<size_t>(blocks),
+                                 static_cast<size_t>(w->num_layers),
+                                 2,
+                                 static_cast<size_t>(w->num_kv_heads),
+                                 static_cast<size_t>(self.config.raw.tokens_per_block),
+                                 static_cast<size_t>(w->size_per_head)};
+    if (byte_axis) shape.push_back(static_cast<size_t>(bpe));
+    size_t elements = 1;
+    for (size_t i = 1; i < shape.size(); ++i) elements *= shape[i];
+    if (elements * (byte_axis ? 1 : static_cast<size_t>(bpe)) != row) {
+        throw kvb::Error(KVB_STATUS_INTERNAL, "pool_view: row bytes " + std::to_string(row) +
+                                                  " differ from the configured geometry");
+    }
+    const bool gpu =
+        self.config.raw.copy_backend == KVB_COPY_BACKEND_CUDA && level == KVB_CACHE_LEVEL_PRIMARY;
+    auto* owner = new ViewOwner{self_obj.ptr()};
+    Py_INCREF(owner->manager);
+    self.live_views += 1;
+    nb::capsule capsule(owner, &release_view_owner);
+    if (gpu) {
+        return nb::cast(nb::ndarray<>(base, shape.size(), shape.data(), capsule, nullptr, dtype,
+                                      nb::device::cuda::value, self.config.raw.cuda_device));
+    }
+    return nb::cast(nb::ndarray<nb::numpy>(base, shape.size(), shape.data(), capsule, nullptr,
+                                           dtype, nb::device::cpu::value, 0));
+}
 
 /// A new numpy int32 array of `shape` owning its memory.
 nb::ndarray<nb::numpy, int32_t> new_int32_array(std::initializer_list<size_t> shape) {
@@ -892,8 +976,26 @@ with :meth:`get_latest_events`) runs meanwhile; calls on one manager are seriali
 library. A failed call raises a :class:`kvblock.Error` subclass and changes nothing. Use as a
 context manager or call :meth:`close` to free the manager before it is garbage collected.)";
 
+const char* const kPoolViewDoc =
+    R"(Zero-copy view of the pool of window ``window_size`` at ``cache_level``.
+
+Shaped ``[blocks, layers, 2, kv_heads, tokens_per_block, size_per_head]`` (TensorRT-LLM's pool
+layout: one row per block, K at index 0 and V at 1 of the third axis; a block's row is its
+``memory_index``, and offset-table entry ``e`` of layer ``l`` is ``view.reshape(-1, kv_heads,
+tokens_per_block, size_per_head)[e + 2 * l]``). The element type follows ``bytes_per_element``:
+4 float32, 2 float16 (reinterpret for bfloat16, e.g. ``view.view(ml_dtypes.bfloat16)``), 8
+float64, 1 uint8 (fp8/int8: reinterpret); any other size is uint8 with a trailing axis of
+``bytes_per_element`` bytes. Host memory (the host backend's pools, the CUDA backend's pinned host
+tier, whose device address is its host address under unified addressing) is a writable
+``numpy.ndarray``; the CUDA backend's GPU pool is a DLPack tensor on ``cuda:cuda_device``
+(``torch.from_dlpack(view)``). The view keeps this manager object alive, so the memory outlives
+it; :meth:`close` raises :class:`InvalidArgumentError` while views are alive, and leaving a
+``with`` block with live views defers the destroy to when the last view (and the manager object)
+is gone. :class:`UnsupportedError` where the pool has no memory (copy backend ``NONE``, an empty
+host tier, a GPU pool not registered yet).)";
+
 void bind_manager(nb::module_& m) {
-    nb::class_<Manager>(m, "KVCacheManager", kManagerDoc)
+    nb::class_<Manager>(m, "KVCacheManager", kManagerDoc, nb::is_weak_referenceable())
         .def(
             "__init__",
             [](Manager* self, const kvb::Config& config) {
@@ -909,9 +1011,13 @@ void bind_manager(nb::module_& m) {
         .def(
             "__exit__",
             [](Manager& self, nb::handle, nb::handle, nb::handle) {
+                // With pool views alive, the destroy waits for the manager object's collection
+                // (the views hold it), so their memory stays valid.
+                if (self.live_views > 0) return;
                 nogil([&] { return kvb_manager_destroy(self.h()); });  // closed already: ignored
             },
-            "exc_type"_a.none(), "exc_value"_a.none(), "traceback"_a.none(), "Closes the manager.")
+            "exc_type"_a.none(), "exc_value"_a.none(), "traceback"_a.none(),
+            "Closes the manager (deferred to its collection while pool views are alive).")
 
         // -- admission
         .def(
@@ -1294,6 +1400,11 @@ void bind_manager(nb::module_& m) {
             "window_size"_a, "cache_level"_a,
             "``(address, row_bytes)`` of a window's pool: host memory (host backend) or the device "
             "address (CUDA backend); a block's row is its ``memory_index``.")
+        .def("pool_view", &pool_view, "window_size"_a, "cache_level"_a = KVB_CACHE_LEVEL_PRIMARY,
+             kPoolViewDoc)
+        .def_prop_ro(
+            "live_pool_views", [](const Manager& self) { return self.live_views; },
+            "Pool views (:meth:`pool_view`) of this manager still alive.")
         .def(
             "set_stream",
             [](Manager& self, uintptr_t stream) {

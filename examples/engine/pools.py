@@ -1,0 +1,76 @@
+"""The model's KV cache in kvblock's pools, read and written through the offset tables.
+
+kvblock gives each window (one per attention-window size) a pool laid out as TensorRT-LLM's:
+one row per block of [layers of that window, K|V, kv heads, tokens per block, head size]
+(`KVCacheManager.pool_view`, a zero-copy numpy array). An offset-table entry `e` of a block is
+`memory_index * 2 * layers` for K and `+ 1` for V, so seen as a flat array of
+[kv heads, tokens per block, head size] slabs, layer `l` of the window reads slab `e + 2 * l`:
+the addressing an attention kernel does. Nothing here looks at block ids or memory indices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kvblock
+
+
+class Pools:
+    """The pools of every window and which window and slab each model layer uses."""
+
+    def __init__(self, manager: kvblock.KVCacheManager, cfg, max_len: int, tokens_per_block: int):
+        self.tpb = tokens_per_block
+        sizes = sorted({cfg.window_of(i, max_len) for i in range(cfg.num_layers)})
+        self.pool_index = {w: i for i, w in enumerate(sizes)}  # offset-table pools: ascending size
+        self.slabs = {}
+        for w in sizes:
+            view = manager.pool_view(w)  # [blocks, layers, 2, heads, tpb, head]
+            self.slabs[w] = view.reshape(-1, *view.shape[3:])
+        # model layer -> (window size, its index among that window's layers)
+        self.layer_at = []
+        seen = {w: 0 for w in sizes}
+        for i in range(cfg.num_layers):
+            w = cfg.window_of(i, max_len)
+            self.layer_at.append((w, seen[w]))
+            seen[w] += 1
+        self.windows = [cfg.windows[i] for i in range(cfg.num_layers)]
+
+    def sequence(self, offsets: np.ndarray) -> "SequenceKV":
+        """The KV of one sequence, given its rows of an offset table ([pools][2][blocks])."""
+        return SequenceKV(self, offsets)
+
+
+class SequenceKV:
+    """`kv` for model.forward: writes a run's K and V at their slots, gathers what it attends to."""
+
+    def __init__(self, pools: Pools, offsets: np.ndarray):
+        self.p = pools
+        self.offsets = offsets
+
+    def attend(self, layer: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray):
+        p = self.p
+        w, local = p.layer_at[layer]
+        slabs = p.slabs[w]
+        table = self.offsets[p.pool_index[w]]  # [K|V][blocks]
+        blocks, slots = positions // p.tpb, positions % p.tpb
+        slabs[table[0, blocks] + 2 * local, :, slots, :] = k
+        slabs[table[1, blocks] + 2 * local, :, slots, :] = v
+        # Attend to [lo, hi): everything before for full attention, the window for sliding layers
+        # (older blocks may be detached and reused by others: never read them).
+        hi = int(positions[-1]) + 1
+        window = p.windows[layer]
+        lo = 0 if window is None else max(0, int(positions[0]) - window + 1)
+        first, last = lo // p.tpb, (hi - 1) // p.tpb + 1
+        keys = gather(slabs, table[0, first:last] + 2 * local)
+        values = gather(slabs, table[1, first:last] + 2 * local)
+        cut = slice(lo - first * p.tpb, hi - first * p.tpb)
+        return keys[cut], values[cut], np.arange(lo, hi)
+
+
+def gather(slabs: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """The slabs at `entries` as [tokens, heads, head size], in block order."""
+    if entries.size and (entries.min() < 0 or entries.max() >= len(slabs)):
+        raise IndexError(f"offset-table entry {int(entries.max())} is outside the GPU pool ({len(slabs)} slabs): "
+                         "a block in the attention window is not in GPU memory")
+    g = slabs[entries]  # [blocks, heads, tpb, head]
+    return g.transpose(0, 2, 1, 3).reshape(-1, g.shape[1], g.shape[3])

@@ -1,0 +1,32 @@
+"""What a run did: kvblock's counters, the engine's, and the oracle's verdict."""
+
+from __future__ import annotations
+
+
+def counts(engine) -> dict:
+    s = engine.m.get_kv_cache_stats()
+    c = engine.counts
+    return {
+        "requests": len(engine.finished),
+        "steps": engine.steps,
+        "prefill tokens computed": c["prefill_tokens"],
+        "prompt tokens reused (not recomputed)": c["reused_tokens"],
+        "decode tokens": c["decode_tokens"],
+        "evictions": s.evicted_blocks,
+        "offloads (to the host tier)": s.offloaded_blocks,
+        "onboards (from the host tier)": s.onboarded_blocks,
+        "partial reuses": c["partial_reuses"],
+        "partial copies (estimated)": c["partial_copies"],
+        "preemptions": c["preemptions"],
+        "sliding-window detaches": c["swa_detaches"],
+        "prefix hit rate": round(s.cache_hit_rate, 3),
+    }
+
+
+def render(counts: dict, verdict, seconds: float) -> str:
+    lines = [f"{k:40s} {v}" for k, v in counts.items()]
+    lines.append(f"{'max relative logit error':40s} {verdict.max_rel_error:.2e}")
+    lines.append(f"{'time':40s} {seconds:.1f} s")
+    lines.append(f"tokens equal to the uncached model: {verdict.equal}/{verdict.tokens}"
+                 + ("" if verdict.failures == 0 else f"  ({verdict.failures} FAILED)"))
+    return "\n".join(lines)

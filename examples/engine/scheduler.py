@@ -1,0 +1,192 @@
+"""The engine loop: the README's engine iteration with kvblock's calls, every forward pass
+reading and writing the KV cache through kvblock's offset tables and pools.
+
+Each step: (1) estimates for the waiting requests, in order; (2) `add_sequence_batch` of those
+that fit, each prefilling from its `prepopulated_prompt_len` (reused tokens are not recomputed);
+(3) `add_token` of every decoding request's last sampled token and `store_new_block`, preempting
+the newest running request on `OutOfBlocksError` (it is released with its computed blocks stored,
+and re-admitted later, reusing them); (4) `refresh_blocks`, the offset tables, the forward pass:
+a chunk of each prefilling request within the step's token budget (chunked prefill) and one
+token of each decoding one; (5) `store_context_blocks` after each chunk; (6) `remove_sequence`
+with storing for finished requests; (7) `flush_iteration_events`. Evicted blocks are offloaded to
+the host tier and onboarded when reused, by kvblock, inside these calls.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+import kvblock
+import model
+from pools import Pools
+
+
+@dataclass
+class EngineConfig:
+    tokens_per_block: int = 8
+    max_len: int = 256  # max sequence length: the full-attention window
+    primary_blocks: int = 32  # per window
+    secondary_blocks: int = 120  # per window: the host tier
+    max_running: int = 8
+    token_budget: int = 48  # tokens per step (prefill chunks and decode tokens)
+
+
+def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerConfig:
+    """One kvblock window per attention-window size, with that window's layers."""
+    layers = Counter(cfg.window_of(i, e.max_len) for i in range(cfg.num_layers))
+    windows = [kvblock.WindowConfig(w, primary_blocks=e.primary_blocks, secondary_blocks=e.secondary_blocks,
+                                    num_layers=n, num_kv_heads=cfg.num_kv_heads, size_per_head=cfg.head_size)
+               for w, n in sorted(layers.items())]
+    return kvblock.ManagerConfig(windows, max_sequence_length=e.max_len, tokens_per_block=e.tokens_per_block,
+                                 bytes_per_element=4, copy_backend=kvblock.CopyBackend.HOST)
+
+
+class Engine:
+    def __init__(self, cfg: model.ModelConfig, weights, e: EngineConfig):
+        self.cfg, self.w, self.e = cfg, weights, e
+        self.m = kvblock.KVCacheManager(manager_config(cfg, e))
+        self.pools = Pools(self.m, cfg, e.max_len, e.tokens_per_block)
+        self.swa_windows = sorted({w for w in cfg.windows if w is not None})
+        self.waiting: deque = deque()
+        self.running: list = []  # admission order
+        self.computed: dict = {}  # rid -> tokens whose KV is in the cache
+        self.admitted_len: dict = {}  # rid -> tokens at admission (prefill runs up to there)
+        self.detached: dict = {}  # rid -> {sliding window: front blocks out of the window}
+        self.finished: list = []
+        self.counts = Counter()
+        self.steps = 0
+
+    # -- (1), (2): admission
+    def admit(self) -> None:
+        room = self.e.max_running - len(self.running)
+        if room <= 0 or not self.waiting:
+            return
+        candidates = list(self.waiting)[:room]
+        reqs = [kvblock.Request(r.rid, np.asarray(r.tokens, dtype=np.int32)) for r in candidates]
+        fits = 0
+        for est in self.m.estimate_batch(reqs):
+            if not est.fits:
+                break
+            fits += 1
+        if fits == 0:
+            return
+        onboarded = self.m.get_kv_cache_stats().onboarded_blocks
+        admissions = self.m.add_sequence_batch(reqs[:fits], longest_prefix=True)
+        assert len(admissions) == fits, "admission delivers the estimate"
+        copies = -(self.m.get_kv_cache_stats().onboarded_blocks - onboarded)
+        tpb = self.e.tokens_per_block
+        for r, a in zip(candidates, admissions):
+            self.waiting.popleft()
+            self.running.append(r)
+            self.computed[r.rid] = a.prepopulated_prompt_len  # prefill starts here
+            self.admitted_len[r.rid] = len(r.tokens)
+            self.detached[r.rid] = {}
+            self.counts["admissions"] += 1
+            self.counts["reused_tokens"] += a.prepopulated_prompt_len
+            if a.prepopulated_prompt_len % tpb:
+                self.counts["partial_reuses"] += 1
+            # Allocated beyond the misses: partial-reuse copy destinations and onboarded blocks.
+            copies += a.stats.alloc_total_blocks - a.stats.missed_blocks
+        self.counts["partial_copies"] += copies
+
+    # -- (3): decode slots
+    def preempt(self, r) -> None:
+        self.m.remove_sequence(r.rid, store_for_reuse=True)  # stores what was computed
+        self.running.remove(r)
+        del self.computed[r.rid]
+        self.waiting.appendleft(r)  # re-admitted first, with its generated tokens as prompt
+        self.counts["preemptions"] += 1
+
+    def add_tokens(self) -> None:
+        for r in list(self.running):
+            if r not in self.running or self.computed[r.rid] < self.admitted_len[r.rid]:
+                continue  # preempted meanwhile, or still prefilling
+            before = self.window_fronts(r)
+            while True:
+                try:
+                    self.m.add_token(r.rid, r.tokens[-1])
+                    break
+                except kvblock.OutOfBlocksError:
+                    victim = self.running[-1]
+                    self.preempt(victim)
+                    if victim is r:
+                        break
+            if r in self.running:
+                self.m.store_new_block(r.rid)
+                self.count_detaches(r, before)
+
+    def window_fronts(self, r):
+        """Per sliding window, the blocks the token about to be added pushes out of the window
+        (all positions older than its window), with their references before add_token."""
+        out = {}
+        n, tpb = len(r.tokens), self.e.tokens_per_block
+        for w in self.swa_windows:
+            first, end = self.detached[r.rid].get(w, 0), max(0, (n - w) // tpb)
+            if end > first:
+                ids = self.m.get_cache_block_ids(r.rid, w)
+                out[w] = [(b, self.m.get_block_info(w, b).ref_count) for b in ids[first:end]]
+            self.detached[r.rid][w] = max(first, end)
+        return out
+
+    def count_detaches(self, r, before) -> None:
+        """kvblock detaches those blocks from the sequence: one reference fewer each."""
+        for w, blocks in before.items():
+            for b, refs in blocks:
+                if self.m.get_block_info(w, b).ref_count == refs - 1:
+                    self.counts["swa_detaches"] += 1
+
+    # -- (4), (5): the forward pass
+    def forward(self) -> None:
+        self.m.refresh_blocks()
+        if not self.running:
+            return
+        ids = [r.rid for r in self.running]
+        offsets = self.m.get_block_offsets_of_batch(ids)  # [pools][slots][K|V][blocks]
+        decoding = [self.computed[r.rid] >= self.admitted_len[r.rid] for r in self.running]
+        budget = self.e.token_budget - sum(decoding)  # decode tokens first, prefill chunks after
+        for slot, r in enumerate(self.running):
+            start = self.computed[r.rid]
+            if decoding[slot]:
+                end = start + 1
+            else:
+                end = min(self.admitted_len[r.rid], start + max(budget, 0))
+                if end <= start:
+                    continue
+                budget -= end - start
+            kv = self.pools.sequence(offsets[:, slot])
+            logits = model.forward(self.cfg, self.w, np.asarray(r.tokens[start:end]), np.arange(start, end), kv)
+            self.computed[r.rid] = end
+            if decoding[slot]:
+                self.counts["decode_tokens"] += 1
+            else:
+                self.m.store_context_blocks(r.rid, end)  # after each prefill chunk
+                self.counts["prefill_tokens"] += end - start
+            if end == len(r.tokens):  # the last known token: its logits choose the next one
+                r.logits[end - 1] = logits
+                r.tokens.append(int(np.argmax(logits)))
+
+    # -- (6), (7)
+    def release_finished(self) -> None:
+        for r in list(self.running):
+            if len(r.tokens) - len(r.prompt) >= r.max_new_tokens:
+                self.m.remove_sequence(r.rid, store_for_reuse=True)
+                self.running.remove(r)
+                del self.computed[r.rid]
+                self.finished.append(r)
+        self.m.flush_iteration_events()
+
+    def step(self) -> None:
+        self.admit()
+        self.add_tokens()
+        self.forward()
+        self.release_finished()
+        self.steps += 1
+
+    def run(self, requests, max_steps: int = 100_000) -> None:
+        self.waiting.extend(requests)
+        while (self.waiting or self.running) and self.steps < max_steps:
+            self.step()
+        assert not self.waiting and not self.running, "the run did not finish"
