@@ -290,10 +290,10 @@ fn caught_panics_print_nothing_on_stderr() {
 
 #[test]
 fn window_shares_that_overflow_when_summed_are_rejected_not_zero_blocks() {
-    let per_token = [1024u64, 1024];
-    let mut primary = [7u64; 2];
-    let mut secondary = [7u64; 2];
-    for shares in [[f64::MAX, f64::MAX], [1e308, 1e308]] {
+    // Two windows of 1 KiB per token sharing 1 MiB; the outputs must stay untouched on failure.
+    let blocks_for = |shares: [f64; 2]| {
+        let per_token = [1024u64, 1024];
+        let (mut primary, mut secondary) = ([7u64; 2], [7u64; 2]);
         let status = kvb_calculate_max_num_blocks(
             per_token.as_ptr(),
             shares.as_ptr(),
@@ -306,9 +306,12 @@ fn window_shares_that_overflow_when_summed_are_rejected_not_zero_blocks() {
             primary.as_mut_ptr(),
             secondary.as_mut_ptr(),
         );
-        assert_eq!(status, KVB_STATUS_INVALID_ARGUMENT);
-        assert!(last_error().contains("overflow"), "{}", last_error());
         assert_eq!((primary, secondary), ([7; 2], [7; 2]), "outputs untouched");
+        status
+    };
+    for shares in [[f64::MAX, f64::MAX], [1e308, 1e308]] {
+        assert_eq!(blocks_for(shares), KVB_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("overflow"), "{}", last_error());
     }
     for shares in [
         [f64::INFINITY, 1.0],
@@ -316,19 +319,11 @@ fn window_shares_that_overflow_when_summed_are_rejected_not_zero_blocks() {
         [0.0, 1.0],
         [-1.0, 1.0],
     ] {
-        let status = kvb_calculate_max_num_blocks(
-            per_token.as_ptr(),
-            shares.as_ptr(),
-            2,
-            1 << 20,
-            0,
-            0,
-            -1,
-            16,
-            primary.as_mut_ptr(),
-            secondary.as_mut_ptr(),
+        assert_eq!(
+            blocks_for(shares),
+            KVB_STATUS_INVALID_ARGUMENT,
+            "{shares:?}"
         );
-        assert_eq!(status, KVB_STATUS_INVALID_ARGUMENT, "{shares:?}");
     }
 }
 

@@ -108,13 +108,18 @@ impl Probe {
     }
 }
 
-#[test]
-fn a_request_preempted_mid_prefill_stores_only_what_its_chunks_computed() {
-    let mut m = manager(vec![window(MAX_LEN, 16, 0)], 0);
+/// One full window of 16 blocks, and the probe over its pool.
+fn one_window() -> (KvCacheManager, Probe) {
     let probe = Probe {
         window: MAX_LEN,
         pool: 0,
     };
+    (manager(vec![window(MAX_LEN, 16, 0)], 0), probe)
+}
+
+#[test]
+fn a_request_preempted_mid_prefill_stores_only_what_its_chunks_computed() {
+    let (mut m, probe) = one_window();
     let prompt: Vec<i32> = (100..112).collect();
     m.add_sequence(&Request::new(1, prompt.clone())).unwrap();
     // The first chunk (4 tokens) is computed and stored; the request is then preempted.
@@ -140,11 +145,7 @@ fn a_request_preempted_mid_prefill_stores_only_what_its_chunks_computed() {
 
 #[test]
 fn store_blocks_for_reuse_stops_at_the_history_too() {
-    let mut m = manager(vec![window(MAX_LEN, 16, 0)], 0);
-    let probe = Probe {
-        window: MAX_LEN,
-        pool: 0,
-    };
+    let (mut m, probe) = one_window();
     let prompt: Vec<i32> = (200..213).collect();
     m.add_sequence(&Request::new(1, prompt.clone())).unwrap();
     probe.compute(&mut m, 1, &prompt, 0..8);

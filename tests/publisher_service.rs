@@ -172,8 +172,16 @@ fn hostile_peers_leave_memory_bounded_and_a_good_subscriber_gap_free() {
     assert!(s.subscription_messages > 100, "{s:?}");
     // Memory: before the bounds, the never-reading clients and the flood queued the whole
     // ring once per request (gigabytes).
+    // Under AddressSanitizer (scripts/sanitize.sh sets ASAN_OPTIONS) freed memory sits in its
+    // quarantine (256 MiB by default) and shadow memory grows with it: the resident set says
+    // little there, and the exact bound is the queued-bytes peak checked above.
+    let allowance: u64 = if std::env::var_os("ASAN_OPTIONS").is_some() {
+        (128 + 512) << 20
+    } else {
+        128 << 20
+    };
     assert!(
-        grown < 128 << 20,
+        grown < allowance,
         "resident memory grew by {} MiB under the hostile peers",
         grown >> 20
     );
