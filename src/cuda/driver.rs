@@ -167,8 +167,10 @@ impl DriverLibrary {
 /// Whether a driver library can be loaded, whatever its version (checked before any other
 /// cudarc call, which would panic without it). [`driver_library`] tells whether it is usable.
 pub fn driver_library_present() -> bool {
-    // SAFETY: loads and unloads candidate library names; no symbol is called.
-    catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+    // Loads the driver once and keeps it (cudarc's own handle, which every call uses anyway):
+    // loading and unloading it to probe would lose what it allocates when it loads.
+    // SAFETY: loads the library by its candidate names; no symbol is called.
+    catch_unwind(|| unsafe { sys::culib() }).is_ok()
 }
 
 /// Probes the driver library: absent, loaded but unusable, too old, or supported (by its

@@ -21,8 +21,11 @@ static CUBINS: Mutex<Vec<(u32, Arc<[u8]>)>> = Mutex::new(Vec::new());
 /// `nvidia-cuda-nvrtc` wheel, its `nvidia/cu13/lib`, which also holds the builtins library
 /// NVRTC loads at compile time).
 pub fn nvrtc_library_present() -> bool {
-    // SAFETY: loads and unloads candidate library names; no symbol is called.
-    std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+    // Loads NVRTC once and keeps it (cudarc's own handle, which compiling uses anyway): a probe
+    // that loads and unloads it loses what NVRTC allocates when it loads (its C++ runtime's
+    // emergency exception pool), which LeakSanitizer reports as a leak.
+    // SAFETY: loads the library by its candidate names; no symbol is called.
+    std::panic::catch_unwind(|| unsafe { sys::culib() }).is_ok()
 }
 
 /// Where a device's copy kernel comes from.
