@@ -17,7 +17,10 @@ def counts(engine) -> dict:
         "onboards (from the host tier)": s.onboarded_blocks,
         "partial reuses": c["partial_reuses"],
         "partial copies (estimated)": c["partial_copies"],
-        "preemptions": c["preemptions"],
+        "suspensions (KV kept, resumed later)": c["suspensions"],
+        "resumes": c["resumes"],
+        "blocks resumed from the host tier": c["resumed_blocks_from_host"],
+        "preemptions (suspending could not help)": c["preemptions"],
         "sliding-window detaches": c["swa_detaches"],
         "prefix hit rate": round(s.cache_hit_rate, 3),
     }

@@ -1,7 +1,7 @@
 """The reference engine: requests of the bundled Mooncake trace through kvblock's pools, every
 generated token checked against the same model without a cache.
 
-    .venv/bin/python examples/engine/run.py            # the full run (about 30 s on 2 cores)
+    .venv/bin/python examples/engine/run.py --svg engine.svg   # the full run, with its plot
     .venv/bin/python examples/engine/run.py --requests 120 --first 3700   # the pytest version
 """
 
@@ -16,13 +16,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import model  # noqa: E402
 import oracle  # noqa: E402
+import plot  # noqa: E402
 import report  # noqa: E402
 import workload  # noqa: E402
 from scheduler import Engine, EngineConfig  # noqa: E402
 
 
-def run(first: int = 3000, count: int = 993, engine_config: EngineConfig | None = None, seed: int = 0):
-    """Runs the engine and the oracle; returns (counts, verdict, seconds)."""
+def run(first: int = 3000, count: int = 993, engine_config: EngineConfig | None = None, seed: int = 0,
+        svg: str | None = None):
+    """Runs the engine and the oracle (and writes the plot to `svg`); returns (counts, verdict, seconds)."""
     t0 = time.perf_counter()
     cfg = model.ModelConfig(seed=seed)
     weights = model.init_weights(cfg)
@@ -33,6 +35,8 @@ def run(first: int = 3000, count: int = 993, engine_config: EngineConfig | None 
     for r in engine.finished:
         oracle.check(cfg, weights, r.tokens, r.logits, verdict)
     counts = report.counts(engine)
+    if svg:
+        plot.write(svg, engine.trace)
     del engine.pools
     engine.m.close()
     return counts, verdict, time.perf_counter() - t0
@@ -43,8 +47,9 @@ def main() -> int:
     ap.add_argument("--first", type=int, default=3000, help="first trace request (default 3000)")
     ap.add_argument("--requests", type=int, default=993, help="requests (default 993: the rest of the trace)")
     ap.add_argument("--seed", type=int, default=0, help="weights seed")
+    ap.add_argument("--svg", metavar="PATH", help="writes a plot of the hit rate and tier traffic over steps")
     args = ap.parse_args()
-    counts, verdict, seconds = run(args.first, args.requests, seed=args.seed)
+    counts, verdict, seconds = run(args.first, args.requests, seed=args.seed, svg=args.svg)
     print(report.render(counts, verdict, seconds))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1
 

@@ -1,11 +1,15 @@
 """The engine loop: the README's engine iteration with kvblock's calls, every forward pass
 reading and writing the KV cache through kvblock's offset tables and pools.
 
-Each step: (1) estimates for the waiting requests, in order; (2) `add_sequence_batch` of those
-that fit, each prefilling from its `prepopulated_prompt_len` (reused tokens are not recomputed);
-(3) `add_token` of every decoding request's last sampled token and `store_new_block`, preempting
-the newest running request on `OutOfBlocksError` (it is released with its computed blocks stored,
-and re-admitted later, reusing them); (4) `refresh_blocks`, the offset tables, the forward pass:
+Each step: (0) `resume` suspended requests, oldest first, while it says yes; (1) estimates for
+the waiting requests, in order (none while a request is suspended: those come first); (2)
+`add_sequence_batch` of those that fit, each prefilling from its `prepopulated_prompt_len` (reused
+tokens are not recomputed); (3) for every decoding request `allocate_generation`, and when it
+cannot be had, `suspend` the newest running request and retry (kvblock moves suspended blocks to
+the host tier to make room; the request keeps its KV and resumes later) or, when suspending did not
+help (no host room, only shared blocks), preempt it instead (released with its computed blocks
+stored, re-admitted later, reusing them); then `add_token` of its last sampled token and
+`store_new_block`; (4) `refresh_blocks`, the offset tables, the forward pass:
 a chunk of each prefilling request within the step's token budget (chunked prefill) and one
 token of each decoding one; (5) `store_context_blocks` after each chunk; (6) `remove_sequence`
 with storing for finished requests; (7) `flush_iteration_events`. Evicted blocks are offloaded to
@@ -52,17 +56,31 @@ class Engine:
         self.swa_windows = sorted({w for w in cfg.windows if w is not None})
         self.waiting: deque = deque()
         self.running: list = []  # admission order
+        self.suspended: list = []  # suspension order: resumed oldest first
         self.computed: dict = {}  # rid -> tokens whose KV is in the cache
         self.admitted_len: dict = {}  # rid -> tokens at admission (prefill runs up to there)
         self.detached: dict = {}  # rid -> {sliding window: front blocks out of the window}
         self.finished: list = []
         self.counts = Counter()
         self.steps = 0
+        self.trace: list = []  # per step: (prefix hit rate, offloads, onboards), cumulative
+
+    # -- (0): resume
+    def resume(self) -> None:
+        while self.suspended:
+            r = self.suspended[0]
+            moved = sum(self.m.get_block_info(w, b).cache_level == kvblock.CacheLevel.SECONDARY
+                        for w in self.pools.pool_index for b in self.m.get_cache_block_ids(r.rid, w))
+            if not self.m.resume(r.rid):
+                return  # above the utilization threshold, or not all of its blocks fit
+            self.running.append(self.suspended.pop(0))  # its blocks are back in GPU memory
+            self.counts["resumes"] += 1
+            self.counts["resumed_blocks_from_host"] += moved
 
     # -- (1), (2): admission
     def admit(self) -> None:
         room = self.e.max_running - len(self.running)
-        if room <= 0 or not self.waiting:
+        if room <= 0 or not self.waiting or self.suspended:
             return
         candidates = list(self.waiting)[:room]
         reqs = [kvblock.Request(r.rid, np.asarray(r.tokens, dtype=np.int32)) for r in candidates]
@@ -94,29 +112,39 @@ class Engine:
 
     # -- (3): decode slots
     def preempt(self, r) -> None:
+        """Releases r (running or suspended) with what it computed stored, to re-admit it later."""
         self.m.remove_sequence(r.rid, store_for_reuse=True)  # stores what was computed
-        self.running.remove(r)
+        (self.suspended if r in self.suspended else self.running).remove(r)
         del self.computed[r.rid]
         self.waiting.appendleft(r)  # re-admitted first, with its generated tokens as prompt
         self.counts["preemptions"] += 1
 
+    def make_room(self, r) -> bool:
+        """Secures r's next token slot, suspending (or, failing that, preempting) the newest running
+        requests; False when r itself had to go."""
+        while not self.m.allocate_generation(r.rid):
+            victim = self.running.pop()
+            self.m.suspend(victim.rid)  # moves no data: its blocks may now go to the host tier
+            self.suspended.append(victim)
+            self.counts["suspensions"] += 1
+            if victim is r:
+                return False
+            if self.m.allocate_generation(r.rid):  # kvblock moved the victim's blocks down
+                return True
+            self.counts["suspensions"] -= 1  # it did not help (no host room, or shared blocks):
+            self.preempt(victim)  # release it instead
+        return True
+
     def add_tokens(self) -> None:
         for r in list(self.running):
             if r not in self.running or self.computed[r.rid] < self.admitted_len[r.rid]:
-                continue  # preempted meanwhile, or still prefilling
+                continue  # suspended or preempted meanwhile, or still prefilling
+            if not self.make_room(r):
+                continue
             before = self.window_fronts(r)
-            while True:
-                try:
-                    self.m.add_token(r.rid, r.tokens[-1])
-                    break
-                except kvblock.OutOfBlocksError:
-                    victim = self.running[-1]
-                    self.preempt(victim)
-                    if victim is r:
-                        break
-            if r in self.running:
-                self.m.store_new_block(r.rid)
-                self.count_detaches(r, before)
+            self.m.add_token(r.rid, r.tokens[-1])  # its slot is allocated: it cannot run out
+            self.m.store_new_block(r.rid)
+            self.count_detaches(r, before)
 
     def window_fronts(self, r):
         """Per sliding window, the blocks the token about to be added pushes out of the window
@@ -179,14 +207,17 @@ class Engine:
         self.m.flush_iteration_events()
 
     def step(self) -> None:
+        self.resume()
         self.admit()
         self.add_tokens()
         self.forward()
         self.release_finished()
         self.steps += 1
+        s = self.m.get_kv_cache_stats()
+        self.trace.append((s.cache_hit_rate, s.offloaded_blocks, s.onboarded_blocks))
 
     def run(self, requests, max_steps: int = 100_000) -> None:
         self.waiting.extend(requests)
-        while (self.waiting or self.running) and self.steps < max_steps:
+        while (self.waiting or self.running or self.suspended) and self.steps < max_steps:
             self.step()
-        assert not self.waiting and not self.running, "the run did not finish"
+        assert not (self.waiting or self.running or self.suspended), "the run did not finish"

@@ -1,6 +1,8 @@
 """The reference engine (examples/engine), short: 120 requests of the bundled trace through
 kvblock's pools, every generated token equal to the same model without a cache, and every event
-the engine is built to exercise seen at least once."""
+the engine is built to exercise seen at least once (suspensions whose blocks went to the host tier
+and came back on resume included); and 40 requests without a host tier, where suspending cannot
+help and the engine preempts instead."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ ENGINE = Path(__file__).resolve().parents[2] / "examples" / "engine"
 sys.path.insert(0, str(ENGINE))
 
 import run  # noqa: E402
+from scheduler import EngineConfig  # noqa: E402
 
 
 def test_reference_engine_equals_the_uncached_model():
@@ -20,6 +23,16 @@ def test_reference_engine_equals_the_uncached_model():
     assert verdict.max_rel_error <= 1e-4
     assert counts["requests"] == 120
     for event in ("evictions", "offloads (to the host tier)", "onboards (from the host tier)", "partial reuses",
-                  "partial copies (estimated)", "preemptions", "sliding-window detaches",
+                  "partial copies (estimated)", "suspensions (KV kept, resumed later)", "resumes",
+                  "blocks resumed from the host tier", "sliding-window detaches",
                   "prompt tokens reused (not recomputed)"):
         assert counts[event] > 0, f"{event}: {counts}"
+
+
+def test_without_host_room_the_engine_preempts_instead_of_suspending():
+    """No host tier: suspending cannot move a block, so the engine falls back to preemption (the
+    request is released with its computed blocks stored and re-admitted, reusing them)."""
+    counts, verdict, _ = run.run(first=3700, count=40, engine_config=EngineConfig(secondary_blocks=0))
+    assert verdict.tokens > 0 and verdict.equal == verdict.tokens and verdict.failures == 0
+    assert counts["preemptions (suspending could not help)"] > 0, counts
+    assert counts["suspensions (KV kept, resumed later)"] == 0, counts
