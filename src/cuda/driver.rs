@@ -434,6 +434,10 @@ mod tests {
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
                 // Types (`CUresult`) start with `CU`, functions with `cu`: only calls match.
+                // `culib` is cudarc's loader (the library handle), not a driver function.
+                if name == "culib" {
+                    continue;
+                }
                 seen += 1;
                 assert!(
                     DRIVER_FUNCTIONS_IN_CUDA_12_4.contains(&name.as_str())
