@@ -87,6 +87,10 @@ struct Seq {
     prefix: Vec<u64>,
     /// Tokens whose KV bytes were written (the prefill may stop part way).
     computed: usize,
+    /// The most tokens the sequence has had: a sliding window detaches only blocks wholly before
+    /// `peak - MAX_DRAFT - window`, so a rewind to at least `peak - MAX_DRAFT` tokens (rejected
+    /// drafts) must always be served.
+    peak: usize,
 }
 
 impl Seq {
@@ -94,6 +98,7 @@ impl Seq {
         let h = mix(self.prefix.last().copied().unwrap_or(0x5eed), t as u64);
         self.tokens.push(t);
         self.prefix.push(h);
+        self.peak = self.peak.max(self.tokens.len());
     }
     fn truncate(&mut self, n: usize) {
         self.tokens.truncate(n);
@@ -307,6 +312,7 @@ fn run(
                         tokens: Vec::new(),
                         prefix: Vec::new(),
                         computed: 0,
+                        peak: 0,
                     };
                     let base = &prompts[rng.below(prompts.len())];
                     let keep = rng.range(1, base.len());
@@ -418,8 +424,9 @@ fn run(
                         attend(&mut m, id, &live[&id]);
                     }
                     Err(KvError::InvalidArgument(_)) => {}
-                    // Past the blocks a sliding window keeps (MAX_DRAFT tokens), refused.
-                    Err(KvError::Unsupported(_)) if n > MAX_DRAFT => {}
+                    // Past the blocks a sliding window keeps (MAX_DRAFT tokens below the most
+                    // tokens the sequence has had; consecutive rewinds add up), refused.
+                    Err(KvError::Unsupported(_)) if len - n + MAX_DRAFT < live[&id].peak => {}
                     Err(KvError::OutOfBlocks { .. } | KvError::CopyFailed(_)) => {}
                     Err(KvError::SequenceSuspended(_)) => {}
                     Err(e) => panic!("rewind: {e}"),
