@@ -66,6 +66,19 @@ impl Probe {
         unsafe { base.add(entry as usize * TPB + pos % TPB) }
     }
 
+    /// `(position, field, address)` of both fields of every position in `range` of `id`.
+    fn slots(
+        &self,
+        m: &mut KvCacheManager,
+        id: u64,
+        range: std::ops::Range<usize>,
+    ) -> Vec<(usize, usize, *mut u8)> {
+        range
+            .flat_map(|pos| [(pos, 0), (pos, 1)])
+            .map(|(pos, field)| (pos, field, self.address(m, id, pos, field)))
+            .collect()
+    }
+
     /// Computes (writes) the KV of positions `range` of `id`, whose tokens are `tokens`.
     fn compute(
         &self,
@@ -74,12 +87,9 @@ impl Probe {
         tokens: &[i32],
         range: std::ops::Range<usize>,
     ) {
-        for pos in range {
-            for field in 0..2 {
-                let at = self.address(m, id, pos, field);
-                // SAFETY: a byte of the host pool (see `address`).
-                unsafe { *at = kv_of(tokens[pos]) };
-            }
+        for (pos, _, at) in self.slots(m, id, range) {
+            // SAFETY: a byte of the host pool (see `address`).
+            unsafe { *at = kv_of(tokens[pos]) };
         }
     }
 
@@ -91,19 +101,16 @@ impl Probe {
         tokens: &[i32],
         range: std::ops::Range<usize>,
     ) {
-        for pos in range {
-            for field in 0..2 {
-                let at = self.address(m, id, pos, field);
-                // SAFETY: as in `compute`.
-                let got = unsafe { *at };
-                assert_eq!(
-                    got,
-                    kv_of(tokens[pos]),
-                    "window {}: request {id} reads position {pos} (field {field}) and finds KV \
-                     that is not its token's",
-                    self.window
-                );
-            }
+        for (pos, field, at) in self.slots(m, id, range) {
+            // SAFETY: as in `compute`.
+            let got = unsafe { *at };
+            assert_eq!(
+                got,
+                kv_of(tokens[pos]),
+                "window {}: request {id} reads position {pos} (field {field}) and finds KV \
+                 that is not its token's",
+                self.window
+            );
         }
     }
 }

@@ -114,14 +114,13 @@ impl SeqLifecycle {
     }
 
     /// Bookkeeping of `add_token`: the sequence grew to `num_tokens`, all but the last computed;
-    /// the step's generation allocation is consumed, and prefill is over (nothing of it is left
-    /// to revert).
+    /// the step's generation allocation is consumed. (Prefill being over, a context record left
+    /// from it is ignored by `revert_allocate_context`, which sees the generated tokens.)
     #[inline(always)]
     pub(super) fn token_added(&mut self, num_tokens: usize) {
         self.capacity = self.capacity.max(num_tokens);
         self.history = self.history.max(num_tokens - 1);
         self.generation = None;
-        self.context = None;
     }
 
     /// The least capacity a shrink may reach.
