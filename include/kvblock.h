@@ -804,6 +804,55 @@ typedef struct kvb_kv_cache_stats_t {
 } kvb_kv_cache_stats_t;
 
 /**
+ * One window's statistics since the previous `kvb_manager_get_iteration_stats` (TensorRT-LLM
+ * `KvCacheIterationStats`). Gauges are read at the call; `iter_*` fields are the growth of the
+ * cumulative counters of `kvb_kv_cache_stats_t` over the interval.
+ */
+typedef struct kvb_iteration_stats_t {
+    int32_t window_size;
+    uint64_t primary_max_blocks;
+    uint64_t primary_free_blocks;
+    uint64_t primary_used_blocks;
+    /**
+     * The most primary blocks in use at any moment of the interval (a block claimed only
+     * inside one call, such as the host row of an offload, counts).
+     */
+    uint64_t primary_peak_used_blocks;
+    /**
+     * Free primary blocks that still hold cached KV: what eviction would destroy.
+     */
+    uint64_t primary_evictable_blocks;
+    uint64_t secondary_max_blocks;
+    uint64_t secondary_free_blocks;
+    /**
+     * Free host blocks that still hold cached KV.
+     */
+    uint64_t secondary_evictable_blocks;
+    uint64_t iter_alloc_total_blocks;
+    uint64_t iter_alloc_new_blocks;
+    uint64_t iter_reused_blocks;
+    uint64_t iter_missed_blocks;
+    /**
+     * `iter_reused / (iter_reused + iter_missed)`; 0 when both are 0.
+     */
+    double iter_cache_hit_rate;
+    uint64_t iter_onboard_blocks;
+    /**
+     * Onboarded blocks times the window's row bytes (every layer of a block).
+     */
+    uint64_t iter_onboard_bytes;
+    uint64_t iter_offload_blocks;
+    /**
+     * Offloaded blocks times the window's row bytes.
+     */
+    uint64_t iter_offload_bytes;
+    /**
+     * Blocks that left the reuse tree (evicted, truncated, reset).
+     */
+    uint64_t iter_evicted_blocks;
+} kvb_iteration_stats_t;
+
+/**
  * One event. Fields not of its type are zero. Pointers stay valid until the batch is freed.
  */
 typedef struct kvb_event_t {
@@ -1196,6 +1245,28 @@ typedef struct kvb_block_info_t {
      */
     int64_t parent;
 } kvb_block_info_t;
+
+/**
+ * What one walk of a window's reuse tree along a prompt found (TensorRT-LLM
+ * `PrefixReuseSummary`), from `kvb_manager_analyze_prefix_reuse`.
+ */
+typedef struct kvb_prefix_reuse_summary_t {
+    /**
+     * Consecutive full prompt blocks found from the root that some sequence holds (what the
+     * scheduler's estimates discount).
+     */
+    int32_t reusable_blocks_allocated;
+    /**
+     * Consecutive full prompt blocks found from the root (held or free).
+     */
+    int32_t reusable_blocks_all;
+    /**
+     * Index of the first prompt block the tree does not supply (TensorRT-LLM
+     * `firstNewBlock`); -1 with reuse off or an empty prompt. Its tokens are
+     * `[index * tokens_per_block, min((index + 1) * tokens_per_block, input_length))`.
+     */
+    int32_t first_new_block_index;
+} kvb_prefix_reuse_summary_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1736,6 +1807,19 @@ enum kvb_status_t kvb_manager_get_request_stats(struct kvb_manager_t *manager,
                                                 struct kvb_admission_t *out);
 
 /**
+ * Writes each window's statistics since the previous call (since creation for the first) to
+ * `out` (`capacity` entries, one per window in ascending window order; `*out_count` = the
+ * number of windows) and starts the next interval (TensorRT-LLM `getIterationStats`: call it
+ * once per iteration). With fewer entries than windows it fails with
+ * `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_count` = the windows) and the interval goes on. Walks
+ * every block once for the evictable gauges.
+ */
+enum kvb_status_t kvb_manager_get_iteration_stats(struct kvb_manager_t *manager,
+                                                  struct kvb_iteration_stats_t *out,
+                                                  size_t capacity,
+                                                  size_t *out_count);
+
+/**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
  * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
  * (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
@@ -2062,6 +2146,127 @@ enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_
  * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
  */
 enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+
+/**
+ * Walks window `window_size`'s reuse tree once along `request`'s prompt (TensorRT-LLM
+ * `analyzePrefixReuse`) and writes what it found to `*out`. The last prompt token is never
+ * counted (admission always recomputes it). Changes nothing.
+ */
+enum kvb_status_t kvb_manager_analyze_prefix_reuse(struct kvb_manager_t *manager,
+                                                   const struct kvb_request_t *request,
+                                                   int32_t window_size,
+                                                   struct kvb_prefix_reuse_summary_t *out);
+
+/**
+ * `kvb_manager_get_needed_blocks_one_step` with the prefix reuse of an earlier
+ * `kvb_manager_analyze_prefix_reuse` of the same request (TensorRT-LLM's `cachedSummary`), so
+ * the tree is not walked again. Same argument order: state, then what stands for the request's
+ * prompt, then `two_steps_look_ahead`, then the window.
+ */
+enum kvb_status_t kvb_manager_get_needed_blocks_one_step_cached(struct kvb_manager_t *manager,
+                                                                const struct kvb_request_state_t *state,
+                                                                const struct kvb_prefix_reuse_summary_t *summary,
+                                                                bool two_steps_look_ahead,
+                                                                int32_t window_size,
+                                                                int32_t *out);
+
+/**
+ * `kvb_manager_get_remaining_blocks_to_completion` with the prefix reuse of an earlier
+ * `kvb_manager_analyze_prefix_reuse` (TensorRT-LLM's `cachedSummary`).
+ */
+enum kvb_status_t kvb_manager_get_remaining_blocks_to_completion_cached(struct kvb_manager_t *manager,
+                                                                        const struct kvb_request_state_t *state,
+                                                                        const struct kvb_prefix_reuse_summary_t *summary,
+                                                                        int32_t window_size,
+                                                                        int32_t *out);
+
+/**
+ * Looks up the cached chain whose block keys spell the first `num_tokens` tokens of `request`
+ * (its tokens, extra ids, LoRA task, salt and multimodal items make the keys) in window
+ * `window_size` (TensorRT-LLM `findBlocksInReuseTreeByBlockKey(s)`; `BlockRange::fromReuseTree`).
+ * Writes the block ids, root first, to `out_ids` (`capacity` entries; `*out_count` = how
+ * many); the chain stops at the first block the tree lacks. With `pin`, the chain is cut at
+ * its first block not on the GPU tier and each of its blocks gets a pin, so a reader (a cache
+ * transceiver thread) can copy them while the executor goes on; drop the pins with
+ * `kvb_manager_unpin_blocks_by_id`. A chain longer than `capacity` fails with
+ * `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_count` = its length) and pins nothing.
+ */
+enum kvb_status_t kvb_manager_find_blocks_in_reuse_tree(struct kvb_manager_t *manager,
+                                                        const struct kvb_request_t *request,
+                                                        int32_t num_tokens,
+                                                        int32_t window_size,
+                                                        bool pin,
+                                                        int32_t *out_ids,
+                                                        size_t capacity,
+                                                        size_t *out_count);
+
+/**
+ * Drops from every window's reuse tree the cached blocks of the token sequence `tokens`
+ * (`num_tokens` plain tokens: no extra ids, LoRA, salt or multimodal keys) past its first
+ * `num_tokens_to_keep` tokens, rounded up to whole blocks (TensorRT-LLM `truncateBlocks`).
+ * Blocks sequences hold stay with them but are no longer reusable; cached free blocks become
+ * plain free blocks; Removed events name them. `*out_removed` (may be null) receives how many
+ * blocks left the trees.
+ */
+enum kvb_status_t kvb_manager_truncate_blocks(struct kvb_manager_t *manager,
+                                              const int32_t *tokens,
+                                              size_t num_tokens,
+                                              int32_t num_tokens_to_keep,
+                                              size_t *out_removed);
+
+/**
+ * Empties every window's reuse tree (TensorRT-LLM `resetReuseState`), e.g. after a weight
+ * update: no later admission reuses KV computed before. Blocks sequences hold stay with them;
+ * cached free blocks become plain free blocks; Removed events name every block that left.
+ * `*out_removed` (may be null) receives how many did.
+ */
+enum kvb_status_t kvb_manager_reset_reuse_state(struct kvb_manager_t *manager, size_t *out_removed);
+
+/**
+ * Stores the full blocks of a sequence's computed tokens (its history) in the reuse trees and
+ * writes their block hashes (TensorRT-LLM's V1 hash, as in Stored events), first block first,
+ * to `out_hashes` (`capacity` entries; `*out_count` = how many) (TensorRT-LLM
+ * `commitAndGetBlockHashesForRequest`, for a KV connector). The chain is the same in every
+ * window; `window_size` must be one of the manager's. Empty with beam search. Too small a
+ * buffer fails with `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_count` = the needed size) and
+ * stores nothing.
+ */
+enum kvb_status_t kvb_manager_commit_block_hashes(struct kvb_manager_t *manager,
+                                                  uint64_t request_id,
+                                                  int32_t window_size,
+                                                  uint64_t *out_hashes,
+                                                  size_t capacity,
+                                                  size_t *out_count);
+
+/**
+ * Beams of a live sequence (TensorRT-LLM `GenerationRequest::getBeamWidth`).
+ */
+enum kvb_status_t kvb_manager_get_beam_width(struct kvb_manager_t *manager,
+                                             uint64_t request_id,
+                                             int32_t *out);
+
+/**
+ * Blocks window `window_size` has detached from the front of a sequence because they left the
+ * sliding window (TensorRT-LLM `GenerationRequest::getNumFrontBlocksRemoved`); 0 for a full
+ * attention window. The detached ids stay listed first by `kvb_manager_get_cache_block_ids`.
+ */
+enum kvb_status_t kvb_manager_get_num_front_blocks_removed(struct kvb_manager_t *manager,
+                                                           uint64_t request_id,
+                                                           int32_t window_size,
+                                                           int32_t *out);
+
+/**
+ * The GPU-pool row of each of `num_ids` block ids of window `window_size` (TensorRT-LLM
+ * `getMemoryPoolBlockIndicesByBlockIds`): `out_indices[i]` is the primary-pool row block
+ * `block_ids[i]` occupies now, or -1 when it lives on the host tier (offloaded; its id and row
+ * have parted). Ids out of range fail with `KVB_STATUS_INVALID_ARGUMENT` before anything is
+ * written.
+ */
+enum kvb_status_t kvb_manager_get_memory_pool_block_indices(struct kvb_manager_t *manager,
+                                                            int32_t window_size,
+                                                            const int32_t *block_ids,
+                                                            size_t num_ids,
+                                                            int32_t *out_indices);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -58,6 +58,8 @@ pub struct FreeQueues {
     lists: [[List; NUM_PRIORITIES]; 2],
     non_empty: [u128; 2],
     free: [usize; 2],
+    /// The fewest free blocks per level since `take_free_low_water` last read it.
+    free_low_water: [usize; 2],
     expiring: BTreeSet<(u64, u32)>,
     offload_min_priority: u8,
 }
@@ -84,6 +86,7 @@ impl FreeQueues {
             lists: [[empty; NUM_PRIORITIES]; 2],
             non_empty: [0; 2],
             free: [0; 2],
+            free_low_water: [0; 2],
             expiring: BTreeSet::new(),
             offload_min_priority,
         }
@@ -92,6 +95,12 @@ impl FreeQueues {
     #[inline]
     pub fn num_free(&self, level: Level) -> usize {
         self.free[level as usize]
+    }
+
+    /// The fewest free blocks of `level` since the last call; restarts from the current count.
+    pub fn take_free_low_water(&mut self, level: Level) -> usize {
+        let l = level as usize;
+        std::mem::replace(&mut self.free_low_water[l], self.free[l]).min(self.free[l])
     }
 
     pub fn is_queued(&self, block: u32) -> bool {
@@ -364,6 +373,7 @@ impl FreeQueues {
             self.non_empty[l] &= !(1u128 << p);
         }
         self.free[l] -= 1;
+        self.free_low_water[l] = self.free_low_water[l].min(self.free[l]);
         let link = &mut self.links[block as usize];
         link.prev = NIL;
         link.next = NIL;

@@ -32,6 +32,8 @@ pub mod tables;
 pub mod scheduling;
 // Statistics and free-block counts.
 pub mod stats;
+// Per-iteration statistics.
+pub mod iteration_stats;
 // Once-per-iteration work and explicit offload.
 pub mod iteration;
 // KV cache events.
@@ -44,6 +46,10 @@ pub mod cuda;
 pub mod sizing;
 // Inspection and debugging.
 pub mod inspect;
+// TensorRT-LLM 2026 reuse-tree calls: prefix analysis, lookups by key, truncate, reset, hashes.
+pub mod reuse_tree;
+// A sequence's beam width and front-detached blocks; block ids to pool rows.
+pub mod sequence_info;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.

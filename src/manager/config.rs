@@ -395,6 +395,7 @@ impl KvCacheManager {
             cuda,
             unregistered_pools,
             stall: super::stall::StallDetector::default(),
+            iteration_baseline: Vec::new(),
         })
     }
 }

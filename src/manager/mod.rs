@@ -18,8 +18,10 @@ mod faults;
 mod inspect;
 mod invariants;
 mod iteration;
+mod iteration_stats;
 mod lifecycle;
 mod request;
+mod reuse_tree;
 mod scheduling;
 mod sequences;
 mod stall;
@@ -30,6 +32,7 @@ mod transfers;
 pub use admission::BatchEstimate;
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
+pub use iteration_stats::IterationStats;
 pub use lifecycle::{ContextRevert, SequenceLengths};
 pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};
@@ -108,6 +111,8 @@ pub struct KvCacheManager {
     unregistered_pools: Vec<(usize, crate::pool::Level)>,
     /// Consecutive scheduling passes without progress (`stall`).
     stall: stall::StallDetector,
+    /// Each window's counters at the previous `take_iteration_stats`.
+    iteration_baseline: Vec<crate::window::WindowStats>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.

@@ -60,8 +60,33 @@ impl KvCacheManager {
         two_steps_look_ahead: bool,
         window_size: usize,
     ) -> KvResult<usize> {
-        let wi = self.window_index(window_size)?;
         request.map(check_prompt_keys).transpose()?;
+        let reuse = request.map_or(ReuseHint::Unknown, ReuseHint::Walk);
+        self.needed_one_step(state, reuse, two_steps_look_ahead, window_size)
+    }
+
+    /// `needed_blocks_one_step` with the reuse of an earlier `analyze_prefix_reuse` of the
+    /// request (TensorRT-LLM's `cachedSummary`): `reusable_allocated` full prompt blocks held
+    /// by other sequences, so the tree is not walked again.
+    pub fn needed_blocks_one_step_cached(
+        &mut self,
+        state: &RequestState,
+        reusable_allocated: usize,
+        two_steps_look_ahead: bool,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        let reuse = ReuseHint::Known(reusable_allocated);
+        self.needed_one_step(state, reuse, two_steps_look_ahead, window_size)
+    }
+
+    fn needed_one_step(
+        &mut self,
+        state: &RequestState,
+        reuse: ReuseHint<'_>,
+        two_steps_look_ahead: bool,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        let wi = self.window_index(window_size)?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
         match state.phase {
@@ -70,14 +95,10 @@ impl KvCacheManager {
                     .min(window_size.saturating_add(state.context_chunk_size));
                 let shared = len / tpb;
                 let unshared = usize::from(!len.is_multiple_of(tpb)) * beam;
-                let reusable = match request {
-                    Some(r) if self.cfg.enable_block_reuse && self.windows.len() == 1 => {
-                        let src = r.key_source();
-                        self.windows[wi]
-                            .count_reusable_blocks(&src, r.input_length, true)
-                            .min(shared)
-                    }
-                    _ => 0,
+                let reusable = if self.cfg.enable_block_reuse && self.windows.len() == 1 {
+                    self.reusable_allocated(wi, reuse).min(shared)
+                } else {
+                    0
                 };
                 Ok(shared + unshared - reusable)
             }
@@ -109,8 +130,29 @@ impl KvCacheManager {
         request: Option<&Request>,
         window_size: usize,
     ) -> KvResult<usize> {
-        let wi = self.window_index(window_size)?;
         request.map(check_prompt_keys).transpose()?;
+        let reuse = request.map_or(ReuseHint::Unknown, ReuseHint::Walk);
+        self.remaining_to_completion(state, reuse, window_size)
+    }
+
+    /// `remaining_blocks_to_completion` with the reuse of an earlier `analyze_prefix_reuse`
+    /// (TensorRT-LLM's `cachedSummary`).
+    pub fn remaining_blocks_to_completion_cached(
+        &mut self,
+        state: &RequestState,
+        reusable_allocated: usize,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        self.remaining_to_completion(state, ReuseHint::Known(reusable_allocated), window_size)
+    }
+
+    fn remaining_to_completion(
+        &mut self,
+        state: &RequestState,
+        reuse: ReuseHint<'_>,
+        window_size: usize,
+    ) -> KvResult<usize> {
+        let wi = self.window_index(window_size)?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
         // Admission allocates the whole prompt, also in a sliding window (blocks that leave
@@ -127,19 +169,27 @@ impl KvCacheManager {
         let allocated = self.windows[wi]
             .block_ids(state.request_id, 0)
             .map_or(0, |ids| ids.len());
-        let reusable = match request {
-            Some(r) if allocated == 0 && self.cfg.enable_block_reuse => {
-                let src = r.key_source();
-                self.windows[wi]
-                    .count_reusable_blocks(&src, r.input_length, true)
-                    .min(context_blocks)
-            }
-            _ => 0,
+        let reusable = if allocated == 0 && self.cfg.enable_block_reuse {
+            self.reusable_allocated(wi, reuse).min(context_blocks)
+        } else {
+            0
         };
         if allocated < context_blocks {
             Ok(context_blocks - allocated - reusable + (generation_blocks + extra) * beam)
         } else {
             Ok((total_blocks.saturating_sub(allocated) + extra) * beam)
+        }
+    }
+
+    /// Full prompt blocks held by other sequences that admission would reuse, per `reuse`.
+    fn reusable_allocated(&mut self, wi: usize, reuse: ReuseHint<'_>) -> usize {
+        match reuse {
+            ReuseHint::Walk(r) => {
+                let src = r.key_source();
+                self.windows[wi].count_reusable_blocks(&src, r.input_length, true)
+            }
+            ReuseHint::Known(n) => n,
+            ReuseHint::Unknown => 0,
         }
     }
 
@@ -179,7 +229,18 @@ impl KvCacheManager {
 
 /// A request whose prompt keys are read (reuse counts) must hold `input_length` tokens and, when
 /// it has extra ids, as many of them: otherwise the key of its last block reads past the end.
-fn check_prompt_keys(request: &Request) -> KvResult<()> {
+/// Where the estimates get the reuse of a request not yet admitted.
+#[derive(Clone, Copy)]
+enum ReuseHint<'a> {
+    /// Walk the tree along the request's prompt.
+    Walk(&'a Request),
+    /// A count from an earlier walk (`analyze_prefix_reuse`).
+    Known(usize),
+    /// No request: no reuse is counted.
+    Unknown,
+}
+
+pub(super) fn check_prompt_keys(request: &Request) -> KvResult<()> {
     if request.token_ids.len() < request.input_length {
         return Err(KvError::TooFewTokens {
             input_length: request.input_length,

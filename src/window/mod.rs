@@ -16,6 +16,7 @@ mod admit;
 mod alloc;
 mod faults;
 mod lifecycle;
+mod lookup;
 mod plan;
 mod release;
 mod scheduling;
@@ -24,6 +25,8 @@ mod store;
 mod tests;
 mod tokens;
 mod verify;
+
+pub use lookup::PrefixReuse;
 
 pub use admit::AdmitItem;
 pub use faults::{CopyRecord, WindowSnapshot};
@@ -185,6 +188,9 @@ impl WindowBlockManager {
         for b in 0..n as u32 {
             queues.release(b, arena.level(b), false, 0);
         }
+        // The low-water marks start at the full pools.
+        queues.take_free_low_water(Level::Primary);
+        queues.take_free_low_water(Level::Secondary);
         WindowBlockManager {
             tree: ReuseTree::new(n, cfg.tokens_per_block),
             alloc_epoch: vec![0; n],
