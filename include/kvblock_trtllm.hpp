@@ -1,0 +1,960 @@
+// kvblock_trtllm.hpp: TensorRT-LLM's 2026 KVCacheManager surface over kvblock (header-only).
+//
+// kvb::trtllm::KVCacheManager has the names, argument orders, argument kinds and return shapes
+// of TensorRT-LLM's `batch_manager::kv_cache_manager::KVCacheManager`, so an engine's call
+// sites port by changing the namespace. Where kvblock's own API (kvblock.hpp, kvblock.h) means
+// something else under the same name, this facade gives TensorRT-LLM's meaning:
+//  - addToken(id) reserves one KV slot without a token; getTokenCount counts reserved slots.
+//    The token ids arrive later, from the engine's request, whenever the facade is handed it
+//    (storeContextBlocks, storeNewBlock, storeBlocksForReuse, removeSequence,
+//    commitAndGetBlockHashesForRequest, syncTokens); kvblock keeps token content to store
+//    blocks for reuse without calling back into the engine.
+//  - removeSequence of an unknown id does nothing; a given request means "store for reuse".
+//  - getPriorityByBlockId(blockId, windowSize), unpinBlocksById(ids), getCacheBlockIds ->
+//    [beam][block], getBlockOffsetsOfBatch(output, firstBatchSlotIdx, batchSize, beamWidth).
+//  - maxSequenceLength includes the extra KV tokens and draft tokens, as the executor passes it.
+// The engine's request is abstracted as kvb::trtllm::LlmRequest (what the manager reads from
+// TensorRT-LLM's LlmRequest and writes back into it). README.md ("Porting from TensorRT-LLM")
+// lists every difference that remains.
+#ifndef KVBLOCK_TRTLLM_HPP
+#define KVBLOCK_TRTLLM_HPP
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kvblock.hpp"
+
+namespace kvb::trtllm {
+
+using SizeType32 = int32_t;
+using SizeType64 = int64_t;
+using TokenIdType = int32_t;
+using TokenExtraIdType = uint64_t;
+using RequestIdType = uint64_t;
+using BlockIdType = int32_t;
+using VecTokens = std::vector<TokenIdType>;
+
+/// A token with its extra id (TensorRT-LLM `UniqueToken`).
+struct UniqueToken {
+    TokenIdType tokenId = 0;
+    TokenExtraIdType tokenExtraId = 0;
+};
+using VecUniqueTokens = std::vector<UniqueToken>;
+
+/// Cache types of TensorRT-LLM. kvblock serves kSELF; the others need the pool model
+/// (K-only and cross caches) and are refused at construction.
+enum class CacheType { kSELF = 0, kCROSS = 1, kSELFKONLY = 2 };
+
+/// `std::nullopt`-or-reference argument (TensorRT-LLM `common::OptionalRef`).
+template <typename T>
+class OptionalRef {
+  public:
+    OptionalRef() = default;
+    OptionalRef(std::nullopt_t) {}
+    OptionalRef(std::nullptr_t) {}
+    OptionalRef(T& ref) : ptr_(&ref) {}
+    template <typename U, typename = std::enable_if_t<std::is_convertible_v<U*, T*>>>
+    OptionalRef(U& ref) : ptr_(&ref) {}
+    explicit operator bool() const noexcept { return ptr_ != nullptr; }
+    bool has_value() const noexcept { return ptr_ != nullptr; }
+    T& operator*() const { return *ptr_; }
+    T* operator->() const { return ptr_; }
+
+  private:
+    T* ptr_ = nullptr;
+};
+
+/// What the manager reads from an engine's request and writes back into it (the parts of
+/// TensorRT-LLM's `LlmRequest` its KVCacheManager touches). An engine adapts its own request
+/// type by overriding these; kvb::trtllm::Request is a plain implementation.
+class LlmRequest {
+  public:
+    virtual ~LlmRequest() = default;
+
+    // Read by admission, lookups and stores.
+    virtual RequestIdType getRequestId() const = 0;
+    /// Tokens of beam `beam`: prompt, then generated tokens.
+    virtual VecTokens const& getTokens(SizeType32 beam) const = 0;
+    virtual SizeType32 getPromptLen() const = 0;
+    /// Prompt tokens whose KV is computed (after each context chunk).
+    virtual SizeType32 getContextCurrentPosition() const = 0;
+    /// Extra id per token (multimodal / prompt-tuning tokens), or none.
+    virtual std::optional<std::vector<TokenExtraIdType>> getTokenExtraIds() const {
+        return std::nullopt;
+    }
+    virtual std::optional<uint64_t> getLoraTaskId() const { return std::nullopt; }
+    virtual std::optional<uint64_t> getCacheSaltID() const { return std::nullopt; }
+    /// Multimodal items (content digest, position, length) that key the blocks they cover.
+    virtual std::vector<kvb_multimodal_item_t> getMultimodalItems() const { return {}; }
+
+    // Read by the scheduler's estimates.
+    virtual bool isContextInitState() const = 0;
+    virtual bool isFirstContextChunk() const { return getContextCurrentPosition() == 0; }
+    virtual bool isGenerationInProgressState() const = 0;
+    virtual SizeType32 getBeamWidth() const { return 1; }
+    virtual SizeType32 getContextChunkSize() const { return getPromptLen(); }
+    virtual SizeType32 getNumDraftTokens() const { return 0; }
+    virtual SizeType32 getMaxNewTokens() const = 0;
+    virtual SizeType32 getNumGeneratedTokens() const {
+        return static_cast<SizeType32>(getTokens(0).size()) - getPromptLen();
+    }
+
+    // Written by addSequenceBatch.
+    virtual void setPrepopulatedPromptLen(SizeType32 prepopulatedPromptLen,
+                                          SizeType32 kvTokensPerBlock) = 0;
+    virtual void updateAllocTotalBlocksPerRequest(SizeType32 n) = 0;
+    virtual void updateAllocNewBlocksPerRequest(SizeType32 n) = 0;
+    virtual void updateReusedBlocksPerRequest(SizeType32 n) = 0;
+    virtual void updateMissedBlocksPerRequest(SizeType32 n) = 0;
+};
+
+/// A plain LlmRequest: fields the engine fills, fields the manager writes.
+struct Request : LlmRequest {
+    RequestIdType requestId = 0;
+    std::vector<VecTokens> tokens{VecTokens{}};  // per beam
+    SizeType32 promptLen = 0;
+    SizeType32 contextCurrentPosition = 0;
+    std::optional<std::vector<TokenExtraIdType>> tokenExtraIds;
+    std::optional<uint64_t> loraTaskId;
+    std::optional<uint64_t> cacheSaltId;
+    std::vector<kvb_multimodal_item_t> multimodalItems;
+    bool contextInit = true;
+    bool generationInProgress = false;
+    SizeType32 contextChunkSize = 0;  // 0: the whole prompt
+    SizeType32 numDraftTokens = 0;
+    SizeType32 maxNewTokens = 0;
+    // Written by the manager.
+    SizeType32 prepopulatedPromptLen = 0;
+    SizeType32 allocTotalBlocks = 0;
+    SizeType32 allocNewBlocks = 0;
+    SizeType32 reusedBlocks = 0;
+    SizeType32 missedBlocks = 0;
+
+    Request() = default;
+    Request(RequestIdType id, VecTokens prompt, SizeType32 maxNew = 0)
+        : requestId(id), tokens{std::move(prompt)}, maxNewTokens(maxNew) {
+        promptLen = static_cast<SizeType32>(tokens[0].size());
+    }
+    /// Appends a generated token to every beam.
+    void addNewToken(TokenIdType token) {
+        for (auto& beam : tokens) beam.push_back(token);
+    }
+
+    RequestIdType getRequestId() const override { return requestId; }
+    VecTokens const& getTokens(SizeType32 beam) const override {
+        return tokens.at(static_cast<size_t>(beam));
+    }
+    SizeType32 getPromptLen() const override { return promptLen; }
+    SizeType32 getContextCurrentPosition() const override { return contextCurrentPosition; }
+    std::optional<std::vector<TokenExtraIdType>> getTokenExtraIds() const override {
+        return tokenExtraIds;
+    }
+    std::optional<uint64_t> getLoraTaskId() const override { return loraTaskId; }
+    std::optional<uint64_t> getCacheSaltID() const override { return cacheSaltId; }
+    std::vector<kvb_multimodal_item_t> getMultimodalItems() const override {
+        return multimodalItems;
+    }
+    bool isContextInitState() const override { return contextInit; }
+    bool isGenerationInProgressState() const override { return generationInProgress; }
+    SizeType32 getContextChunkSize() const override {
+        return contextChunkSize > 0 ? contextChunkSize : promptLen;
+    }
+    SizeType32 getNumDraftTokens() const override { return numDraftTokens; }
+    SizeType32 getMaxNewTokens() const override { return maxNewTokens; }
+    void setPrepopulatedPromptLen(SizeType32 len, SizeType32) override {
+        prepopulatedPromptLen = len;
+    }
+    void updateAllocTotalBlocksPerRequest(SizeType32 n) override { allocTotalBlocks += n; }
+    void updateAllocNewBlocksPerRequest(SizeType32 n) override { allocNewBlocks += n; }
+    void updateReusedBlocksPerRequest(SizeType32 n) override { reusedBlocks += n; }
+    void updateMissedBlocksPerRequest(SizeType32 n) override { missedBlocks += n; }
+};
+
+/// TensorRT-LLM `KvCacheStats`. Plain writable fields: the executor adjusts some of them.
+struct KvCacheStats {
+    SizeType32 maxNumBlocks = 0;
+    SizeType32 freeNumBlocks = 0;
+    SizeType32 usedNumBlocks = 0;
+    SizeType32 toksPerBlock = 0;
+    SizeType32 allocTotalBlocks = 0;
+    SizeType32 allocNewBlocks = 0;
+    SizeType32 reusedBlocks = 0;
+    SizeType32 missedBlocks = 0;
+    float cacheHitRate = 0.0f;
+    std::map<SizeType32, SizeType32> numFreeBlocksPerWindowSize;
+    std::size_t allocatedBytes = 0;
+};
+
+/// TensorRT-LLM `KvCacheIterationStats` for one window: gauges at the call, `iter*` counts
+/// since the previous getIterationStats.
+struct KvCacheIterationStats {
+    SizeType32 primaryMaxNumBlocks = 0;
+    SizeType32 primaryFreeNumBlocks = 0;
+    SizeType32 primaryUsedNumBlocks = 0;
+    SizeType32 primaryPeakUsedNumBlocks = 0;
+    SizeType32 primaryEvictableNumBlocks = 0;
+    SizeType32 secondaryMaxNumBlocks = 0;
+    SizeType32 secondaryFreeNumBlocks = 0;
+    SizeType32 secondaryEvictableNumBlocks = 0;
+    SizeType32 iterAllocTotalBlocks = 0;
+    SizeType32 iterAllocNewBlocks = 0;
+    SizeType32 iterReusedBlocks = 0;
+    SizeType32 iterMissedBlocks = 0;
+    float iterCacheHitRate = 0.0f;
+    SizeType32 iterOnboardBlocks = 0;
+    SizeType64 iterOnboardBytes = 0;
+    SizeType32 iterOffloadBlocks = 0;
+    SizeType64 iterOffloadBytes = 0;
+    SizeType32 iterEvictedBlocks = 0;
+};
+
+/// TensorRT-LLM `PrefixReuseSummary`: one tree walk's result, reusable by the estimates.
+struct PrefixReuseSummary {
+    SizeType32 reusableBlocksAllocated = 0;
+    SizeType32 reusableBlocksAll = 0;
+    /// Index of the first prompt block the tree does not supply (TensorRT-LLM keeps its key).
+    std::optional<SizeType32> firstNewBlock;
+};
+
+/// TensorRT-LLM `OffsetTableDimensions`.
+struct OffsetTableDimensions {
+    SizeType32 maxBlocksPerSeq = 0;
+    SizeType32 numPools = 0;
+    CacheType cacheType = CacheType::kSELF;
+};
+
+/// Stand-in for the `runtime::ITensor` of the block offsets: int32 entries laid out
+/// `[numPools][numSlots][2][maxBlocksPerSeq]`, as TensorRT-LLM's kernels read them.
+struct BlockOffsetsTensor {
+    std::vector<int32_t> data;
+    SizeType32 numSlots = 0;
+};
+
+/// The key a reuse-tree lookup walks (TensorRT-LLM `BlockKey` over a whole token range).
+struct BlockKey {
+    VecUniqueTokens uniqueTokens;
+    bool usesExtraIds = false;
+    std::optional<uint64_t> loraTaskId;
+    std::optional<uint64_t> cacheSaltID;
+    std::vector<kvb_multimodal_item_t> multimodalItems;
+};
+
+/// What a reuse-tree lookup matched: block ids root first (TensorRT-LLM returns the deepest
+/// block, whose parents are the same chain).
+struct ReuseTreeMatch {
+    std::vector<BlockIdType> blockIds;
+    BlockIdType lastBlockId() const { return blockIds.back(); }
+};
+
+/// TensorRT-LLM's `KVCacheEventManager` arguments, which kvblock takes in its config.
+struct KVCacheEventManager {
+    SizeType32 maxKVEventEntries = 0;
+    std::optional<SizeType32> attentionDpRank;
+};
+
+/// kvblock settings TensorRT-LLM's constructor has no argument for.
+struct KvblockOptions {
+    /// Of the executor's maxSequenceLength: KV slots for extra tokens (e.g. Eagle) and drafts.
+    SizeType32 numExtraKvTokens = 0;
+    SizeType32 maxDraftTokens = 0;
+    kvb_copy_backend_t copyBackend = KVB_COPY_BACKEND_NONE;
+    bool manualClock = false;
+};
+
+class KVCacheManager;
+
+/// Window-level queries (TensorRT-LLM `BlockManager`, reached through getBlockManager()).
+class BlockManager {
+  public:
+    explicit BlockManager(KVCacheManager const& owner) : owner_(owner) {}
+    [[nodiscard]] bool isVariableWindow() const;
+    [[nodiscard]] SizeType32 getFirstWindowSize() const;
+    [[nodiscard]] SizeType32 getLastWindowSize() const;
+    [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const;
+    [[nodiscard]] bool schedulingHasFreeBlocks(SizeType32 numRequired, SizeType32 windowSize) const;
+    [[nodiscard]] SizeType32 getNumPools() const;
+    /// kvblock has one pool per window, in ascending window order.
+    [[nodiscard]] SizeType32 getPoolWindowSize(SizeType32 poolIdx) const;
+    [[nodiscard]] SizeType32 getNumSecondaryBlocks() const;
+    [[nodiscard]] SizeType32 getNumFreeSecondaryBlocks() const;
+    [[nodiscard]] kvb_block_info_t getBlockById(BlockIdType blockId, SizeType32 windowSize) const;
+    [[nodiscard]] std::optional<ReuseTreeMatch> findBlocksInReuseTreeByBlockKey(
+        BlockKey const& blockKey, SizeType32 windowSize) const;
+    /// The 2026 pinning overload: the matched GPU blocks are pinned and their ids appended to
+    /// `pinnedBlockIds` (release with unpinBlocksById). Safe from a transceiver thread.
+    [[nodiscard]] std::optional<ReuseTreeMatch> findBlocksInReuseTreeByBlockKey(
+        BlockKey const& blockKey, SizeType32 windowSize,
+        std::vector<BlockIdType>& pinnedBlockIds) const;
+    /// Lookup from per-block keys: the keys are concatenated (the tree keys whole blocks).
+    [[nodiscard]] std::optional<ReuseTreeMatch> findBlocksInReuseTreeByBlockKeys(
+        std::vector<BlockKey> const& blockKeys, SizeType32 windowSize) const;
+    /// TensorRT-LLM's queue check; kvblock checks every invariant of the manager.
+    void verifyQueueIntegrity(SizeType32 windowSize) const;
+
+  private:
+    std::optional<ReuseTreeMatch> find(BlockKey const& key, SizeType32 windowSize, bool pin,
+                                       std::vector<BlockIdType>* pinned) const;
+    KVCacheManager const& owner_;
+};
+
+/// TensorRT-LLM's 2026 KVCacheManager over kvblock.
+class KVCacheManager {
+  public:
+    /// Primary and secondary blocks per window size.
+    using BlocksPerWindow = std::map<SizeType32, std::tuple<SizeType32, SizeType32>>;
+
+    /// TensorRT-LLM's constructor. `dtypeBytes` stands for `DataType` (bytes per element);
+    /// layer l attends over `maxAttentionWindowVec[l % size]`; every layer of one window must
+    /// have the same KV heads (per-layer heads inside a window need kvblock's pool model);
+    /// `sinkTokenLength` must be 0 and `cacheType` kSELF, as kvblock supports. Pools are made by
+    /// allocatePools().
+    KVCacheManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 dtypeBytes,
+                   SizeType32 sinkTokenLength, void* stream, SizeType32 maxSequenceLength,
+                   SizeType32 chunkSize = 0, bool enableBlockReuse = false,
+                   CacheType cacheType = CacheType::kSELF,
+                   std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
+                   std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
+                   bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                   KvblockOptions const& options = {})
+        : enableBlockReuse_(enableBlockReuse), enablePartialReuse_(enablePartialReuse) {
+        (void)maxNumSequences;  // kvblock bounds sequences by blocks only
+        (void)chunkSize;        // the estimates take each request's chunk size
+        if (sinkTokenLength != 0)
+            throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
+        if (cacheType != CacheType::kSELF)
+            throw Error(KVB_STATUS_UNSUPPORTED, "only CacheType::kSELF is supported");
+        if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
+            throw Error(KVB_STATUS_INVALID_CONFIG, "no layers or no attention windows");
+        for (auto const& [window, blocks] : blocksPerWindow) {
+            SizeType32 layers = 0, heads = -1;
+            for (size_t l = 0; l < numKvHeadsPerLayer.size(); ++l) {
+                if (maxAttentionWindowVec[l % maxAttentionWindowVec.size()] != window) continue;
+                if (heads >= 0 && heads != numKvHeadsPerLayer[l])
+                    throw Error(KVB_STATUS_UNSUPPORTED,
+                                "layers of one window with different KV heads");
+                heads = numKvHeadsPerLayer[l];
+                ++layers;
+            }
+            if (layers == 0)
+                throw Error(KVB_STATUS_INVALID_CONFIG, "a window of blocksPerWindow has no layer");
+            config_.addWindow(window, std::get<0>(blocks), std::get<1>(blocks), layers, heads,
+                              sizePerHead);
+        }
+        auto& raw = config_.raw;
+        raw.tokens_per_block = tokensPerBlock;
+        raw.max_beam_width = maxBeamWidth;
+        raw.max_sequence_length =
+            maxSequenceLength - options.numExtraKvTokens - options.maxDraftTokens;
+        raw.num_extra_kv_tokens = options.numExtraKvTokens;
+        raw.max_draft_tokens = options.maxDraftTokens;
+        raw.enable_block_reuse = enableBlockReuse;
+        raw.enable_partial_reuse = enablePartialReuse;
+        raw.copy_on_partial_reuse = copyOnPartialReuse;
+        if (secondaryOffloadMinPriority)
+            raw.secondary_offload_min_priority = *secondaryOffloadMinPriority;
+        raw.bytes_per_element = dtypeBytes;
+        raw.copy_backend = options.copyBackend;
+        raw.manual_clock = options.manualClock;
+        raw.cuda_stream = stream;
+        if (eventManager) {
+            raw.max_kv_event_entries = eventManager->maxKVEventEntries;
+            raw.attention_dp_rank = eventManager->attentionDpRank.value_or(-1);
+        }
+        collectWindows();
+    }
+
+    /// From kvblock's own configuration (an engine already configured for kvblock).
+    explicit KVCacheManager(Config config)
+        : config_(std::move(config)),
+          enableBlockReuse_(config_.raw.enable_block_reuse),
+          enablePartialReuse_(config_.raw.enable_partial_reuse) {
+        collectWindows();
+    }
+
+    KVCacheManager(KVCacheManager const&) = delete;
+    KVCacheManager& operator=(KVCacheManager const&) = delete;
+
+    /// Creates the manager and its pools (TensorRT-LLM allocates the pool tensors here).
+    void allocatePools(bool useUvm = false) {
+        if (useUvm) throw Error(KVB_STATUS_UNSUPPORTED, "unified memory pools");
+        if (!manager_) manager_.emplace(config_);
+    }
+    /// Frees the pools and forgets every sequence and cached block.
+    void releasePools() {
+        manager_.reset();
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        pinGroups_.clear();
+    }
+
+    /// kvblock's own API on the same manager (e.g. kvblock's token-carrying addToken).
+    [[nodiscard]] Manager& impl() const {
+        if (!manager_) throw Error(KVB_STATUS_INVALID_ARGUMENT, "call allocatePools() first");
+        return *manager_;
+    }
+
+    // --- sizes and counters -------------------------------------------------------------
+    [[nodiscard]] SizeType32 getTokensPerBlock() const { return config_.raw.tokens_per_block; }
+    [[nodiscard]] SizeType32 getMaxNumBlocks() const { return getKvCacheStats().maxNumBlocks; }
+    [[nodiscard]] SizeType32 getUsedNumBlocks() const { return getKvCacheStats().usedNumBlocks; }
+    [[nodiscard]] SizeType32 getNumFreeBlocks() const {
+        return static_cast<SizeType32>(impl().getNumFreeBlocks());
+    }
+    [[nodiscard]] SizeType32 getNumPools() const {
+        return impl().getOffsetTableDimensions().second;
+    }
+    [[nodiscard]] SizeType32 getNumAllocTotalBlocks() const {
+        return getKvCacheStats().allocTotalBlocks;
+    }
+    [[nodiscard]] SizeType32 getNumAllocNewBlocks() const {
+        return getKvCacheStats().allocNewBlocks;
+    }
+    [[nodiscard]] SizeType32 getNumReusedBlocks() const { return getKvCacheStats().reusedBlocks; }
+    [[nodiscard]] SizeType32 getNumMissedBlocks() const { return getKvCacheStats().missedBlocks; }
+    [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const {
+        std::map<SizeType32, SizeType32> out;
+        for (SizeType32 w : windows_)
+            out[w] = static_cast<SizeType32>(impl().getNumFreeBlocksPerWindowSize(w).first);
+        return out;
+    }
+    [[nodiscard]] KvCacheStats getKvCacheStats() const {
+        kvb_kv_cache_stats_t s = impl().getKvCacheStats();
+        KvCacheStats out;
+        out.maxNumBlocks = static_cast<SizeType32>(s.max_num_blocks);
+        out.freeNumBlocks = static_cast<SizeType32>(s.free_num_blocks);
+        out.usedNumBlocks = static_cast<SizeType32>(s.used_num_blocks);
+        out.toksPerBlock = static_cast<SizeType32>(s.tokens_per_block);
+        out.allocTotalBlocks = static_cast<SizeType32>(s.alloc_total_blocks);
+        out.allocNewBlocks = static_cast<SizeType32>(s.alloc_new_blocks);
+        out.reusedBlocks = static_cast<SizeType32>(s.reused_blocks);
+        out.missedBlocks = static_cast<SizeType32>(s.missed_blocks);
+        out.cacheHitRate = static_cast<float>(s.cache_hit_rate);
+        out.numFreeBlocksPerWindowSize = getNumFreeBlocksPerWindowSize();
+        out.allocatedBytes = static_cast<std::size_t>(s.allocated_bytes);
+        return out;
+    }
+    /// Per window size: the statistics since the previous call (the first: since creation).
+    std::map<SizeType32, KvCacheIterationStats> getIterationStats() {
+        std::vector<kvb_iteration_stats_t> raw(windows_.size());
+        size_t n = 0;
+        check(kvb_manager_get_iteration_stats(impl().get(), raw.data(), raw.size(), &n));
+        std::map<SizeType32, KvCacheIterationStats> out;
+        for (size_t i = 0; i < n; ++i) {
+            auto const& r = raw[i];
+            KvCacheIterationStats s;
+            s.primaryMaxNumBlocks = static_cast<SizeType32>(r.primary_max_blocks);
+            s.primaryFreeNumBlocks = static_cast<SizeType32>(r.primary_free_blocks);
+            s.primaryUsedNumBlocks = static_cast<SizeType32>(r.primary_used_blocks);
+            s.primaryPeakUsedNumBlocks = static_cast<SizeType32>(r.primary_peak_used_blocks);
+            s.primaryEvictableNumBlocks = static_cast<SizeType32>(r.primary_evictable_blocks);
+            s.secondaryMaxNumBlocks = static_cast<SizeType32>(r.secondary_max_blocks);
+            s.secondaryFreeNumBlocks = static_cast<SizeType32>(r.secondary_free_blocks);
+            s.secondaryEvictableNumBlocks = static_cast<SizeType32>(r.secondary_evictable_blocks);
+            s.iterAllocTotalBlocks = static_cast<SizeType32>(r.iter_alloc_total_blocks);
+            s.iterAllocNewBlocks = static_cast<SizeType32>(r.iter_alloc_new_blocks);
+            s.iterReusedBlocks = static_cast<SizeType32>(r.iter_reused_blocks);
+            s.iterMissedBlocks = static_cast<SizeType32>(r.iter_missed_blocks);
+            s.iterCacheHitRate = static_cast<float>(r.iter_cache_hit_rate);
+            s.iterOnboardBlocks = static_cast<SizeType32>(r.iter_onboard_blocks);
+            s.iterOnboardBytes = static_cast<SizeType64>(r.iter_onboard_bytes);
+            s.iterOffloadBlocks = static_cast<SizeType32>(r.iter_offload_blocks);
+            s.iterOffloadBytes = static_cast<SizeType64>(r.iter_offload_bytes);
+            s.iterEvictedBlocks = static_cast<SizeType32>(r.iter_evicted_blocks);
+            out[r.window_size] = s;
+        }
+        return out;
+    }
+    [[nodiscard]] OffsetTableDimensions getOffsetTableDimensions() const {
+        auto [blocks, pools] = impl().getOffsetTableDimensions();
+        return {blocks, pools, CacheType::kSELF};
+    }
+    [[nodiscard]] SizeType32 getMaxBlocksPerSeq() const {
+        return getOffsetTableDimensions().maxBlocksPerSeq;
+    }
+
+    // --- configuration queries -----------------------------------------------------------
+    [[nodiscard]] bool isEnableBlockReuse() const { return enableBlockReuse_; }
+    [[nodiscard]] bool isEnablePartialReuse() const { return enablePartialReuse_; }
+    [[nodiscard]] bool isCrossKv() const { return false; }
+    [[nodiscard]] CacheType getCacheType() const { return CacheType::kSELF; }
+    [[nodiscard]] bool isVariableWindow() const { return windows_.size() > 1; }
+    [[nodiscard]] std::vector<SizeType32> const& getWindowSizes() const { return windows_; }
+    [[nodiscard]] BlockManager const& getBlockManager() const { return blockManager_; }
+
+    // --- admission -----------------------------------------------------------------------
+    /// Admits every request (id, input length, beam width) with its engine request, claiming
+    /// every reusable block of the batch before allocating; writes the prepopulated prompt
+    /// length and the per-request block counts into each request. All or nothing: a batch
+    /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none.
+    void addSequenceBatch(
+        std::vector<std::tuple<RequestIdType, SizeType32, SizeType32>> const& requestInfos,
+        std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests) {
+        if (requestInfos.size() != llmRequests.size())
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "requestInfos and llmRequests differ in size");
+        std::vector<kvb::Request> batch;
+        batch.reserve(requestInfos.size());
+        for (size_t i = 0; i < requestInfos.size(); ++i) {
+            auto const& [id, inputLength, beamWidth] = requestInfos[i];
+            kvb::Request r = toKvb(llmRequests[i].get());
+            r.id = id;
+            r.inputLength = inputLength;
+            r.beamWidth = beamWidth;
+            batch.push_back(std::move(r));
+        }
+        auto admissions = impl().addSequenceBatch(batch);
+        for (size_t i = 0; i < admissions.size(); ++i) {
+            LlmRequest& req = llmRequests[i].get();
+            auto const& a = admissions[i];
+            req.setPrepopulatedPromptLen(a.prepopulated_prompt_len, getTokensPerBlock());
+            req.updateAllocTotalBlocksPerRequest(
+                static_cast<SizeType32>(a.stats.alloc_total_blocks));
+            req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
+            req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
+            req.updateMissedBlocksPerRequest(static_cast<SizeType32>(a.stats.missed_blocks));
+        }
+    }
+
+    // --- tokens --------------------------------------------------------------------------
+    /// Grows a sequence by one KV slot (a decode step's token, an extra KV token, a draft
+    /// token), allocating a block at a block boundary. The slot's token id comes later from
+    /// the request (see the file comment). Throws KVB_STATUS_OUT_OF_BLOCKS when no block is
+    /// left, KVB_STATUS_UNSUPPORTED with beam search.
+    void addToken(RequestIdType requestId) {
+        auto l = impl().getSequenceLengths(requestId);
+        if (!impl().resize(requestId, l.capacity + 1))
+            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for the new slot");
+    }
+    /// KV slots of a sequence: its tokens plus the slots addToken reserved.
+    [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const {
+        return static_cast<SizeType32>(impl().getSequenceLengths(requestId).capacity);
+    }
+    /// Drops the last `numTokens` slots (rejected drafts): reserved slots first, then tokens.
+    void rewindKVCache(RequestIdType requestId, SizeType32 numTokens) {
+        auto l = impl().getSequenceLengths(requestId);
+        size_t reserved = l.capacity - std::min(l.capacity, l.num_tokens);
+        size_t n = static_cast<size_t>(numTokens);
+        if (n <= reserved) {
+            if (n > 0) impl().resize(requestId, l.capacity - n);
+        } else {
+            impl().rewindKVCache(requestId, static_cast<int32_t>(n - reserved));
+        }
+    }
+    void removeToken(RequestIdType requestId) { rewindKVCache(requestId, 1); }
+    /// Gives the manager the request's token ids for the slots it has reserved (kvblock keeps
+    /// block content); with `storeNewBlocks`, each block a token completes is stored for reuse.
+    void syncTokens(LlmRequest const& llmRequest, bool storeNewBlocks = false) {
+        RequestIdType id = llmRequest.getRequestId();
+        auto l = impl().getSequenceLengths(id);
+        VecTokens const& tokens = llmRequest.getTokens(0);
+        size_t target = std::min(tokens.size(), l.capacity);
+        if (target <= l.num_tokens) return;
+        std::vector<uint64_t> ids(target - l.num_tokens, id);
+        std::vector<int32_t> toks(tokens.begin() + static_cast<std::ptrdiff_t>(l.num_tokens),
+                                  tokens.begin() + static_cast<std::ptrdiff_t>(target));
+        if (impl().addTokenBatch(ids, toks, storeNewBlocks) != ids.size())
+            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for a token");
+    }
+
+    // --- store, release, pins ------------------------------------------------------------
+    void storeContextBlocks(LlmRequest const& llmRequest) {
+        impl().storeContextBlocks(llmRequest.getRequestId(),
+                                  llmRequest.getContextCurrentPosition());
+    }
+    void storeNewBlock(LlmRequest const& llmRequest) {
+        syncTokens(llmRequest, /*storeNewBlocks*/ true);
+        impl().storeNewBlock(llmRequest.getRequestId());
+    }
+    /// Stores every computed token for reuse; with `pinBlocks`, pins the sequence's blocks in
+    /// every window and returns those of the smallest window (beam 0) for unpinBlocksById.
+    std::vector<BlockIdType> storeBlocksForReuse(RequestIdType requestId,
+                                                 OptionalRef<LlmRequest const> llmRequest,
+                                                 bool pinBlocks = false) {
+        if (llmRequest) syncTokens(*llmRequest);
+        impl().storeBlocksForReuse(requestId, false);
+        if (!pinBlocks) return {};
+        return pinSequence(requestId);
+    }
+    /// Releases a sequence; stores it for reuse when the request is given (and reuse is on);
+    /// with `pinOnRelease` its blocks stay allocated until unpinBlocksById. Returns the last
+    /// block of beam 0 in the smallest window when the sequence was stored or pinned. An
+    /// unknown id does nothing.
+    std::optional<BlockIdType> removeSequence(RequestIdType requestId,
+                                              OptionalRef<LlmRequest const> llmRequest = nullptr,
+                                              bool pinOnRelease = false) {
+        if (!hasSequence(requestId)) return std::nullopt;
+        if (llmRequest) syncTokens(*llmRequest);
+        std::optional<BlockIdType> last;
+        if (llmRequest || pinOnRelease) last = impl().getLastBlockId(requestId);
+        if (pinOnRelease) pinSequence(requestId);
+        impl().removeSequence(requestId, llmRequest.has_value() && enableBlockReuse_);
+        return last;
+    }
+    void pinBlocks(RequestIdType requestId) { pinSequence(requestId); }
+    /// Drops the pins of a group of blocks pinned through this facade (by its ids in the
+    /// smallest window, as storeBlocksForReuse returned them, or ids pinned by a reuse-tree
+    /// lookup in that window).
+    void unpinBlocksById(std::vector<BlockIdType> const& blockIds) {
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        for (auto it = pinGroups_.begin(); it != pinGroups_.end(); ++it) {
+            if (it->first == blockIds) {
+                for (auto const& [window, ids] : it->second) impl().unpinBlocksById(window, ids);
+                pinGroups_.erase(it);
+                return;
+            }
+        }
+        impl().unpinBlocksById(windows_.front(), blockIds);
+    }
+    void schedulingRemoveSequence(RequestIdType requestId) {
+        impl().schedulingRemoveSequence(requestId);
+    }
+    void startScheduling() { impl().startScheduling(); }
+
+    // --- block ids and offsets ------------------------------------------------------------
+    /// Block ids of every beam of a sequence in one window: [beam][block].
+    [[nodiscard]] std::vector<std::vector<SizeType32>> getCacheBlockIds(
+        RequestIdType requestId, SizeType32 windowSize) const {
+        int32_t beams = 0;
+        check(kvb_manager_get_beam_width(impl().get(), requestId, &beams));
+        std::vector<std::vector<SizeType32>> out;
+        for (int32_t b = 0; b < beams; ++b)
+            out.push_back(impl().getCacheBlockIds(requestId, windowSize, b));
+        return out;
+    }
+    [[nodiscard]] std::vector<std::vector<std::vector<SizeType32>>> getBatchCacheBlockIds(
+        std::vector<RequestIdType> const& requestIds, SizeType32 windowSize) const {
+        std::vector<std::vector<std::vector<SizeType32>>> out;
+        out.reserve(requestIds.size());
+        for (auto id : requestIds) out.push_back(getCacheBlockIds(id, windowSize));
+        return out;
+    }
+    [[nodiscard]] std::optional<BlockIdType> getLastBlockId(RequestIdType requestId) const {
+        if (!hasSequence(requestId)) return std::nullopt;
+        return impl().getLastBlockId(requestId);
+    }
+    [[nodiscard]] SizeType32 getNumFrontBlocksRemoved(RequestIdType requestId,
+                                                      SizeType32 windowSize) const {
+        int32_t n = 0;
+        check(kvb_manager_get_num_front_blocks_removed(impl().get(), requestId, windowSize, &n));
+        return n;
+    }
+    /// Writes one request's offsets at slot `outputSlotOffset`; returns its block count.
+    SizeType32 copyBlockOffsets(BlockOffsetsTensor& output, SizeType32 outputSlotOffset,
+                                RequestIdType requestId) const {
+        return impl().copyBlockOffsets(output.data, output.numSlots, outputSlotOffset, requestId);
+    }
+    /// The offsets of `batchSize` requests whose ids are `firstBatchSlotIdx + i`, at slots
+    /// `i * beamWidth`.
+    void getBlockOffsetsOfBatch(BlockOffsetsTensor& output, SizeType32 firstBatchSlotIdx,
+                                SizeType32 batchSize, SizeType32 beamWidth) const {
+        for (SizeType32 i = 0; i < batchSize; ++i)
+            copyBlockOffsets(output, i * beamWidth,
+                             static_cast<RequestIdType>(firstBatchSlotIdx + i));
+    }
+    /// The executor's batch form: request i at slots `offset + i * beamWidth`.
+    void copyBatchBlockOffsets(BlockOffsetsTensor& output,
+                               std::vector<RequestIdType> const& requestIds, SizeType32 beamWidth,
+                               SizeType32 offset) const {
+        for (size_t i = 0; i < requestIds.size(); ++i)
+            copyBlockOffsets(output, offset + static_cast<SizeType32>(i) * beamWidth,
+                             requestIds[i]);
+    }
+    /// The GPU-pool row of each block id of a window; -1 for a block on the host tier.
+    [[nodiscard]] std::vector<SizeType32> getMemoryPoolBlockIndicesByBlockIds(
+        std::vector<BlockIdType> const& blockIds, SizeType32 windowSize) const {
+        std::vector<SizeType32> rows(blockIds.size());
+        check(kvb_manager_get_memory_pool_block_indices(impl().get(), windowSize, blockIds.data(),
+                                                        blockIds.size(), rows.data()));
+        return rows;
+    }
+    [[nodiscard]] SizeType32 getPriorityByBlockId(BlockIdType blockId,
+                                                  SizeType32 windowSize) const {
+        return impl().getPriorityByBlockId(windowSize, blockId);
+    }
+
+    // --- reuse ----------------------------------------------------------------------------
+    /// One walk of the largest window's tree along `uniqueTokens` keyed as `llmRequest`'s
+    /// blocks (LoRA task, salt, multimodal items).
+    [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
+                                                        LlmRequest const& llmRequest) const {
+        return analyzePrefixReuse(uniqueTokens, llmRequest, windows_.back());
+    }
+    [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
+                                                        LlmRequest const& llmRequest,
+                                                        SizeType32 windowSize) const {
+        kvb::Request r = toKvb(llmRequest);
+        setUniqueTokens(r, uniqueTokens, llmRequest.getTokenExtraIds().has_value());
+        kvb_prefix_reuse_summary_t s{};
+        r.withC([&](kvb_request_t const* c) {
+            check(kvb_manager_analyze_prefix_reuse(impl().get(), c, windowSize, &s));
+        });
+        return fromC(s);
+    }
+    [[nodiscard]] SizeType32 getNeededBlocksOneStep(
+        LlmRequest const& req, bool twoStepsLookAhead, SizeType32 windowSize,
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
+        kvb_request_state_t state = stateOf(req);
+        int32_t n = 0;
+        if (cachedSummary) {
+            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
+            check(kvb_manager_get_needed_blocks_one_step_cached(impl().get(), &state, &s,
+                                                                twoStepsLookAhead, windowSize, &n));
+        } else {
+            kvb::Request r = toKvb(req);
+            r.withC([&](kvb_request_t const* c) {
+                check(kvb_manager_get_needed_blocks_one_step(impl().get(), &state, c,
+                                                             twoStepsLookAhead, windowSize, &n));
+            });
+        }
+        return n;
+    }
+    [[nodiscard]] SizeType32 getRemainingBlocksToCompletion(
+        LlmRequest const& req, SizeType32 windowSize,
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
+        kvb_request_state_t state = stateOf(req);
+        int32_t n = 0;
+        if (cachedSummary) {
+            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
+            check(kvb_manager_get_remaining_blocks_to_completion_cached(impl().get(), &state, &s,
+                                                                        windowSize, &n));
+        } else {
+            kvb::Request r = toKvb(req);
+            r.withC([&](kvb_request_t const* c) {
+                check(kvb_manager_get_remaining_blocks_to_completion(impl().get(), &state, c,
+                                                                     windowSize, &n));
+            });
+        }
+        return n;
+    }
+    /// Stores the request's full computed blocks and returns their hash chain.
+    std::vector<SizeType64> commitAndGetBlockHashesForRequest(LlmRequest const& llmRequest,
+                                                              SizeType32 windowSize) {
+        syncTokens(llmRequest);
+        RequestIdType id = llmRequest.getRequestId();
+        size_t n = 0;
+        kvb_status_t s =
+            kvb_manager_commit_block_hashes(impl().get(), id, windowSize, nullptr, 0, &n);
+        if (s != KVB_OK && s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
+        std::vector<uint64_t> hashes(n);
+        check(kvb_manager_commit_block_hashes(impl().get(), id, windowSize, hashes.data(),
+                                              hashes.size(), &n));
+        return {hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(n)};
+    }
+    /// Drops cached blocks of `targetTokens` past its first `numTokensToKeep` tokens.
+    void truncateBlocks(VecTokens const& targetTokens, SizeType32 numTokensToKeep) {
+        check(kvb_manager_truncate_blocks(impl().get(), targetTokens.data(), targetTokens.size(),
+                                          numTokensToKeep, nullptr));
+    }
+    void resetReuseState() { check(kvb_manager_reset_reuse_state(impl().get(), nullptr)); }
+
+    // --- iteration -------------------------------------------------------------------------
+    void refreshBlocks() { impl().refreshBlocks(); }
+    void flushIterationEvents() { impl().flushIterationEvents(); }
+    /// kvblock enqueues its copies on the engine stream: nothing to order here.
+    void syncTransferManagerWithBufferManager() {}
+    /// Flushed events; no timeout waits until there is one (at once when events are off).
+    [[nodiscard]] std::deque<Event> getLatestEvents(
+        std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+        std::vector<Event> events;
+        if (timeout) {
+            events = impl().getLatestEvents(timeout->count());
+        } else {
+            do {
+                events = impl().getLatestEvents(1000);
+            } while (events.empty() && config_.raw.max_kv_event_entries > 0);
+        }
+        return {events.begin(), events.end()};
+    }
+    [[nodiscard]] SizeType32 getMaxCapacityBatchSize(SizeType32 inputLength,
+                                                     SizeType32 outputLength) const {
+        return impl().getMaxCapacityBatchSize(inputLength, outputLength);
+    }
+
+    [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
+        kvb_sequence_lengths_t l{};
+        kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
+        if (s == KVB_STATUS_UNKNOWN_REQUEST) return false;
+        check(s);
+        return true;
+    }
+
+  private:
+    friend class BlockManager;
+
+    void collectWindows() {
+        for (auto const& w : config_.windows) windows_.push_back(w.window_size);
+        std::sort(windows_.begin(), windows_.end());
+    }
+
+    /// Pins every listed block of a sequence in every window and remembers the group.
+    std::vector<BlockIdType> pinSequence(RequestIdType requestId) {
+        std::vector<std::pair<SizeType32, std::vector<BlockIdType>>> group;
+        for (SizeType32 w : windows_) {
+            std::vector<BlockIdType> ids;
+            SizeType32 front = getNumFrontBlocksRemoved(requestId, w);
+            for (auto const& beam : getCacheBlockIds(requestId, w))
+                ids.insert(ids.end(), beam.begin() + front, beam.end());
+            group.emplace_back(w, std::move(ids));
+        }
+        auto beam0 = getCacheBlockIds(requestId, windows_.front()).at(0);
+        std::vector<BlockIdType> key(
+            beam0.begin() + getNumFrontBlocksRemoved(requestId, windows_.front()), beam0.end());
+        impl().pinBlocks(requestId);
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        pinGroups_.emplace_back(key, std::move(group));
+        return key;
+    }
+
+    static kvb::Request toKvb(LlmRequest const& req) {
+        kvb::Request r(req.getRequestId(), req.getTokens(0));
+        r.inputLength = req.getPromptLen();
+        if (auto extra = req.getTokenExtraIds()) r.extraIds = *extra;
+        if (auto lora = req.getLoraTaskId()) r.withLora(*lora);
+        if (auto salt = req.getCacheSaltID()) r.withSalt(*salt);
+        r.mmItems = req.getMultimodalItems();
+        return r;
+    }
+    static void setUniqueTokens(kvb::Request& r, VecUniqueTokens const& tokens, bool extra) {
+        r.tokens.clear();
+        r.extraIds.clear();
+        for (auto const& t : tokens) {
+            r.tokens.push_back(t.tokenId);
+            if (extra) r.extraIds.push_back(t.tokenExtraId);
+        }
+        r.inputLength = static_cast<int32_t>(tokens.size());
+    }
+    static kvb_request_state_t stateOf(LlmRequest const& req) {
+        kvb_request_state_t s{};
+        check(kvb_request_state_init(&s));
+        s.request_id = req.getRequestId();
+        s.phase =
+            req.isContextInitState()
+                ? (req.isFirstContextChunk() ? KVB_PHASE_CONTEXT_INIT : KVB_PHASE_CONTEXT_CONTINUE)
+                : (req.isGenerationInProgressState() ? KVB_PHASE_GENERATION : KVB_PHASE_OTHER);
+        s.prompt_len = req.getPromptLen();
+        s.beam_width = req.getBeamWidth();
+        s.context_chunk_size = req.getContextChunkSize();
+        s.num_draft_tokens = req.getNumDraftTokens();
+        s.max_new_tokens = req.getMaxNewTokens();
+        s.num_generated_tokens = req.getNumGeneratedTokens();
+        return s;
+    }
+    static PrefixReuseSummary fromC(kvb_prefix_reuse_summary_t const& s) {
+        PrefixReuseSummary out{s.reusable_blocks_allocated, s.reusable_blocks_all, std::nullopt};
+        if (s.first_new_block_index >= 0) out.firstNewBlock = s.first_new_block_index;
+        return out;
+    }
+    static kvb_prefix_reuse_summary_t toC(PrefixReuseSummary const& s) {
+        return {s.reusableBlocksAllocated, s.reusableBlocksAll, s.firstNewBlock.value_or(-1)};
+    }
+
+    Config config_;
+    bool enableBlockReuse_ = false;
+    bool enablePartialReuse_ = false;
+    std::vector<SizeType32> windows_;
+    mutable std::optional<Manager> manager_;
+    BlockManager blockManager_{*this};
+    /// Pins made through the facade: the smallest window's beam-0 ids -> every window's ids.
+    std::mutex pinMutex_;
+    std::vector<std::pair<std::vector<BlockIdType>,
+                          std::vector<std::pair<SizeType32, std::vector<BlockIdType>>>>>
+        pinGroups_;
+};
+
+// --- BlockManager ----------------------------------------------------------------------------
+inline bool BlockManager::isVariableWindow() const {
+    return owner_.isVariableWindow();
+}
+inline SizeType32 BlockManager::getFirstWindowSize() const {
+    return owner_.windows_.front();
+}
+inline SizeType32 BlockManager::getLastWindowSize() const {
+    return owner_.windows_.back();
+}
+inline std::map<SizeType32, SizeType32> BlockManager::getNumFreeBlocksPerWindowSize() const {
+    return owner_.getNumFreeBlocksPerWindowSize();
+}
+inline bool BlockManager::schedulingHasFreeBlocks(SizeType32 numRequired,
+                                                  SizeType32 windowSize) const {
+    return owner_.impl().schedulingHasFreeBlocks(numRequired, windowSize);
+}
+inline SizeType32 BlockManager::getNumPools() const {
+    return owner_.getNumPools();
+}
+inline SizeType32 BlockManager::getPoolWindowSize(SizeType32 poolIdx) const {
+    return owner_.windows_.at(static_cast<size_t>(poolIdx));
+}
+inline SizeType32 BlockManager::getNumSecondaryBlocks() const {
+    return static_cast<SizeType32>(owner_.impl().getKvCacheStats().num_secondary_blocks);
+}
+inline SizeType32 BlockManager::getNumFreeSecondaryBlocks() const {
+    return static_cast<SizeType32>(owner_.impl().getKvCacheStats().free_secondary_blocks);
+}
+inline kvb_block_info_t BlockManager::getBlockById(BlockIdType blockId,
+                                                   SizeType32 windowSize) const {
+    return owner_.impl().getBlockInfo(windowSize, blockId);
+}
+inline std::optional<ReuseTreeMatch> BlockManager::findBlocksInReuseTreeByBlockKey(
+    BlockKey const& blockKey, SizeType32 windowSize) const {
+    return find(blockKey, windowSize, false, nullptr);
+}
+inline std::optional<ReuseTreeMatch> BlockManager::findBlocksInReuseTreeByBlockKey(
+    BlockKey const& blockKey, SizeType32 windowSize,
+    std::vector<BlockIdType>& pinnedBlockIds) const {
+    return find(blockKey, windowSize, true, &pinnedBlockIds);
+}
+inline std::optional<ReuseTreeMatch> BlockManager::findBlocksInReuseTreeByBlockKeys(
+    std::vector<BlockKey> const& blockKeys, SizeType32 windowSize) const {
+    if (blockKeys.empty()) return std::nullopt;
+    BlockKey all = blockKeys.front();
+    for (size_t i = 1; i < blockKeys.size(); ++i)
+        all.uniqueTokens.insert(all.uniqueTokens.end(), blockKeys[i].uniqueTokens.begin(),
+                                blockKeys[i].uniqueTokens.end());
+    return find(all, windowSize, false, nullptr);
+}
+inline void BlockManager::verifyQueueIntegrity(SizeType32) const {
+    owner_.impl().checkInvariants();
+}
+inline std::optional<ReuseTreeMatch> BlockManager::find(BlockKey const& key, SizeType32 windowSize,
+                                                        bool pin,
+                                                        std::vector<BlockIdType>* pinned) const {
+    if (key.uniqueTokens.empty()) return std::nullopt;
+    kvb::Request r;
+    KVCacheManager::setUniqueTokens(r, key.uniqueTokens, key.usesExtraIds);
+    if (key.loraTaskId) r.withLora(*key.loraTaskId);
+    if (key.cacheSaltID) r.withSalt(*key.cacheSaltID);
+    r.mmItems = key.multimodalItems;
+    size_t tpb = static_cast<size_t>(owner_.getTokensPerBlock());
+    std::vector<int32_t> ids((key.uniqueTokens.size() + tpb - 1) / tpb);
+    size_t n = 0;
+    r.withC([&](kvb_request_t const* c) {
+        check(kvb_manager_find_blocks_in_reuse_tree(owner_.impl().get(), c,
+                                                    static_cast<int32_t>(c->num_tokens), windowSize,
+                                                    pin, ids.data(), ids.size(), &n));
+    });
+    if (n == 0) return std::nullopt;
+    ids.resize(n);
+    if (pinned) {
+        pinned->insert(pinned->end(), ids.begin(), ids.end());
+        auto& self = const_cast<KVCacheManager&>(owner_);
+        std::lock_guard<std::mutex> lock(self.pinMutex_);
+        self.pinGroups_.emplace_back(
+            ids, std::vector<std::pair<SizeType32, std::vector<BlockIdType>>>{{windowSize, ids}});
+    }
+    return ReuseTreeMatch{ids};
+}
+
+}  // namespace kvb::trtllm
+
+#endif  // KVBLOCK_TRTLLM_HPP
