@@ -809,9 +809,21 @@ typedef struct kvb_kv_cache_stats_t {
  * cumulative counters of `kvb_kv_cache_stats_t` over the interval.
  */
 typedef struct kvb_iteration_stats_t {
+    /**
+     * The window these statistics are about.
+     */
     int32_t window_size;
+    /**
+     * Primary (GPU) blocks of the window.
+     */
     uint64_t primary_max_blocks;
+    /**
+     * Free primary blocks now.
+     */
     uint64_t primary_free_blocks;
+    /**
+     * Primary blocks in use now.
+     */
     uint64_t primary_used_blocks;
     /**
      * The most primary blocks in use at any moment of the interval (a block claimed only
@@ -822,25 +834,49 @@ typedef struct kvb_iteration_stats_t {
      * Free primary blocks that still hold cached KV: what eviction would destroy.
      */
     uint64_t primary_evictable_blocks;
+    /**
+     * Secondary (host) blocks of the window.
+     */
     uint64_t secondary_max_blocks;
+    /**
+     * Free secondary blocks now.
+     */
     uint64_t secondary_free_blocks;
     /**
      * Free host blocks that still hold cached KV.
      */
     uint64_t secondary_evictable_blocks;
+    /**
+     * Blocks taken from the free queues in the interval.
+     */
     uint64_t iter_alloc_total_blocks;
+    /**
+     * Of those, blocks that held no cached content.
+     */
     uint64_t iter_alloc_new_blocks;
+    /**
+     * Prompt blocks admission found in the reuse tree in the interval.
+     */
     uint64_t iter_reused_blocks;
+    /**
+     * Prompt blocks admission did not find in the interval.
+     */
     uint64_t iter_missed_blocks;
     /**
      * `iter_reused / (iter_reused + iter_missed)`; 0 when both are 0.
      */
     double iter_cache_hit_rate;
+    /**
+     * Blocks copied from the host tier to the GPU in the interval.
+     */
     uint64_t iter_onboard_blocks;
     /**
      * Onboarded blocks times the window's row bytes (every layer of a block).
      */
     uint64_t iter_onboard_bytes;
+    /**
+     * Blocks copied from the GPU to the host tier in the interval.
+     */
     uint64_t iter_offload_blocks;
     /**
      * Offloaded blocks times the window's row bytes.

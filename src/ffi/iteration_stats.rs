@@ -11,28 +11,40 @@ use crate::manager::IterationStats;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kvb_iteration_stats_t {
+    /// The window these statistics are about.
     pub window_size: i32,
+    /// Primary (GPU) blocks of the window.
     pub primary_max_blocks: u64,
+    /// Free primary blocks now.
     pub primary_free_blocks: u64,
+    /// Primary blocks in use now.
     pub primary_used_blocks: u64,
     /// The most primary blocks in use at any moment of the interval (a block claimed only
     /// inside one call, such as the host row of an offload, counts).
     pub primary_peak_used_blocks: u64,
     /// Free primary blocks that still hold cached KV: what eviction would destroy.
     pub primary_evictable_blocks: u64,
+    /// Secondary (host) blocks of the window.
     pub secondary_max_blocks: u64,
+    /// Free secondary blocks now.
     pub secondary_free_blocks: u64,
     /// Free host blocks that still hold cached KV.
     pub secondary_evictable_blocks: u64,
+    /// Blocks taken from the free queues in the interval.
     pub iter_alloc_total_blocks: u64,
+    /// Of those, blocks that held no cached content.
     pub iter_alloc_new_blocks: u64,
+    /// Prompt blocks admission found in the reuse tree in the interval.
     pub iter_reused_blocks: u64,
+    /// Prompt blocks admission did not find in the interval.
     pub iter_missed_blocks: u64,
     /// `iter_reused / (iter_reused + iter_missed)`; 0 when both are 0.
     pub iter_cache_hit_rate: f64,
+    /// Blocks copied from the host tier to the GPU in the interval.
     pub iter_onboard_blocks: u64,
     /// Onboarded blocks times the window's row bytes (every layer of a block).
     pub iter_onboard_bytes: u64,
+    /// Blocks copied from the GPU to the host tier in the interval.
     pub iter_offload_blocks: u64,
     /// Offloaded blocks times the window's row bytes.
     pub iter_offload_bytes: u64,
