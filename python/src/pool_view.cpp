@@ -75,8 +75,11 @@ nb::object pool_view(nb::handle self_obj, int32_t window, kvb_cache_level_t leve
     self.live_views += 1;
     nb::capsule capsule(owner, &release_view_owner);
     if (gpu) {
-        return nb::cast(nb::ndarray<>(base, shape.size(), shape.data(), capsule, nullptr, dtype,
-                                      nb::device::cuda::value, self.config.raw.cuda_device));
+        // An object with __dlpack__ / __dlpack_device__ (not a bare capsule, which a consumer
+        // can take only once): torch.from_dlpack, cupy.from_dlpack, jax.dlpack.from_dlpack.
+        return nb::cast(nb::ndarray<nb::array_api>(base, shape.size(), shape.data(), capsule,
+                                                   nullptr, dtype, nb::device::cuda::value,
+                                                   self.config.raw.cuda_device));
     }
     return nb::cast(nb::ndarray<nb::numpy>(base, shape.size(), shape.data(), capsule, nullptr,
                                            dtype, nb::device::cpu::value, 0));
