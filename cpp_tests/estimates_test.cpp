@@ -66,7 +66,7 @@ int32_t generationNeed(int32_t maxSeq, int32_t prompt, int32_t generated, int32_
     s.max_new_tokens = maxNew;
     s.num_generated_tokens = generated;
     s.num_draft_tokens = draft;
-    const int32_t need = m.getNeededBlocksOneStep(s, twoSteps, maxSeq);
+    const int32_t need = m.getNeededBlocksOneStep(s, nullptr, twoSteps, maxSeq);
     m.checkInvariants();
     return need;
 }
@@ -81,7 +81,7 @@ TEST(NeededBlocksOneStepTest, NeededBlocksOneStepTestCorrectlyEstimated) {
         kvb_request_state_t s = estState(1, KVB_PHASE_CONTEXT_INIT, prompt, beam);
         s.context_chunk_size = chunk;
         s.num_draft_tokens = draft;
-        return m.getNeededBlocksOneStep(s, false, 512);
+        return m.getNeededBlocksOneStep(s, nullptr, false, 512);
     };
     EXPECT_EQ(ctx(136, 136, 1, 0), 9) << "8 full blocks + 1 partial";
     EXPECT_EQ(ctx(512, 512, 1, 0), 32);
@@ -93,7 +93,7 @@ TEST(NeededBlocksOneStepTest, NeededBlocksOneStepTestCorrectlyEstimated) {
 
     // Phases that allocate nothing.
     for (kvb_request_phase_t phase : {KVB_PHASE_CONTEXT_CONTINUE, KVB_PHASE_OTHER}) {
-        EXPECT_EQ(m.getNeededBlocksOneStep(estState(1, phase, 136), false, 512), 0);
+        EXPECT_EQ(m.getNeededBlocksOneStep(estState(1, phase, 136), nullptr, false, 512), 0);
     }
 
     // Generation.
@@ -124,7 +124,7 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepMatchesAllocationPerStep) {
                      " prompt " + std::to_string(c.prompt));
         kvb::Manager m(estConfig(c.window, 40, 4, c.maxSeq, false, 2));
         kvb_request_state_t s = estState(7, KVB_PHASE_CONTEXT_INIT, c.prompt, c.beam);
-        const int32_t first = m.getNeededBlocksOneStep(s, false, c.window);
+        const int32_t first = m.getNeededBlocksOneStep(s, nullptr, false, c.window);
         uint64_t before = allocTotal(m);
         m.addSequence(kvb::Request(7, tokenRun(0, c.prompt)).withBeamWidth(c.beam));
         EXPECT_EQ(static_cast<uint64_t>(first), allocTotal(m) - before);
@@ -136,8 +136,8 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepMatchesAllocationPerStep) {
         std::vector<uint64_t> delta;
         for (int32_t g = 0; g < maxNew; ++g) {
             s.num_generated_tokens = g;
-            const int32_t one = m.getNeededBlocksOneStep(s, false, c.window);
-            twoStep.push_back(m.getNeededBlocksOneStep(s, true, c.window));
+            const int32_t one = m.getNeededBlocksOneStep(s, nullptr, false, c.window);
+            twoStep.push_back(m.getNeededBlocksOneStep(s, nullptr, true, c.window));
             before = allocTotal(m);
             m.addToken(7, 100 + g);
             delta.push_back(allocTotal(m) - before);
@@ -167,8 +167,9 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepKvCacheBlockReuse) {
     for (int32_t t : {50, 51, 52, 53}) prompt.push_back(t);  // 17 tokens: 4 full + 1 partial
     const kvb::Request b(2, prompt);
     const kvb_request_state_t s = estState(2, KVB_PHASE_CONTEXT_INIT, 17);
-    EXPECT_EQ(m.getNeededBlocksOneStep(s, false, kWindow), 5) << "without the request: no discount";
-    EXPECT_EQ(m.getNeededBlocksOneStep(s, false, kWindow, &b), 2)
+    EXPECT_EQ(m.getNeededBlocksOneStep(s, nullptr, false, kWindow), 5)
+        << "without the request: no discount";
+    EXPECT_EQ(m.getNeededBlocksOneStep(s, &b, false, kWindow), 2)
         << "3 prefix blocks held by sequence 1";
     int64_t freeBefore = m.getNumFreeBlocks();
     uint64_t allocBefore = allocTotal(m);
@@ -184,7 +185,7 @@ TEST(NeededBlocksOneStepTest, neededBlocksOneStepKvCacheBlockReuse) {
     const kvb::Request c(3, prompt);
     const kvb_request_state_t sc = estState(3, KVB_PHASE_CONTEXT_INIT, 17);
     EXPECT_EQ(m.countReusableBlocks(c, kWindow), 3);
-    EXPECT_EQ(m.getNeededBlocksOneStep(sc, false, kWindow, &c), 5);
+    EXPECT_EQ(m.getNeededBlocksOneStep(sc, &c, false, kWindow), 5);
     freeBefore = m.getNumFreeBlocks();
     allocBefore = allocTotal(m);
     EXPECT_EQ(m.addSequence(c).prepopulated_prompt_len, 12);
@@ -201,7 +202,7 @@ TEST(RemainingBlocksToCompletionTest, RemainingBlocksToCompletionCorrectlyEstima
     auto remaining = [&](uint64_t id, int32_t beam) {
         kvb_request_state_t s = estState(id, KVB_PHASE_CONTEXT_INIT, 100, beam);
         s.max_new_tokens = 60;
-        return m.getRemainingBlocksToCompletion(s, kWindow);
+        return m.getRemainingBlocksToCompletion(s, nullptr, kWindow);
     };
     // ctx = 100 / 16 = 6, total = ceil(160 / 16) = 10.
     EXPECT_EQ(remaining(1, 1), 10);
@@ -226,9 +227,9 @@ TEST(RemainingBlocksToCompletionTest, RemainingBlocksToCompletionCorrectlyEstima
     kvb::Manager swa(estConfig(64, 20, 16, 1024, false));
     kvb_request_state_t s = estState(1, KVB_PHASE_CONTEXT_INIT, 40);
     s.max_new_tokens = 60;
-    EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, 64), 5);
+    EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, nullptr, 64), 5);
     swa.addSequence(kvb::Request(1, tokenRun(0, 40)));
-    EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, 64), 2) << "(4 - 3 allocated + 1)";
+    EXPECT_EQ(swa.getRemainingBlocksToCompletion(s, nullptr, 64), 2) << "(4 - 3 allocated + 1)";
     int64_t minFree = swa.getNumFreeBlocks();
     for (int32_t g = 0; g < 60; ++g) {
         swa.addToken(1, 1000 + g);
@@ -268,7 +269,7 @@ TEST_P(FillKvCacheAndCompleteRequestsTest, FillKvCacheWithRequestsAndCompleteOne
         const kvb::Request r(id, prompt);
         kvb_request_state_t s = estState(id, KVB_PHASE_CONTEXT_INIT, p.prompt);
         s.max_new_tokens = p.output;
-        const int32_t need = m.getRemainingBlocksToCompletion(s, p.window, &r);
+        const int32_t need = m.getRemainingBlocksToCompletion(s, &r, p.window);
         ASSERT_GT(need, 0);
         if (reserved + need > p.primary) break;
         reserved += need;

@@ -625,3 +625,32 @@ TEST(TrtllmFacade, LatestEventsWithoutTimeout) {
     g->flushIterationEvents();  // the Created event
     EXPECT_FALSE(g->getLatestEvents().empty());
 }
+
+// Rows calculateMaxBlockRequirements(PerBeam) / calculateMaxAttentionWindow /
+// getSinkBubbleLength: TensorRT-LLM's argument lists (with the sink length, which must be 0).
+TEST(TrtllmFacade, StaticSizingHelpersTakeTheSinkArgument) {
+    int32_t perBeam = 0, total = 0, window = 0;
+    ASSERT_EQ(kvb_calculate_max_block_requirements_per_beam(100, 64, kTpb, &perBeam), KVB_OK);
+    ASSERT_EQ(kvb_calculate_max_block_requirements(60, 40, 64, 2, kTpb, &total), KVB_OK);
+    ASSERT_EQ(kvb_calculate_max_attention_window(60, 40, 30, 2, kTpb, &window), KVB_OK);
+    EXPECT_EQ(KVCacheManager::calculateMaxBlockRequirementsPerBeam(100, 0, 64, kTpb), perBeam);
+    EXPECT_EQ(KVCacheManager::calculateMaxBlockRequirements(60, 40, 0, 64, 2, kTpb), total);
+    EXPECT_EQ(KVCacheManager::calculateMaxAttentionWindow(60, 40, 0, 30, 2, kTpb), window);
+    EXPECT_EQ(KVCacheManager::getSinkBubbleLength(0, kTpb), 0);
+    EXPECT_EQ(statusOf([] { (void)KVCacheManager::getSinkBubbleLength(4, kTpb); }),
+              KVB_STATUS_UNSUPPORTED);
+}
+
+// Rows BlockManager::getBlockById (a snapshot) and getAndResetIterationStats.
+TEST(TrtllmFacade, BlockManagerSnapshotsAndIterationStats) {
+    auto f = makeFacade();
+    Request r(1, tokenRun(10, 9));
+    admit(*f, r);
+    int32_t block = f->getCacheBlockIds(1, kWindow)[0][0];
+    kvb_block_info_t info = f->getBlockManager().getBlockById(block, kWindow);
+    EXPECT_EQ(info.ref_count, 1);
+    EXPECT_FALSE(info.is_free);
+    auto stats = f->getBlockManager().getAndResetIterationStats();
+    EXPECT_EQ(stats.at(kWindow).iterAllocTotalBlocks, 3);
+    EXPECT_EQ(f->getIterationStats().at(kWindow).iterAllocTotalBlocks, 0);
+}

@@ -415,32 +415,24 @@ class Manager {
         check(kvb_manager_scheduling_has_free_blocks(handle_, n, window, &out));
         return out;
     }
-    int32_t getNeededBlocksOneStep(const kvb_request_state_t& state, bool twoSteps, int32_t window,
-                                   const Request* request = nullptr) {
+    /// Blocks the next step of a request needs in one window. The argument order is the C
+    /// call's (and Python's): the state, the request whose prompt discounts reusable blocks
+    /// (may be null), `twoSteps`, the window.
+    int32_t getNeededBlocksOneStep(const kvb_request_state_t& state, const Request* request,
+                                   bool twoSteps, int32_t window) {
         int32_t n = 0;
-        if (request) {
-            request->withC([&](const kvb_request_t* r) {
-                check(kvb_manager_get_needed_blocks_one_step(handle_, &state, r, twoSteps, window,
-                                                             &n));
-            });
-        } else {
-            check(kvb_manager_get_needed_blocks_one_step(handle_, &state, nullptr, twoSteps, window,
-                                                         &n));
-        }
+        withOptionalC(request, [&](const kvb_request_t* r) {
+            check(kvb_manager_get_needed_blocks_one_step(handle_, &state, r, twoSteps, window, &n));
+        });
         return n;
     }
-    int32_t getRemainingBlocksToCompletion(const kvb_request_state_t& state, int32_t window,
-                                           const Request* request = nullptr) {
+    /// Blocks a request still needs in one window until completion; the C call's order.
+    int32_t getRemainingBlocksToCompletion(const kvb_request_state_t& state, const Request* request,
+                                           int32_t window) {
         int32_t n = 0;
-        if (request) {
-            request->withC([&](const kvb_request_t* r) {
-                check(
-                    kvb_manager_get_remaining_blocks_to_completion(handle_, &state, r, window, &n));
-            });
-        } else {
-            check(kvb_manager_get_remaining_blocks_to_completion(handle_, &state, nullptr, window,
-                                                                 &n));
-        }
+        withOptionalC(request, [&](const kvb_request_t* r) {
+            check(kvb_manager_get_remaining_blocks_to_completion(handle_, &state, r, window, &n));
+        });
         return n;
     }
     int32_t countReusableBlocks(const Request& request, int32_t window,
@@ -567,6 +559,15 @@ class Manager {
     }
 
   private:
+    /// Calls `f` with a C view of `request`, or with null.
+    template <typename F>
+    static void withOptionalC(const Request* request, F&& f) {
+        if (request) {
+            request->withC(f);
+        } else {
+            f(nullptr);
+        }
+    }
     /// Builds C views of every request (valid while `f` runs) and calls `f` with them.
     template <typename F>
     static void withCBatch(const std::vector<Request>& requests, F&& f) {

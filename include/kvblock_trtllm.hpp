@@ -300,6 +300,8 @@ class BlockManager {
         std::vector<BlockKey> const& blockKeys, SizeType32 windowSize) const;
     /// TensorRT-LLM's queue check; kvblock checks every invariant of the manager.
     void verifyQueueIntegrity(SizeType32 windowSize) const;
+    /// The manager's getIterationStats (one interval for both).
+    std::map<SizeType32, KvCacheIterationStats> getAndResetIterationStats() const;
 
   private:
     std::optional<ReuseTreeMatch> find(BlockKey const& key, SizeType32 windowSize, bool pin,
@@ -781,6 +783,41 @@ class KVCacheManager {
         return impl().getMaxCapacityBatchSize(inputLength, outputLength);
     }
 
+    // --- static sizing helpers (sink tokens: only 0, as TensorRT-LLM's manager requires) --
+    [[nodiscard]] static SizeType32 getSinkBubbleLength(SizeType32 sinkTokenLen,
+                                                        SizeType32 tokensPerBlock) {
+        (void)tokensPerBlock;
+        requireNoSink(sinkTokenLen);
+        return 0;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxBlockRequirementsPerBeam(
+        SizeType32 sequenceLength, SizeType32 sinkTokenLength, SizeType32 windowSize,
+        SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_block_requirements_per_beam(sequenceLength, windowSize,
+                                                            tokensPerBlock, &n));
+        return n;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxBlockRequirements(
+        SizeType32 inputLength, SizeType32 outputLength, SizeType32 sinkTokenLength,
+        SizeType32 windowSize, SizeType32 beamWidth, SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_block_requirements(inputLength, outputLength, windowSize, beamWidth,
+                                                   tokensPerBlock, &n));
+        return n;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxAttentionWindow(
+        SizeType32 inputLength, SizeType32 outputLength, SizeType32 sinkTokenLength,
+        SizeType32 blockCapacity, SizeType32 beamWidth, SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_attention_window(inputLength, outputLength, blockCapacity,
+                                                 beamWidth, tokensPerBlock, &n));
+        return n;
+    }
+
     [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
         kvb_sequence_lengths_t l{};
         kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
@@ -791,6 +828,11 @@ class KVCacheManager {
 
   private:
     friend class BlockManager;
+
+    static void requireNoSink(SizeType32 sinkTokenLength) {
+        if (sinkTokenLength != 0)
+            throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
+    }
 
     void collectWindows() {
         for (auto const& w : config_.windows) windows_.push_back(w.window_size);
@@ -922,6 +964,9 @@ inline std::optional<ReuseTreeMatch> BlockManager::findBlocksInReuseTreeByBlockK
         all.uniqueTokens.insert(all.uniqueTokens.end(), blockKeys[i].uniqueTokens.begin(),
                                 blockKeys[i].uniqueTokens.end());
     return find(all, windowSize, false, nullptr);
+}
+inline std::map<SizeType32, KvCacheIterationStats> BlockManager::getAndResetIterationStats() const {
+    return const_cast<KVCacheManager&>(owner_).getIterationStats();
 }
 inline void BlockManager::verifyQueueIntegrity(SizeType32) const {
     owner_.impl().checkInvariants();

@@ -43,6 +43,7 @@ void init_manager(nb::module_& m) {
     init_manager_queries(cls);
     init_manager_scheduling(cls);
     init_manager_iteration(cls);
+    init_manager_reuse_tree(m, cls);
     init_sizing(cls);
 }
 

@@ -68,6 +68,7 @@ void init_manager_tables(ManagerClass& cls);
 void init_manager_queries(ManagerClass& cls);
 void init_manager_scheduling(ManagerClass& cls);
 void init_manager_iteration(ManagerClass& cls);
+void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls);
 void init_sizing(ManagerClass& cls);
 
 }  // namespace kvb_py

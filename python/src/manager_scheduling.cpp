@@ -23,8 +23,8 @@ void init_manager_scheduling(ManagerClass& cls) {
             "Whether the simulation has at least ``num_blocks`` free blocks in a window.")
         .def(
             "get_needed_blocks_one_step",
-            [](Manager& self, const kvb_request_state_t& state, bool two_steps, int32_t w,
-               const PyRequest* request) {
+            [](Manager& self, const kvb_request_state_t& state, const PyRequest* request,
+               bool two_steps, int32_t w) {
                 int32_t n = 0;
                 with_optional_request(request, [&](const kvb_request_t* r) {
                     call([&] {
@@ -34,14 +34,15 @@ void init_manager_scheduling(ManagerClass& cls) {
                 });
                 return n;
             },
-            "state"_a, "two_steps_look_ahead"_a, "window_size"_a, "request"_a = nb::none(),
+            "state"_a, "request"_a.none(), "two_steps_look_ahead"_a, "window_size"_a,
             "Blocks the next step of a request needs in one window (TensorRT-LLM "
-            "``getNeededBlocksOneStep``); "
-            "``request`` lets a first context chunk discount prefix blocks other sequences hold.")
+            "``getNeededBlocksOneStep``), in the C call's argument order; "
+            "``request`` (may be None) lets a first context chunk discount prefix blocks other "
+            "sequences hold.")
         .def(
             "get_remaining_blocks_to_completion",
-            [](Manager& self, const kvb_request_state_t& state, int32_t w,
-               const PyRequest* request) {
+            [](Manager& self, const kvb_request_state_t& state, const PyRequest* request,
+               int32_t w) {
                 int32_t n = 0;
                 with_optional_request(request, [&](const kvb_request_t* r) {
                     call([&] {
@@ -51,7 +52,7 @@ void init_manager_scheduling(ManagerClass& cls) {
                 });
                 return n;
             },
-            "state"_a, "window_size"_a, "request"_a = nb::none(),
+            "state"_a, "request"_a.none(), "window_size"_a,
             "Blocks a request still needs in one window until completion (TensorRT-LLM "
             "``getRemainingBlocksToCompletion``).")
         .def(

@@ -244,8 +244,8 @@ def test_offsets_through_dlpack(manager):
 def test_scheduler_estimates(manager):
     state = kvblock.RequestState(1, prompt_len=9, max_new_tokens=8)
     assert state.phase == kvblock.RequestPhase.CONTEXT_INIT and state.beam_width == 1
-    need = manager.get_needed_blocks_one_step(state, False, 256)
-    remaining = manager.get_remaining_blocks_to_completion(state, 256)
+    need = manager.get_needed_blocks_one_step(state, None, False, 256)
+    remaining = manager.get_remaining_blocks_to_completion(state, None, 256)
     assert need == 3 and remaining == 5  # ceil(9/4); ceil(17/4)
     admit_and_release(manager, 7, prompt(9))
     assert manager.count_reusable_blocks(kvblock.Request(1, prompt(9)), 256) == 2

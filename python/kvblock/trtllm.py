@@ -1,0 +1,553 @@
+"""TensorRT-LLM's 2026 ``KVCacheManager`` binding surface over kvblock.
+
+``kvblock.trtllm.KVCacheManager`` has the method names, argument orders and return shapes the
+PyTorch executor (``resource_manager.py``) calls on TensorRT-LLM's C++ manager binding, so those
+call sites port by swapping the object. Where kvblock's own :class:`kvblock.KVCacheManager`
+means something else under the same name, this class gives TensorRT-LLM's meaning:
+
+* ``add_token(request_id)`` reserves one KV slot without a token; ``get_token_count`` counts
+  reserved slots. Token ids arrive later from the request object whenever the facade is handed
+  it (``store_context_blocks``, ``store_new_block``, ``store_blocks_for_reuse``,
+  ``remove_sequence``, ``commit_and_get_block_hashes_for_request``, ``sync_tokens``).
+* ``remove_sequence(request_id, llm_request=None, pin_on_release=False)``: an unknown id does
+  nothing; passing the request means "store for reuse".
+* ``get_priority_by_block_id(block_id, window_size)``; ``unpin_blocks_by_id(block_ids)``;
+  ``get_cache_block_ids`` returns ``[beam][block]``.
+* ``max_sequence_length`` includes the extra KV tokens and draft tokens.
+
+The engine's request is read duck-typed; :class:`LlmRequest` lists what is read and written.
+kvblock's own manager stays reachable as :attr:`KVCacheManager.impl`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import _kvblock as _kvb
+
+__all__ = [
+    "CacheType",
+    "KVCacheManager",
+    "KvCacheStats",
+    "LlmRequest",
+    "PrefixReuseSummary",
+]
+
+
+class CacheType:
+    """TensorRT-LLM's cache types; kvblock serves ``SELF`` (the others need the pool model)."""
+
+    SELF = 0
+    CROSS = 1
+    SELFKONLY = 2
+
+
+@dataclass
+class LlmRequest:
+    """What the facade reads from an engine's request, and writes back into it.
+
+    Any object with these attributes works (TensorRT-LLM's ``LlmRequest`` binding included,
+    given ``tokens`` through ``get_tokens``).
+    """
+
+    request_id: int
+    tokens: List[List[int]]  # per beam: prompt, then generated tokens
+    prompt_len: int
+    max_new_tokens: int = 0
+    context_current_position: int = 0
+    is_context_init_state: bool = True
+    is_generation_in_progress_state: bool = False
+    context_chunk_size: int = 0  # 0: the whole prompt
+    num_draft_tokens: int = 0
+    beam_width: int = 1
+    lora_task_id: Optional[int] = None
+    cache_salt_id: Optional[int] = None
+    token_extra_ids: Optional[List[int]] = None
+    # Written by add_sequence_batch.
+    prepopulated_prompt_len: int = 0
+    alloc_total_blocks: int = 0
+    alloc_new_blocks: int = 0
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+
+    @classmethod
+    def from_prompt(cls, request_id: int, prompt: Sequence[int], max_new_tokens: int = 0):
+        return cls(request_id, [list(prompt)], len(prompt), max_new_tokens)
+
+    def get_tokens(self, beam: int) -> List[int]:
+        return self.tokens[beam]
+
+    def add_new_token(self, token: int) -> None:
+        for beam in self.tokens:
+            beam.append(token)
+
+
+@dataclass
+class PrefixReuseSummary:
+    """TensorRT-LLM ``PrefixReuseSummary`` (``first_new_block``: an index, or None)."""
+
+    reusable_blocks_allocated: int = 0
+    reusable_blocks_all: int = 0
+    first_new_block: Optional[int] = None
+
+
+@dataclass
+class KvCacheStats:
+    """TensorRT-LLM ``KvCacheStats``: plain writable fields, as the executor adjusts some."""
+
+    max_num_blocks: int = 0
+    free_num_blocks: int = 0
+    used_num_blocks: int = 0
+    tokens_per_block: int = 0
+    alloc_total_blocks: int = 0
+    alloc_new_blocks: int = 0
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+    cache_hit_rate: float = 0.0
+    num_free_blocks_per_window_size: Dict[int, int] = field(default_factory=dict)
+    allocated_bytes: int = 0
+
+
+def _kvb_request(req, request_id=None, input_length=None, beam_width=None, tokens=None):
+    """kvblock's Request for an engine request (optionally overriding its fields)."""
+    return _kvb.Request(
+        req.request_id if request_id is None else request_id,
+        list(req.get_tokens(0)) if tokens is None else tokens,
+        input_length=req.prompt_len if input_length is None else input_length,
+        beam_width=getattr(req, "beam_width", 1) if beam_width is None else beam_width,
+        token_extra_ids=getattr(req, "token_extra_ids", None),
+        lora_task_id=getattr(req, "lora_task_id", None),
+        cache_salt=getattr(req, "cache_salt_id", None),
+    )
+
+
+def _state_of(req):
+    """kvblock's RequestState of an engine request, for the scheduler's estimates."""
+    if req.is_context_init_state:
+        first = req.context_current_position == 0
+        phase = _kvb.RequestPhase.CONTEXT_INIT if first else _kvb.RequestPhase.CONTEXT_CONTINUE
+    elif req.is_generation_in_progress_state:
+        phase = _kvb.RequestPhase.GENERATION
+    else:
+        phase = _kvb.RequestPhase.OTHER
+    tokens = req.get_tokens(0)
+    return _kvb.RequestState(
+        req.request_id,
+        phase=phase,
+        prompt_len=req.prompt_len,
+        beam_width=getattr(req, "beam_width", 1),
+        context_chunk_size=req.context_chunk_size or req.prompt_len,
+        num_draft_tokens=req.num_draft_tokens,
+        max_new_tokens=req.max_new_tokens,
+        num_generated_tokens=len(tokens) - req.prompt_len,
+    )
+
+
+class KVCacheManager:
+    """TensorRT-LLM's ``KVCacheManager`` binding (2026) over kvblock.
+
+    The keyword arguments are those ``resource_manager.py`` passes; ``dtype_bytes`` stands for
+    ``dtype``. Layer ``l`` attends over ``max_attention_window_vec[l % len(...)]``; every layer
+    of one window must have the same KV heads. kvblock-only settings: ``num_extra_kv_tokens``,
+    ``max_draft_tokens`` (parts of ``max_sequence_length``), ``copy_backend``, ``manual_clock``.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_kv_heads_per_layer: Sequence[int],
+        size_per_head: int,
+        tokens_per_block: int,
+        blocks_per_window: Dict[int, Tuple[int, int]],
+        max_num_sequences: int,
+        max_beam_width: int,
+        max_attention_window_vec: Sequence[int],
+        dtype_bytes: int = 2,
+        sink_token_length: int = 0,
+        stream: int = 0,
+        max_sequence_length: int,
+        chunk_size: int = 0,
+        enable_block_reuse: bool = False,
+        cache_type: int = CacheType.SELF,
+        secondary_offload_min_priority: Optional[int] = None,
+        max_kv_event_entries: int = 0,
+        attention_dp_rank: Optional[int] = None,
+        enable_partial_reuse: bool = True,
+        copy_on_partial_reuse: bool = True,
+        num_extra_kv_tokens: int = 0,
+        max_draft_tokens: int = 0,
+        copy_backend=None,
+        manual_clock: bool = False,
+    ):
+        del max_num_sequences, chunk_size  # kvblock bounds sequences by blocks only
+        if sink_token_length:
+            raise _kvb.UnsupportedError("sink tokens are not supported")
+        if cache_type != CacheType.SELF:
+            raise _kvb.UnsupportedError("only CacheType.SELF is supported")
+        windows = []
+        for window, (primary, secondary) in sorted(blocks_per_window.items()):
+            heads = {
+                h
+                for layer, h in enumerate(num_kv_heads_per_layer)
+                if max_attention_window_vec[layer % len(max_attention_window_vec)] == window
+            }
+            layers = sum(
+                1
+                for layer in range(len(num_kv_heads_per_layer))
+                if max_attention_window_vec[layer % len(max_attention_window_vec)] == window
+            )
+            if layers == 0:
+                raise _kvb.InvalidConfigError(f"window {window} has no layer")
+            if len(heads) > 1:
+                raise _kvb.UnsupportedError(f"layers of window {window} differ in KV heads")
+            windows.append(
+                _kvb.WindowConfig(
+                    window,
+                    primary,
+                    secondary,
+                    num_layers=layers,
+                    num_kv_heads=heads.pop(),
+                    size_per_head=size_per_head,
+                )
+            )
+        config = _kvb.ManagerConfig(
+            windows,
+            tokens_per_block=tokens_per_block,
+            max_beam_width=max_beam_width,
+            max_sequence_length=max_sequence_length - num_extra_kv_tokens - max_draft_tokens,
+            num_extra_kv_tokens=num_extra_kv_tokens,
+            max_draft_tokens=max_draft_tokens,
+            enable_block_reuse=enable_block_reuse,
+            enable_partial_reuse=enable_partial_reuse,
+            copy_on_partial_reuse=copy_on_partial_reuse,
+            bytes_per_element=dtype_bytes,
+            max_kv_event_entries=max_kv_event_entries,
+            manual_clock=manual_clock,
+        )
+        if secondary_offload_min_priority is not None:
+            config.secondary_offload_min_priority = secondary_offload_min_priority
+        if copy_backend is not None:
+            config.copy_backend = copy_backend
+        if stream:
+            config.cuda_stream = stream
+        config.attention_dp_rank = attention_dp_rank
+        self._config = config
+        self._windows = sorted(blocks_per_window)
+        self._impl: Optional[_kvb.KVCacheManager] = None
+        self._pins: List[Tuple[List[int], List[Tuple[int, List[int]]]]] = []
+        self._pin_lock = threading.Lock()
+
+    # --- pools ------------------------------------------------------------------------
+    def allocate_pools(self, use_uvm: bool = False) -> None:
+        if use_uvm:
+            raise _kvb.UnsupportedError("unified memory pools")
+        if self._impl is None:
+            self._impl = _kvb.KVCacheManager(self._config)
+
+    def release_pools(self) -> None:
+        if self._impl is not None:
+            self._impl.close()
+            self._impl = None
+        self._pins.clear()
+
+    @property
+    def impl(self) -> _kvb.KVCacheManager:
+        """kvblock's own manager (e.g. its token-carrying ``add_token(id, token)``)."""
+        if self._impl is None:
+            raise _kvb.InvalidArgumentError("call allocate_pools() first")
+        return self._impl
+
+    # --- properties the executor reads -----------------------------------------------
+    @property
+    def tokens_per_block(self) -> int:
+        return self._config.tokens_per_block
+
+    @property
+    def max_num_blocks(self) -> int:
+        return self.impl.get_kv_cache_stats().max_num_blocks
+
+    @property
+    def num_pools(self) -> int:
+        return self.impl.get_offset_table_dimensions()[1]
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self.impl.get_offset_table_dimensions()[0]
+
+    @property
+    def is_variable_window(self) -> bool:
+        return len(self._windows) > 1
+
+    @property
+    def enable_block_reuse(self) -> bool:
+        return self._config.enable_block_reuse
+
+    @property
+    def enable_partial_reuse(self) -> bool:
+        return self._config.enable_partial_reuse
+
+    @property
+    def cross_kv(self) -> bool:
+        return False
+
+    @property
+    def first_window_size(self) -> int:
+        return self._windows[0]
+
+    @property
+    def last_window_size(self) -> int:
+        return self._windows[-1]
+
+    def get_num_free_blocks(self) -> int:
+        return self.impl.get_num_free_blocks()
+
+    def get_num_free_blocks_per_window_size(self) -> Dict[int, int]:
+        return {w: self.impl.get_num_free_blocks_per_window_size(w)[0] for w in self._windows}
+
+    def get_kv_cache_stats(self) -> KvCacheStats:
+        s = self.impl.get_kv_cache_stats()
+        return KvCacheStats(
+            max_num_blocks=s.max_num_blocks,
+            free_num_blocks=s.free_num_blocks,
+            used_num_blocks=s.used_num_blocks,
+            tokens_per_block=s.tokens_per_block,
+            alloc_total_blocks=s.alloc_total_blocks,
+            alloc_new_blocks=s.alloc_new_blocks,
+            reused_blocks=s.reused_blocks,
+            missed_blocks=s.missed_blocks,
+            cache_hit_rate=s.cache_hit_rate,
+            num_free_blocks_per_window_size=self.get_num_free_blocks_per_window_size(),
+            allocated_bytes=s.allocated_bytes,
+        )
+
+    def get_iteration_stats(self):
+        """Per window size, the :class:`kvblock.IterationStats` since the previous call."""
+        return self.impl.get_iteration_stats()
+
+    # --- admission and tokens -------------------------------------------------------------
+    def add_sequence_batch(self, request_infos, llm_requests) -> None:
+        """Admits ``(request_id, input_length, beam_width)`` tuples with their requests and
+        writes the prepopulated prompt length and block counts into each request."""
+        if len(request_infos) != len(llm_requests):
+            raise _kvb.InvalidArgumentError("request_infos and llm_requests differ in length")
+        batch = [
+            _kvb_request(req, request_id=rid, input_length=length, beam_width=beams)
+            for (rid, length, beams), req in zip(request_infos, llm_requests)
+        ]
+        for req, admission in zip(llm_requests, self.impl.add_sequence_batch(batch)):
+            req.prepopulated_prompt_len = admission.prepopulated_prompt_len
+            req.alloc_total_blocks += admission.stats.alloc_total_blocks
+            req.alloc_new_blocks += admission.stats.alloc_new_blocks
+            req.reused_blocks += admission.stats.reused_blocks
+            req.missed_blocks += admission.stats.missed_blocks
+
+    def add_token(self, request_id: int) -> None:
+        """Reserves one KV slot (decode, extra KV or draft token); the token id comes later."""
+        capacity = self.impl.get_sequence_lengths(request_id).capacity
+        if not self.impl.resize(request_id, capacity + 1):
+            raise _kvb.OutOfBlocksError("no free block for the new slot")
+
+    def get_token_count(self, request_id: int) -> int:
+        return self.impl.get_sequence_lengths(request_id).capacity
+
+    def rewind_kv_cache(self, request_id: int, num_tokens: int) -> None:
+        """Drops the last ``num_tokens`` slots: reserved ones first, then tokens."""
+        lengths = self.impl.get_sequence_lengths(request_id)
+        reserved = max(0, lengths.capacity - lengths.num_tokens)
+        if num_tokens <= reserved:
+            if num_tokens:
+                self.impl.resize(request_id, lengths.capacity - num_tokens)
+        else:
+            self.impl.rewind_kv_cache(request_id, num_tokens - reserved)
+
+    def remove_token(self, request_id: int) -> None:
+        self.rewind_kv_cache(request_id, 1)
+
+    def sync_tokens(self, llm_request, store_new_blocks: bool = False) -> None:
+        """Gives the manager the request's token ids for the slots it has reserved."""
+        rid = llm_request.request_id
+        lengths = self.impl.get_sequence_lengths(rid)
+        tokens = llm_request.get_tokens(0)
+        for token in tokens[lengths.num_tokens : min(len(tokens), lengths.capacity)]:
+            self.impl.add_token(rid, int(token))
+            if store_new_blocks:
+                self.impl.store_new_block(rid)
+
+    # --- store, release, pins -----------------------------------------------------------
+    def store_context_blocks(self, llm_request) -> None:
+        self.impl.store_context_blocks(llm_request.request_id, llm_request.context_current_position)
+
+    def store_new_block(self, llm_request) -> None:
+        self.sync_tokens(llm_request, store_new_blocks=True)
+        self.impl.store_new_block(llm_request.request_id)
+
+    def store_blocks_for_reuse(self, request_id, llm_request=None, pin_blocks=False) -> List[int]:
+        if llm_request is not None:
+            self.sync_tokens(llm_request)
+        self.impl.store_blocks_for_reuse(request_id)
+        return self._pin_sequence(request_id) if pin_blocks else []
+
+    def remove_sequence(self, request_id, llm_request=None, pin_on_release=False):
+        """Releases a sequence (stored for reuse when the request is given); an unknown id does
+        nothing. Returns the last block id of beam 0 when stored or pinned, else None."""
+        try:
+            self.impl.get_sequence_lengths(request_id)
+        except _kvb.UnknownRequestError:
+            return None
+        if llm_request is not None:
+            self.sync_tokens(llm_request)
+        last = None
+        if llm_request is not None or pin_on_release:
+            last = self.impl.get_last_block_id(request_id)
+        if pin_on_release:
+            self._pin_sequence(request_id)
+        store = llm_request is not None and self._config.enable_block_reuse
+        self.impl.remove_sequence(request_id, store)
+        return last
+
+    def pin_blocks(self, request_id: int) -> None:
+        self._pin_sequence(request_id)
+
+    def unpin_blocks_by_id(self, block_ids: Sequence[int]) -> None:
+        ids = list(block_ids)
+        with self._pin_lock:
+            for i, (key, group) in enumerate(self._pins):
+                if key == ids:
+                    for window, window_ids in group:
+                        self.impl.unpin_blocks_by_id(window, window_ids)
+                    del self._pins[i]
+                    return
+        self.impl.unpin_blocks_by_id(self._windows[0], ids)
+
+    def _pin_sequence(self, request_id: int) -> List[int]:
+        group = []
+        for w in self._windows:
+            front = self.impl.get_num_front_blocks_removed(request_id, w)
+            ids = []
+            for beam in self.get_cache_block_ids(request_id, w):
+                ids.extend(beam[front:])
+            group.append((w, ids))
+        first = self._windows[0]
+        front = self.impl.get_num_front_blocks_removed(request_id, first)
+        key = list(self.impl.get_cache_block_ids(request_id, first, 0))[front:]
+        self.impl.pin_blocks(request_id)
+        with self._pin_lock:
+            self._pins.append((key, group))
+        return key
+
+    # --- block ids and offsets ----------------------------------------------------------
+    def get_cache_block_ids(self, request_id: int, window_size: int) -> List[List[int]]:
+        beams = self.impl.get_beam_width(request_id)
+        return [list(self.impl.get_cache_block_ids(request_id, window_size, b)) for b in range(beams)]
+
+    def get_batch_cache_block_ids(self, request_ids, window_size: int):
+        return [self.get_cache_block_ids(rid, window_size) for rid in request_ids]
+
+    def get_num_front_blocks_removed(self, request_id: int, window_size: int) -> int:
+        return self.impl.get_num_front_blocks_removed(request_id, window_size)
+
+    def get_last_block_id(self, request_id: int) -> Optional[int]:
+        try:
+            return self.impl.get_last_block_id(request_id)
+        except _kvb.UnknownRequestError:
+            return None
+
+    def get_priority_by_block_id(self, block_id: int, window_size: int) -> int:
+        return self.impl.get_priority_by_block_id(window_size, block_id)
+
+    def get_memory_pool_block_indices(self, block_ids, window_size: int) -> List[int]:
+        return self.impl.get_memory_pool_block_indices(list(block_ids), window_size)
+
+    def copy_block_offsets(self, output, output_slot_offset: int, request_id: int) -> int:
+        return self.impl.copy_block_offsets(output, output_slot_offset, request_id)
+
+    def copy_batch_block_offsets(self, output, request_ids, beam_width: int, offset: int) -> None:
+        """Request ``i``'s offsets at slots ``offset + i * beam_width`` of ``output``."""
+        for i, rid in enumerate(request_ids):
+            self.impl.copy_block_offsets(output, offset + i * beam_width, rid)
+
+    # --- reuse --------------------------------------------------------------------------
+    def analyze_prefix_reuse(self, unique_tokens, llm_request, window_size=None):
+        """One walk of the tree (the largest window unless given) along ``unique_tokens``
+        (ints, or ``(token, extra_id)`` pairs) keyed as ``llm_request``'s blocks."""
+        tokens = [t[0] if isinstance(t, tuple) else int(t) for t in unique_tokens]
+        req = _kvb_request(llm_request, tokens=tokens, input_length=len(tokens))
+        window = self._windows[-1] if window_size is None else window_size
+        s = self.impl.analyze_prefix_reuse(req, window)
+        first = s.first_new_block_index if s.first_new_block_index >= 0 else None
+        return PrefixReuseSummary(s.reusable_blocks_allocated, s.reusable_blocks_all, first)
+
+    def get_needed_blocks_one_step(
+        self, llm_request, two_steps_look_ahead: bool, window_size: int, cached_summary=None
+    ) -> int:
+        state = _state_of(llm_request)
+        if cached_summary is not None:
+            return self.impl.get_needed_blocks_one_step_cached(
+                state, self._c_summary(cached_summary), two_steps_look_ahead, window_size
+            )
+        return self.impl.get_needed_blocks_one_step(
+            state, _kvb_request(llm_request), two_steps_look_ahead, window_size
+        )
+
+    def get_remaining_blocks_to_completion(
+        self, llm_request, window_size: int, cached_summary=None
+    ) -> int:
+        state = _state_of(llm_request)
+        if cached_summary is not None:
+            return self.impl.get_remaining_blocks_to_completion_cached(
+                state, self._c_summary(cached_summary), window_size
+            )
+        return self.impl.get_remaining_blocks_to_completion(
+            state, _kvb_request(llm_request), window_size
+        )
+
+    @staticmethod
+    def _c_summary(summary: PrefixReuseSummary):
+        c = _kvb.PrefixReuseSummary()
+        c.reusable_blocks_allocated = summary.reusable_blocks_allocated
+        c.reusable_blocks_all = summary.reusable_blocks_all
+        c.first_new_block_index = -1 if summary.first_new_block is None else summary.first_new_block
+        return c
+
+    def commit_and_get_block_hashes_for_request(self, llm_request, window_size: int) -> List[int]:
+        self.sync_tokens(llm_request)
+        return self.impl.commit_block_hashes(llm_request.request_id, window_size)
+
+    def truncate_blocks(self, target_tokens, num_tokens_to_keep: int) -> None:
+        self.impl.truncate_blocks(list(target_tokens), num_tokens_to_keep)
+
+    def reset_reuse_state(self) -> None:
+        self.impl.reset_reuse_state()
+
+    # --- iteration and scheduling -------------------------------------------------------
+    def refresh_blocks(self) -> None:
+        self.impl.refresh_blocks()
+
+    def flush_iteration_events(self) -> None:
+        self.impl.flush_iteration_events()
+
+    def sync_transfer_manager_with_buffer_manager(self) -> None:
+        """kvblock enqueues its copies on the engine stream: nothing to order."""
+
+    def get_latest_events(self, timeout_ms: Optional[int] = None):
+        """Flushed events; ``None`` waits until there is one (at once when events are off)."""
+        if timeout_ms is not None:
+            return self.impl.get_latest_events(timeout_ms)
+        while True:
+            events = self.impl.get_latest_events(1000)
+            if events or not self._config.max_kv_event_entries:
+                return events
+
+    def start_scheduling(self) -> None:
+        self.impl.start_scheduling()
+
+    def scheduling_remove_sequence(self, request_id: int) -> None:
+        self.impl.scheduling_remove_sequence(request_id)
+
+    def scheduling_has_free_blocks(self, num_required: int, window_size: int) -> bool:
+        return self.impl.scheduling_has_free_blocks(num_required, window_size)
+
+    def get_max_capacity_batch_size(self, input_length: int, output_length: int) -> int:
+        return self.impl.get_max_capacity_batch_size(input_length, output_length)

@@ -1,0 +1,244 @@
+"""kvblock.trtllm: the PyTorch executor's calls on TensorRT-LLM's manager binding, each checked
+against kvblock's own API on the same scenario, and the rows where the two mean different
+things."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvblock
+from kvblock.trtllm import KVCacheManager, LlmRequest
+
+TPB = 4
+WINDOW = 64
+EXTRA = 1
+DRAFT = 2
+
+
+def make_facade(reuse: bool = True, events: int = 1000, windows=None) -> KVCacheManager:
+    windows = windows or {WINDOW: (40, 8)}
+    m = KVCacheManager(
+        num_kv_heads_per_layer=[2] * len(windows),
+        size_per_head=8,
+        tokens_per_block=TPB,
+        blocks_per_window=windows,
+        max_num_sequences=8,
+        max_beam_width=2,
+        max_attention_window_vec=sorted(windows),
+        max_sequence_length=max(windows) + EXTRA + DRAFT,
+        enable_block_reuse=reuse,
+        max_kv_event_entries=events,
+        num_extra_kv_tokens=EXTRA,
+        max_draft_tokens=DRAFT,
+    )
+    m.allocate_pools(False)
+    return m
+
+
+def make_twin(reuse: bool = True, events: int = 1000) -> kvblock.KVCacheManager:
+    config = kvblock.ManagerConfig(
+        [kvblock.WindowConfig(WINDOW, 40, 8, num_layers=1, num_kv_heads=2, size_per_head=8)],
+        tokens_per_block=TPB,
+        max_beam_width=2,
+        max_sequence_length=WINDOW,
+        num_extra_kv_tokens=EXTRA,
+        max_draft_tokens=DRAFT,
+        enable_block_reuse=reuse,
+        bytes_per_element=2,
+        max_kv_event_entries=events,
+    )
+    return kvblock.KVCacheManager(config)
+
+
+def run(m: KVCacheManager, req: LlmRequest, generated: list[int]) -> None:
+    m.add_sequence_batch([(req.request_id, req.prompt_len, 1)], [req])
+    req.context_current_position = req.prompt_len
+    m.store_context_blocks(req)
+    req.is_context_init_state = False
+    req.is_generation_in_progress_state = True
+    for token in generated:
+        req.add_new_token(token)
+        m.add_token(req.request_id)
+        m.store_new_block(req)
+
+
+def test_executor_iteration_matches_kvblock():
+    f, k = make_facade(), make_twin()
+    warm = LlmRequest.from_prompt(1, range(100, 112))
+    run(f, warm, [900])
+    f.remove_sequence(1, warm)
+    k.add_sequence(kvblock.Request(1, list(range(100, 112))))
+    k.store_context_blocks(1, 12)
+    k.resize(1, 13)
+    k.add_token(1, 900)
+    k.store_new_block(1)
+    k.remove_sequence(1, True)
+
+    r2 = LlmRequest.from_prompt(2, list(range(100, 108)) + list(range(300, 305)), 8)
+    r3 = LlmRequest.from_prompt(3, range(500, 509), 8)
+    f.add_sequence_batch([(2, 13, 1), (3, 9, 1)], [r2, r3])
+    admitted = k.add_sequence_batch(
+        [kvblock.Request(2, r2.get_tokens(0)), kvblock.Request(3, r3.get_tokens(0))]
+    )
+    assert r2.prepopulated_prompt_len == admitted[0].prepopulated_prompt_len == 8
+    assert r2.reused_blocks == admitted[0].stats.reused_blocks
+    assert r3.missed_blocks == admitted[1].stats.missed_blocks
+    for rid in (2, 3):  # the extra KV token
+        f.add_token(rid)
+        k.resize(rid, k.get_sequence_lengths(rid).capacity + 1)
+    for _ in range(DRAFT):
+        f.add_token(3)
+    k.resize(3, k.get_sequence_lengths(3).capacity + DRAFT)
+    for rid in (2, 3):
+        assert f.get_token_count(rid) == k.get_sequence_lengths(rid).capacity
+        assert f.get_cache_block_ids(rid, WINDOW) == [list(k.get_cache_block_ids(rid, WINDOW))]
+    assert f.get_batch_cache_block_ids([2, 3], WINDOW)[1][0] == list(k.get_cache_block_ids(3, WINDOW))
+    f.rewind_kv_cache(3, DRAFT)
+    k.resize(3, k.get_sequence_lengths(3).capacity - DRAFT)
+    assert f.get_token_count(3) == k.get_sequence_lengths(3).capacity
+
+    stats = f.get_kv_cache_stats()
+    ks = k.get_kv_cache_stats()
+    assert (stats.free_num_blocks, stats.alloc_total_blocks, stats.reused_blocks) == (
+        ks.free_num_blocks,
+        ks.alloc_total_blocks,
+        ks.reused_blocks,
+    )
+    assert stats.num_free_blocks_per_window_size == {WINDOW: ks.free_num_blocks}
+    iteration = f.get_iteration_stats()[WINDOW]
+    assert iteration.iter_alloc_total_blocks == ks.alloc_total_blocks
+    f.flush_iteration_events()
+    k.flush_iteration_events()
+    fe, ke = f.get_latest_events(0), k.get_latest_events(0)
+    assert [e.event_type for e in fe] == [e.event_type for e in ke]
+
+    ids = f.get_cache_block_ids(2, WINDOW)[0]
+    free = f.get_num_free_blocks()
+    assert f.remove_sequence(2, r2, True) == ids[-1]
+    assert f.get_num_free_blocks() == free  # pinned on release
+    f.unpin_blocks_by_id(ids)
+    assert f.get_num_free_blocks() == free + len(ids)
+    assert f.remove_sequence(2) is None  # gone: a no-op, not an error
+    with pytest.raises(kvblock.UnknownRequestError):
+        k.remove_sequence(99)
+
+    f.truncate_blocks(list(range(100, 112)), TPB)
+    probe = kvblock.Request(9, list(range(100, 113)))
+    assert f.impl.count_reusable_blocks(probe, WINDOW) == 1
+    f.reset_reuse_state()
+    assert f.impl.count_reusable_blocks(probe, WINDOW) == 0
+    f.impl.check_invariants()
+
+
+def test_priority_takes_block_then_window():
+    f = make_facade()
+    req = LlmRequest.from_prompt(1, range(10, 19))
+    f.add_sequence_batch([(1, 9, 1)], [req])
+    block = f.get_cache_block_ids(1, WINDOW)[0][0]
+    assert f.get_priority_by_block_id(block, WINDOW) == f.impl.get_priority_by_block_id(WINDOW, block)
+
+
+def test_add_token_reserves_a_slot_and_takes_the_token_later():
+    f = make_facade()
+    req = LlmRequest.from_prompt(1, range(10, 18))
+    f.add_sequence_batch([(1, 8, 1)], [req])
+    f.add_token(1)
+    assert f.get_token_count(1) == 9
+    assert f.impl.get_num_tokens(1) == 8
+    req.add_new_token(42)
+    f.sync_tokens(req)
+    assert f.impl.get_num_tokens(1) == 9
+
+
+def test_cache_block_ids_are_per_beam():
+    f = make_facade()
+    req = LlmRequest.from_prompt(1, range(10, 20))
+    f.add_sequence_batch([(1, 10, 2)], [req])
+    per_beam = f.get_cache_block_ids(1, WINDOW)
+    assert len(per_beam) == 2
+    assert per_beam[1] == list(f.impl.get_cache_block_ids(1, WINDOW, 1))
+
+
+def test_analyze_prefix_reuse_and_cached_estimates():
+    f = make_facade()
+    holder = LlmRequest.from_prompt(1, range(10, 27))
+    run(f, holder, [])
+    f.store_blocks_for_reuse(1, holder)
+    probe = LlmRequest.from_prompt(2, list(range(10, 22)) + list(range(90, 96)))
+    summary = f.analyze_prefix_reuse(probe.get_tokens(0), probe)
+    assert (summary.reusable_blocks_all, summary.reusable_blocks_allocated) == (3, 3)
+    assert summary.first_new_block == 3
+    walked = f.get_needed_blocks_one_step(probe, False, WINDOW)
+    assert walked == f.get_needed_blocks_one_step(probe, False, WINDOW, summary) == 2
+    assert f.get_remaining_blocks_to_completion(probe, WINDOW) == (
+        f.get_remaining_blocks_to_completion(probe, WINDOW, summary)
+    )
+    # kvblock's own call takes the C order: state, request, two_steps, window.
+    state = kvblock.RequestState(2, prompt_len=18, context_chunk_size=18)
+    assert f.impl.get_needed_blocks_one_step(state, kvblock.Request(2, probe.get_tokens(0)), False, WINDOW) == 2
+
+
+def test_stats_are_writable_and_iteration_stats_are_deltas():
+    f = make_facade()
+    f.get_iteration_stats()
+    req = LlmRequest.from_prompt(1, range(10, 23))
+    run(f, req, [])
+    f.remove_sequence(1, req)
+    s = f.get_iteration_stats()[WINDOW]
+    assert (s.iter_alloc_total_blocks, s.primary_peak_used_blocks, s.primary_evictable_blocks) == (4, 4, 3)
+    assert f.get_iteration_stats()[WINDOW].iter_alloc_total_blocks == 0
+    stats = f.get_kv_cache_stats()
+    stats.reused_blocks = 7  # the executor adjusts these
+    assert stats.reused_blocks == 7
+
+
+def test_committed_hashes_and_lookups_by_key():
+    f = make_facade()
+    req = LlmRequest.from_prompt(1, range(10, 23))
+    f.add_sequence_batch([(1, 13, 1)], [req])
+    f.impl.advance_history(1, 13)
+    hashes = f.commit_and_get_block_hashes_for_request(req, WINDOW)
+    assert len(hashes) == 3
+    f.flush_iteration_events()
+    stored = [b.block_hash for e in f.get_latest_events(0) for b in e.stored_blocks]
+    assert hashes == stored
+    ids = f.get_cache_block_ids(1, WINDOW)[0]
+    found = f.impl.find_blocks_in_reuse_tree(kvblock.Request(9, list(range(10, 22))), 12, WINDOW)
+    assert found == ids[:3]
+    rows = f.get_memory_pool_block_indices(ids, WINDOW)
+    assert rows == [f.impl.get_block_info(WINDOW, b).memory_index for b in ids]
+
+
+def test_configuration_queries_and_pools():
+    f = make_facade(reuse=False, windows={16: (20, 0), 64: (20, 0)})
+    assert f.is_variable_window
+    assert (f.first_window_size, f.last_window_size) == (16, 64)
+    assert not f.enable_block_reuse and f.enable_partial_reuse and not f.cross_kv
+    assert f.num_pools == 2
+    assert f.max_blocks_per_seq == f.impl.get_offset_table_dimensions()[0]
+    req = LlmRequest.from_prompt(1, range(10, 26))
+    run(f, req, list(range(100, 110)))
+    assert f.get_num_front_blocks_removed(1, 16) > 0
+    assert f.get_num_front_blocks_removed(1, 64) == 0
+    f.release_pools()
+    with pytest.raises(kvblock.InvalidArgumentError):
+        f.get_num_free_blocks()
+
+
+def test_copy_batch_block_offsets_takes_a_slot_offset():
+    f = make_facade()
+    a = LlmRequest.from_prompt(1, range(10, 19))
+    b = LlmRequest.from_prompt(2, range(40, 45))
+    f.add_sequence_batch([(1, 9, 1), (2, 5, 1)], [a, b])
+    shape = (f.num_pools, 6, 2, f.max_blocks_per_seq)
+    batch = np.full(shape, -7, dtype=np.int32)
+    f.copy_batch_block_offsets(batch, [1, 2], 1, 3)
+    one = np.full(shape, -7, dtype=np.int32)
+    f.copy_block_offsets(one, 3, 1)
+    f.copy_block_offsets(one, 4, 2)
+    assert np.array_equal(batch, one)
+
+
+def test_latest_events_without_timeout_returns_with_events_off():
+    assert make_facade(events=0).get_latest_events() == []
