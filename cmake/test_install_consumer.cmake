@@ -24,7 +24,7 @@ set(prefix "${WORK_DIR}/prefix")
 run("${CMAKE_COMMAND}" --install "${KVBLOCK_BUILD_DIR}" --prefix "${prefix}" --component kvblock)
 
 # 1. The layout.
-set(expected include/kvblock.h include/kvblock.hpp lib/cmake/kvblock/kvblockConfig.cmake
+set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)
 if(KVBLOCK_SONAME)
   list(APPEND expected lib/libkvblock.so.${KVBLOCK_VERSION} lib/${KVBLOCK_SONAME} lib/libkvblock.so)

@@ -1,7 +1,9 @@
 // kvblock.hpp: header-only C++17 RAII wrapper over kvblock.h.
 //
 // Every failing C status becomes a kvb::Error carrying the status and the library's message.
-// Method names follow TensorRT-LLM's KVCacheManager so call sites port mechanically.
+// Method names follow TensorRT-LLM's KVCacheManager, but arguments and meanings are kvblock's
+// (e.g. addToken(id, token) appends a token; getPriorityByBlockId(window, block)). For call sites
+// that port mechanically, use the TensorRT-LLM facade in kvblock_trtllm.hpp.
 #ifndef KVBLOCK_HPP
 #define KVBLOCK_HPP
 
