@@ -213,6 +213,27 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     kvb_event_batch_t* events = nullptr;
     rec("get_latest_events", kvb_manager_get_latest_events(m, 0, &events));
     kvb_event_batch_free(events);
+    kvb_prefix_reuse_summary_t summary{};
+    rec("analyze_prefix_reuse", kvb_manager_analyze_prefix_reuse(m, &req, kWindow, &summary));
+    rec("get_needed_blocks_one_step_cached",
+        kvb_manager_get_needed_blocks_one_step_cached(m, &state, &summary, false, kWindow, &i32));
+    rec("get_remaining_blocks_to_completion_cached",
+        kvb_manager_get_remaining_blocks_to_completion_cached(m, &state, &summary, kWindow, &i32));
+    rec("find_blocks_in_reuse_tree",
+        kvb_manager_find_blocks_in_reuse_tree(m, &req, 8, kWindow, false, ids.data(), ids.size(),
+                                              &count));
+    rec("truncate_blocks", kvb_manager_truncate_blocks(m, tokens.data(), tokens.size(), 4, &count));
+    rec("reset_reuse_state", kvb_manager_reset_reuse_state(m, &count));
+    uint64_t hashes[8] = {};
+    rec("commit_block_hashes",
+        kvb_manager_commit_block_hashes(m, kLive, kWindow, hashes, 8, &count));
+    kvb_iteration_stats_t iteration[2] = {};
+    rec("get_iteration_stats", kvb_manager_get_iteration_stats(m, iteration, 2, &count));
+    rec("get_beam_width", kvb_manager_get_beam_width(m, kLive, &i32));
+    rec("get_num_front_blocks_removed",
+        kvb_manager_get_num_front_blocks_removed(m, kLive, kWindow, &i32));
+    rec("get_memory_pool_block_indices",
+        kvb_manager_get_memory_pool_block_indices(m, kWindow, &pinned, 1, &j32));
     rec("debug_trigger_panic", kvb_manager_debug_trigger_panic(m));
     return out;
 }
@@ -1185,3 +1206,53 @@ TEST(BadInputWrapperTest, ErrorCarriesStatusAndMessage) {
 }
 
 }  // namespace
+
+// The calls of TensorRT-LLM's 2026 surface reject bad arguments, and a buffer too small, without
+// changing anything: no pin taken, no block committed, no statistics interval restarted.
+TEST_F(BadInputTest, ReuseTreeAndStatisticsCallsRejectBadArgumentsAndChangeNothing) {
+    std::vector<int32_t> stored = tokenRun(50, 9);
+    kvb_request_t req = cRequest(9, stored);
+    kvb_prefix_reuse_summary_t summary{};
+    EXPECT_REJECTED(kvb_manager_analyze_prefix_reuse(h(), &req, kWindow, nullptr),
+                    KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(kvb_manager_analyze_prefix_reuse(h(), &req, kWindow + 1, &summary),
+                    KVB_STATUS_INVALID_ARGUMENT);
+    kvb_request_state_t state;
+    kvb_request_state_init(&state);
+    int32_t n = 0;
+    summary.reusable_blocks_allocated = -1;
+    EXPECT_REJECTED(
+        kvb_manager_get_needed_blocks_one_step_cached(h(), &state, &summary, false, kWindow, &n),
+        KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_REJECTED(
+        kvb_manager_get_remaining_blocks_to_completion_cached(h(), &state, nullptr, kWindow, &n),
+        KVB_STATUS_NULL_POINTER);
+    int32_t ids[1] = {};
+    size_t count = 0;
+    EXPECT_REJECTED(
+        kvb_manager_find_blocks_in_reuse_tree(h(), &req, 8, kWindow, true, ids, 1, &count),
+        KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_EQ(count, 2u);
+    EXPECT_REJECTED(
+        kvb_manager_find_blocks_in_reuse_tree(h(), &req, 10, kWindow, false, ids, 1, &count),
+        KVB_STATUS_INVALID_ARGUMENT);  // more tokens than the request has
+    EXPECT_REJECTED(kvb_manager_truncate_blocks(h(), stored.data(), stored.size(), -1, nullptr),
+                    KVB_STATUS_INVALID_ARGUMENT);
+    kvb_test::markPrefillComputed(*manager, kLive);
+    uint64_t hashes[1] = {};
+    EXPECT_REJECTED(kvb_manager_commit_block_hashes(h(), kLive, kWindow, hashes, 1, &count),
+                    KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_EQ(count, 2u);
+    EXPECT_REJECTED(kvb_manager_commit_block_hashes(h(), 999, kWindow, hashes, 1, &count),
+                    KVB_STATUS_UNKNOWN_REQUEST);
+    EXPECT_REJECTED(kvb_manager_get_iteration_stats(h(), nullptr, 0, &count),
+                    KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_REJECTED(kvb_manager_get_num_front_blocks_removed(h(), kLive, kWindow, nullptr),
+                    KVB_STATUS_NULL_POINTER);
+    EXPECT_REJECTED(kvb_manager_get_beam_width(h(), 999, &n), KVB_STATUS_UNKNOWN_REQUEST);
+    int32_t bad[2] = {0, 100000};
+    int32_t rows[2] = {7, 7};
+    EXPECT_REJECTED(kvb_manager_get_memory_pool_block_indices(h(), kWindow, bad, 2, rows),
+                    KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(rows[0], 7) << "nothing written before the bad id was found";
+}

@@ -34,36 +34,32 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
     add_repr(summary, "PrefixReuseSummary",
              {"reusable_blocks_allocated", "reusable_blocks_all", "first_new_block_index"});
 
-    auto stats = nb::class_<kvb_iteration_stats_t>(
-                     m, "IterationStats",
-                     "One window's statistics since the previous ``get_iteration_stats`` "
-                     "(TensorRT-LLM ``KvCacheIterationStats``): gauges now, ``iter_*`` counts "
-                     "over the interval.")
-                     .def_ro("window_size", &kvb_iteration_stats_t::window_size)
-                     .def_ro("primary_max_blocks", &kvb_iteration_stats_t::primary_max_blocks)
-                     .def_ro("primary_free_blocks", &kvb_iteration_stats_t::primary_free_blocks)
-                     .def_ro("primary_used_blocks", &kvb_iteration_stats_t::primary_used_blocks)
-                     .def_ro("primary_peak_used_blocks",
-                             &kvb_iteration_stats_t::primary_peak_used_blocks)
-                     .def_ro("primary_evictable_blocks",
-                             &kvb_iteration_stats_t::primary_evictable_blocks)
-                     .def_ro("secondary_max_blocks", &kvb_iteration_stats_t::secondary_max_blocks)
-                     .def_ro("secondary_free_blocks",
-                             &kvb_iteration_stats_t::secondary_free_blocks)
-                     .def_ro("secondary_evictable_blocks",
-                             &kvb_iteration_stats_t::secondary_evictable_blocks)
-                     .def_ro("iter_alloc_total_blocks",
-                             &kvb_iteration_stats_t::iter_alloc_total_blocks)
-                     .def_ro("iter_alloc_new_blocks",
-                             &kvb_iteration_stats_t::iter_alloc_new_blocks)
-                     .def_ro("iter_reused_blocks", &kvb_iteration_stats_t::iter_reused_blocks)
-                     .def_ro("iter_missed_blocks", &kvb_iteration_stats_t::iter_missed_blocks)
-                     .def_ro("iter_cache_hit_rate", &kvb_iteration_stats_t::iter_cache_hit_rate)
-                     .def_ro("iter_onboard_blocks", &kvb_iteration_stats_t::iter_onboard_blocks)
-                     .def_ro("iter_onboard_bytes", &kvb_iteration_stats_t::iter_onboard_bytes)
-                     .def_ro("iter_offload_blocks", &kvb_iteration_stats_t::iter_offload_blocks)
-                     .def_ro("iter_offload_bytes", &kvb_iteration_stats_t::iter_offload_bytes)
-                     .def_ro("iter_evicted_blocks", &kvb_iteration_stats_t::iter_evicted_blocks);
+    auto stats =
+        nb::class_<kvb_iteration_stats_t>(
+            m, "IterationStats",
+            "One window's statistics since the previous ``get_iteration_stats`` "
+            "(TensorRT-LLM ``KvCacheIterationStats``): gauges now, ``iter_*`` counts "
+            "over the interval.")
+            .def_ro("window_size", &kvb_iteration_stats_t::window_size)
+            .def_ro("primary_max_blocks", &kvb_iteration_stats_t::primary_max_blocks)
+            .def_ro("primary_free_blocks", &kvb_iteration_stats_t::primary_free_blocks)
+            .def_ro("primary_used_blocks", &kvb_iteration_stats_t::primary_used_blocks)
+            .def_ro("primary_peak_used_blocks", &kvb_iteration_stats_t::primary_peak_used_blocks)
+            .def_ro("primary_evictable_blocks", &kvb_iteration_stats_t::primary_evictable_blocks)
+            .def_ro("secondary_max_blocks", &kvb_iteration_stats_t::secondary_max_blocks)
+            .def_ro("secondary_free_blocks", &kvb_iteration_stats_t::secondary_free_blocks)
+            .def_ro("secondary_evictable_blocks",
+                    &kvb_iteration_stats_t::secondary_evictable_blocks)
+            .def_ro("iter_alloc_total_blocks", &kvb_iteration_stats_t::iter_alloc_total_blocks)
+            .def_ro("iter_alloc_new_blocks", &kvb_iteration_stats_t::iter_alloc_new_blocks)
+            .def_ro("iter_reused_blocks", &kvb_iteration_stats_t::iter_reused_blocks)
+            .def_ro("iter_missed_blocks", &kvb_iteration_stats_t::iter_missed_blocks)
+            .def_ro("iter_cache_hit_rate", &kvb_iteration_stats_t::iter_cache_hit_rate)
+            .def_ro("iter_onboard_blocks", &kvb_iteration_stats_t::iter_onboard_blocks)
+            .def_ro("iter_onboard_bytes", &kvb_iteration_stats_t::iter_onboard_bytes)
+            .def_ro("iter_offload_blocks", &kvb_iteration_stats_t::iter_offload_blocks)
+            .def_ro("iter_offload_bytes", &kvb_iteration_stats_t::iter_offload_bytes)
+            .def_ro("iter_evicted_blocks", &kvb_iteration_stats_t::iter_evicted_blocks);
     add_repr(stats, "IterationStats",
              {"window_size", "primary_used_blocks", "primary_peak_used_blocks",
               "primary_evictable_blocks", "iter_alloc_total_blocks", "iter_reused_blocks",
@@ -83,8 +79,8 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
            "``analyzePrefixReuse``); changes nothing.")
         .def(
             "get_needed_blocks_one_step_cached",
-            [](Manager& self, const kvb_request_state_t& state,
-               const kvb_prefix_reuse_summary_t& s, bool two_steps, int32_t w) {
+            [](Manager& self, const kvb_request_state_t& state, const kvb_prefix_reuse_summary_t& s,
+               bool two_steps, int32_t w) {
                 int32_t n = 0;
                 call([&] {
                     return kvb_manager_get_needed_blocks_one_step_cached(self.h(), &state, &s,
@@ -97,8 +93,8 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
             ":meth:`analyze_prefix_reuse` (TensorRT-LLM's ``cachedSummary``).")
         .def(
             "get_remaining_blocks_to_completion_cached",
-            [](Manager& self, const kvb_request_state_t& state,
-               const kvb_prefix_reuse_summary_t& s, int32_t w) {
+            [](Manager& self, const kvb_request_state_t& state, const kvb_prefix_reuse_summary_t& s,
+               int32_t w) {
                 int32_t n = 0;
                 call([&] {
                     return kvb_manager_get_remaining_blocks_to_completion_cached(self.h(), &state,
@@ -117,9 +113,8 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
                 size_t n = 0;
                 with_optional_request(&request, [&](const kvb_request_t* r) {
                     call([&] {
-                        return kvb_manager_find_blocks_in_reuse_tree(self.h(), r, num_tokens, w,
-                                                                     pin, ids.data(), ids.size(),
-                                                                     &n);
+                        return kvb_manager_find_blocks_in_reuse_tree(
+                            self.h(), r, num_tokens, w, pin, ids.data(), ids.size(), &n);
                     });
                 });
                 ids.resize(n);
@@ -175,7 +170,8 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
             "get_iteration_stats",
             [](Manager& self) {
                 nb::dict out;
-                for (const auto& s : iteration_stats(self)) out[nb::int_(s.window_size)] = nb::cast(s);
+                for (const auto& s : iteration_stats(self))
+                    out[nb::int_(s.window_size)] = nb::cast(s);
                 return out;
             },
             "Per window size, the statistics since the previous call (TensorRT-LLM "
@@ -192,9 +188,7 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
             "get_num_front_blocks_removed",
             [](Manager& self, uint64_t id, int32_t w) {
                 int32_t n = 0;
-                call([&] {
-                    return kvb_manager_get_num_front_blocks_removed(self.h(), id, w, &n);
-                });
+                call([&] { return kvb_manager_get_num_front_blocks_removed(self.h(), id, w, &n); });
                 return n;
             },
             "request_id"_a, "window_size"_a,
