@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "kvblock_trtllm.hpp"
 #include "test_support.hpp"
@@ -653,4 +654,34 @@ TEST(TrtllmFacade, BlockManagerSnapshotsAndIterationStats) {
     auto stats = f->getBlockManager().getAndResetIterationStats();
     EXPECT_EQ(stats.at(kWindow).iterAllocTotalBlocks, 3);
     EXPECT_EQ(f->getIterationStats().at(kWindow).iterAllocTotalBlocks, 0);
+}
+
+// Row findBlocksInReuseTreeByBlockKey(…, pinnedBlockIds): safe from a cache-transceiver thread
+// while the executor keeps admitting and releasing.
+TEST(TrtllmFacade, PinningLookupsFromAnotherThread) {
+    auto f = makeFacade();
+    Request r(1, tokenRun(10, 13));
+    runToCompletion(*f, r, 0, 0);
+    f->removeSequence(1, r);
+    const int32_t freeBefore = f->getNumFreeBlocks();
+    kvb::trtllm::BlockKey key;
+    for (int32_t t : tokenRun(10, 12)) key.uniqueTokens.push_back({t, 0});
+    std::thread transceiver([&] {
+        for (int i = 0; i < 200; ++i) {
+            std::vector<int32_t> pinned;
+            auto match = f->getBlockManager().findBlocksInReuseTreeByBlockKey(key, kWindow, pinned);
+            if (!pinned.empty()) f->unpinBlocksById(pinned);
+        }
+    });
+    for (uint64_t id = 100; id < 300; ++id) {
+        Request other(id, kvb_test::concatTokens(tokenRun(10, 8),
+                                                 tokenRun(static_cast<int32_t>(id) * 10, 5)));
+        admit(*f, other);
+        f->removeSequence(id);
+    }
+    transceiver.join();
+    f->impl().checkInvariants();
+    EXPECT_EQ(f->getNumFreeBlocks(), freeBefore);
+    kvb::Request probe(9, tokenRun(10, 13));
+    EXPECT_EQ(f->impl().countReusableBlocks(probe, kWindow), 3);
 }
