@@ -196,6 +196,9 @@ struct Coverage {
     offloaded: u64,
     onboarded: u64,
     verified_reused_positions: usize,
+    resets: usize,
+    truncations: usize,
+    pinned_lookups: usize,
 }
 
 struct Harness {
@@ -934,7 +937,81 @@ impl Harness {
                 self.log(|| format!("advance_time {ms}"));
                 self.m.advance_time(ms).unwrap();
             }
-            _ => self.op_offload(),
+            92..=95 => self.op_offload(),
+            96 if self.rng.percent(30) => self.op_reset_reuse_state(),
+            96..=97 => self.op_truncate_blocks(),
+            _ => self.op_pinned_lookup(),
+        }
+    }
+
+    /// A stored prompt with neither LoRA nor salt (truncate_blocks keys plain tokens).
+    fn plain_history_prompt(&mut self) -> Option<Vec<i32>> {
+        let plain: Vec<&Vec<i32>> = self
+            .history
+            .iter()
+            .filter(|(_, l, s)| l.is_none() && s.is_none())
+            .map(|(t, _, _)| t)
+            .collect();
+        (!plain.is_empty()).then(|| plain[self.rng.below(plain.len())].clone())
+    }
+
+    fn op_reset_reuse_state(&mut self) {
+        self.log(|| "reset_reuse_state".into());
+        self.m.reset_reuse_state();
+        for w in self.windows.clone() {
+            if self.m.window(w).unwrap().num_in_tree() != 0 {
+                self.fail(format!("window {w} keeps cached blocks after a reset"));
+            }
+        }
+        self.cov.resets += 1;
+    }
+
+    fn op_truncate_blocks(&mut self) {
+        let Some(tokens) = self.plain_history_prompt() else {
+            return;
+        };
+        let keep = self.rng.range(0, tokens.len());
+        self.log(|| format!("truncate_blocks {tokens:?} keep {keep}"));
+        self.m.truncate_blocks(&tokens, keep);
+        let probe = Request::new(0, tokens.clone());
+        for w in self.windows.clone() {
+            let left = self.m.count_reusable_blocks(&probe, w, false).unwrap();
+            if left > keep.div_ceil(TPB) {
+                self.fail(format!(
+                    "window {w}: {left} blocks of a prompt truncated to {keep} tokens stay reusable"
+                ));
+            }
+        }
+        self.cov.truncations += 1;
+    }
+
+    /// A transceiver's lookup with pins: the chain is cached and on the GPU; its pins are
+    /// dropped later by `op_unpin` like any other.
+    fn op_pinned_lookup(&mut self) {
+        if self.history.is_empty() || self.pins.len() >= 8 {
+            return self.op_unpin();
+        }
+        let (tokens, lora, salt) = self.history[self.rng.below(self.history.len())].clone();
+        let mut req = Request::new(0, tokens.clone());
+        req.lora_task_id = lora;
+        req.cache_salt = salt;
+        let n = self.rng.range(1, tokens.len());
+        let w = self.windows[self.rng.below(self.windows.len())];
+        self.log(|| format!("find_blocks_in_reuse_tree {tokens:?} n {n} window {w} pin"));
+        let chain = self
+            .m
+            .find_blocks_in_reuse_tree(&req, n, w, true)
+            .unwrap_or_else(|e| self.fail(format!("find_blocks_in_reuse_tree: {e}")));
+        for &b in &chain {
+            let info = self.m.block_info(w, b).unwrap();
+            if !info.in_reuse_tree || info.level != Level::Primary || info.ref_count == 0 {
+                self.fail(format!("looked-up block {b} of window {w}: {info:?}"));
+            }
+        }
+        if !chain.is_empty() {
+            self.cov.pinned += chain.len();
+            self.cov.pinned_lookups += 1;
+            self.pins.push((w, chain));
         }
     }
 
@@ -1050,6 +1127,9 @@ fn run_scenario(sc: Scenario) {
         total.offloaded += c.offloaded;
         total.onboarded += c.onboarded;
         total.verified_reused_positions += c.verified_reused_positions;
+        total.resets += c.resets;
+        total.truncations += c.truncations;
+        total.pinned_lookups += c.pinned_lookups;
     }
     // The generator must keep reaching the paths this test is about.
     let name = sc.name;
@@ -1071,6 +1151,10 @@ fn run_scenario(sc: Scenario) {
     assert!(total.rewinds > 10, "{name}: {total:?}");
     assert!(total.pinned > 0 && total.unpinned > 0, "{name}: {total:?}");
     assert!(total.explicit_offloads > 10, "{name}: {total:?}");
+    assert!(
+        total.resets > 0 && total.truncations > 10 && total.pinned_lookups > 10,
+        "{name}: {total:?}"
+    );
     assert!(
         total.offloaded > 100 && total.onboarded > 20,
         "{name}: no host traffic {total:?}"
