@@ -120,10 +120,18 @@ TEST(TrtllmFacade, ExecutorIterationMatchesKvblock) {
     Request r2(2, kvb_test::concatTokens(tokenRun(100, 8), tokenRun(300, 5)), 8);
     Request r3(3, tokenRun(500, 9), 8);
     r3.numDraftTokens = kDraft;
-    f->addSequenceBatch({{2, 13, 1}, {3, 9, 1}}, refs({&r2, &r3}));
+    // Request 4 searches two beams.
+    Request r4(4, tokenRun(700, 6), 4);
+    r4.tokens.push_back(r4.tokens[0]);
+    f->addSequenceBatch({{2, 13, 1}, {3, 9, 1}, {4, 6, 2}}, refs({&r2, &r3, &r4}));
     auto admitted =
-        k.addSequenceBatch({kvb::Request(2, r2.tokens[0]), kvb::Request(3, r3.tokens[0])});
-    ASSERT_EQ(admitted.size(), 2u);
+        k.addSequenceBatch({kvb::Request(2, r2.tokens[0]), kvb::Request(3, r3.tokens[0]),
+                            kvb::Request(4, r4.tokens[0]).withBeamWidth(2)});
+    ASSERT_EQ(admitted.size(), 3u);
+    auto beams = f->getCacheBlockIds(4, kWindow);
+    ASSERT_EQ(beams.size(), 2u);
+    for (int32_t b = 0; b < 2; ++b)
+        EXPECT_EQ(beams[static_cast<size_t>(b)], k.getCacheBlockIds(4, kWindow, b));
     EXPECT_EQ(r2.prepopulatedPromptLen, admitted[0].prepopulated_prompt_len);
     EXPECT_EQ(r2.prepopulatedPromptLen, 8);
     EXPECT_EQ(r2.reusedBlocks, static_cast<int32_t>(admitted[0].stats.reused_blocks));
@@ -211,6 +219,8 @@ TEST(TrtllmFacade, ExecutorIterationMatchesKvblock) {
     EXPECT_EQ(f->getNumFreeBlocks(), static_cast<int32_t>(k.getNumFreeBlocks()));
     f->removeSequence(3, r3);
     k.removeSequence(3, true);
+    f->removeSequence(4);
+    k.removeSequence(4, false);
     expectSameStats(f->getKvCacheStats(), k.getKvCacheStats());
 
     // Truncation keeps the warm prompt's first block; reset drops the rest.
