@@ -20,6 +20,10 @@ use kvblock::ffi::sizing::*;
 use kvblock::ffi::status::*;
 use kvblock::ffi::types::*;
 
+// TensorRT-LLM's 2026 calls (the facade's C functions).
+#[path = "interp_trtllm.rs"]
+mod trtllm;
+
 /// Highest status value the header documents.
 const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_STALLED as i32;
 /// Calls interpreted per input, so one input stays fast.
@@ -434,7 +438,7 @@ fn non_negative(v: i64, what: &str) {
 fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
     let h = m.handle;
     let tpb = m.tpb;
-    let op = inp.u8() % 47;
+    let op = inp.u8() % 48;
     let mut i32_out = 0i32;
     let mut bool_out = false;
     let mut count = 0usize;
@@ -698,6 +702,7 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
             (st, "offload_block")
         }
         46 => lifecycle_call(inp, m),
+        47 => trtllm::call(inp, m),
         _ => match inp.u8() % 9 {
             0 => (
                 kvb_manager_get_priority_by_block_id(h, window(inp, m), inp.i64(), &mut i32_out),
