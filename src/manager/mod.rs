@@ -14,6 +14,7 @@
 
 mod admission;
 mod config;
+mod disk;
 mod faults;
 mod inspect;
 mod invariants;
@@ -28,6 +29,9 @@ mod tables;
 mod transfers;
 
 pub use admission::BatchEstimate;
+pub use disk::{
+    disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
+};
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
 pub use lifecycle::{ContextRevert, SequenceLengths};
@@ -108,6 +112,9 @@ pub struct KvCacheManager {
     unregistered_pools: Vec<(usize, crate::pool::Level)>,
     /// Consecutive scheduling passes without progress (`stall`).
     stall: stall::StallDetector,
+    /// The disk tier's I/O workers (declared last: dropped after the windows, so that it
+    /// finishes their queued writes before it stops).
+    disk_io: Option<Arc<crate::tier::io::IoPool>>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.
