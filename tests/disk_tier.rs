@@ -164,7 +164,10 @@ fn bytes_survive_a_disk_round_trip_and_the_estimate_equals_admission() {
     assert!(s.writes >= 4, "A's 4 blocks reached disk: {s:?}");
     // A's blocks are gone from GPU and host: without the disk tier A would recompute.
     let req = Request::new(2, a.clone());
-    assert_eq!(m.estimate_batch(std::slice::from_ref(&req)).unwrap()[0].reused_blocks, 0);
+    assert_eq!(
+        m.estimate_batch(std::slice::from_ref(&req)).unwrap()[0].reused_blocks,
+        0
+    );
     assert_eq!(prefetch_until_ready(&mut m, &req), 4);
     let s = m.disk_stats();
     assert_eq!((s.hits, s.verify_failures, s.read_errors), (4, 0, 0));
@@ -205,3 +208,195 @@ fn a_block_being_read_is_claimed_and_not_evicted_under_the_read() {
     m.check_invariants().unwrap();
 }
 
+/// The workload of the fault tests: A, then churn that pushes A and most churn blocks to disk.
+fn workload(m: &mut KvCacheManager) -> Vec<i32> {
+    let a = tokens(3, 17);
+    serve(m, 1, &a);
+    churn(m, 100, 6);
+    a
+}
+
+/// Writes of the fault-free workload (it is deterministic: write results change no block).
+fn clean_writes(name: &str) -> u64 {
+    let dir = scratch_dir(&format!("clean-{name}"));
+    let mut m = manager(&dir, 8, 4, 64);
+    workload(&mut m);
+    settle(&mut m).writes
+}
+
+/// After a fault, the manager still serves A with whatever verified blocks the disk has, with
+/// the right bytes.
+fn serve_a_again(m: &mut KvCacheManager, a: &[i32]) -> usize {
+    let req = Request::new(2, a.to_vec());
+    prefetch_until_ready(m, &req);
+    let est = m.estimate_batch(std::slice::from_ref(&req)).unwrap()[0];
+    let adm = m.add_sequence(&req).unwrap();
+    assert_eq!(est.reusable_tokens, adm.prepopulated_prompt_len);
+    check(m, 2, a, adm.prepopulated_prompt_len);
+    m.check_invariants().unwrap();
+    adm.prepopulated_prompt_len
+}
+
+#[test]
+fn injected_short_writes_are_not_published_and_are_counted() {
+    let dir = scratch_dir("short");
+    let mut m = manager(&dir, 8, 4, 64);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    faults.short_writes.store(3, Ordering::Relaxed);
+    let a = workload(&mut m);
+    let s = settle(&mut m);
+    assert_eq!(s.write_errors, 3);
+    assert_eq!(s.writes + 3, clean_writes("short"));
+    assert_eq!(s.slots_used, s.writes);
+    serve_a_again(&mut m, &a);
+}
+
+#[test]
+fn enospc_on_writes_is_counted_and_harmless() {
+    let dir = scratch_dir("enospc");
+    let mut m = manager(&dir, 8, 4, 64);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    faults.enospc_writes.store(2, Ordering::Relaxed);
+    let a = workload(&mut m);
+    let s = settle(&mut m);
+    assert_eq!((s.write_errors, s.enospc_errors), (2, 2));
+    assert_eq!(s.writes + 2, clean_writes("enospc"));
+    serve_a_again(&mut m, &a);
+}
+
+#[test]
+fn a_full_directory_stops_writes_but_not_the_manager() {
+    let dir = scratch_dir("full");
+    let mut m = manager(&dir, 8, 4, 64);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    // A's four blocks are the first written; then the directory is full.
+    faults.writes_until_full.store(4, Ordering::Relaxed);
+    let a = workload(&mut m);
+    let s = settle(&mut m);
+    assert_eq!(s.writes, 4);
+    assert_eq!(s.enospc_errors, clean_writes("full") - 4);
+    assert_eq!(s.write_errors, s.enospc_errors);
+    assert_eq!(serve_a_again(&mut m, &a), 16);
+}
+
+#[test]
+fn eio_on_a_read_drops_that_block_and_the_request_recomputes_it() {
+    let dir = scratch_dir("eio");
+    let mut m = manager(&dir, 8, 4, 64);
+    let a = workload(&mut m);
+    let before = settle(&mut m);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    faults.eio_reads.store(1, Ordering::Relaxed);
+    let reused = serve_a_again(&mut m, &a);
+    // The reads after the failed block finish later and are discarded (their parent is gone).
+    let s = settle(&mut m);
+    assert_eq!(s.read_errors, 1);
+    assert_eq!(s.reads, 4);
+    assert_eq!(s.hits + s.reads_discarded + s.read_errors, 4);
+    assert_eq!(
+        reused,
+        s.hits as usize * TPB,
+        "the prefix up to the failed block"
+    );
+    assert_eq!(s.evictions, 0);
+    assert_eq!(s.slots_used, s.writes - 1, "the failed slot is dropped");
+    assert!(before.slots_used == before.writes);
+}
+
+#[test]
+fn flipped_bits_on_disk_never_reach_the_engine() {
+    let dir = scratch_dir("flip");
+    let mut m = manager(&dir, 8, 4, 64);
+    let a = workload(&mut m);
+    settle(&mut m);
+    // Flip one row byte in every slot of the file.
+    let path = dir.join(kvblock::manager::disk_file_name(WINDOW));
+    let mut bytes = std::fs::read(&path).unwrap();
+    for slot in 0..64 {
+        bytes[slot * 8192 + 4096 + 5] ^= 0x40;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(serve_a_again(&mut m, &a), 0);
+    let s = m.disk_stats();
+    assert_eq!(s.verify_failures, 4);
+    assert_eq!(s.hits, 0);
+}
+
+#[test]
+fn bad_configuration_fails_at_creation() {
+    let dir = scratch_dir("config");
+    let missing = dir.join("missing");
+    let err = |cfg: ManagerConfig| KvCacheManager::new(cfg).unwrap_err().to_string();
+    assert!(err(config(Some(&missing), 8, 4, 64)).contains("cannot be used"));
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(err(config(Some(&file), 8, 4, 64)).contains("not a directory"));
+    // A directory nobody can write to (root writes anywhere it may: /proc refuses it too).
+    let read_only = Path::new("/proc/self");
+    assert!(err(config(Some(read_only), 8, 4, 64)).contains("not writable"));
+    let mut small = config(Some(&dir), 8, 4, 64);
+    small.disk.bytes_per_window = 8191;
+    assert!(err(small).contains("below one slot"));
+    assert!(err(config(Some(&dir), 8, 0, 64)).contains("host tier"));
+    // Without a directory there is no disk tier.
+    let m = KvCacheManager::new(config(None, 8, 4, 64)).unwrap();
+    assert!(!m.has_disk_tier());
+}
+
+#[test]
+fn two_managers_cannot_share_a_directory() {
+    let dir = scratch_dir("shared");
+    let _first = manager(&dir, 8, 4, 64);
+    let second = KvCacheManager::new(config(Some(&dir), 8, 4, 64));
+    assert!(second.unwrap_err().to_string().contains("in use"));
+}
+
+#[test]
+fn a_restarted_manager_reuses_the_disk_cache() {
+    let dir = scratch_dir("restart");
+    let a = {
+        let mut m = manager(&dir, 8, 4, 64);
+        let a = workload(&mut m);
+        settle(&mut m);
+        a
+    };
+    let written = clean_writes("restart");
+    let mut m = manager(&dir, 8, 4, 64);
+    let s = m.disk_stats();
+    assert_eq!((s.recovered, s.ignored_at_restart), (written, 0));
+    assert_eq!(serve_a_again(&mut m, &a), 16);
+    assert_eq!(m.disk_stats().hits, 4);
+}
+
+#[test]
+fn a_restart_with_another_geometry_ignores_the_old_slots() {
+    let dir = scratch_dir("restart-geometry");
+    {
+        let mut m = manager(&dir, 8, 4, 64);
+        workload(&mut m);
+        settle(&mut m);
+    }
+    let mut cfg = config(Some(&dir), 8, 4, 64);
+    cfg.windows[0].size_per_head = 4;
+    let m = KvCacheManager::new(cfg).unwrap();
+    let s = m.disk_stats();
+    assert_eq!(s.recovered, 0);
+    assert_eq!(s.ignored_at_restart, clean_writes("geometry"));
+}
+
+#[test]
+fn the_reused_policy_writes_only_blocks_reused_at_least_once() {
+    let dir = scratch_dir("policy");
+    let mut cfg = config(Some(&dir), 8, 4, 64);
+    cfg.disk.write_policy = WritePolicy::Reused;
+    let mut m = KvCacheManager::new(cfg).unwrap();
+    let a = tokens(4, 17);
+    serve(&mut m, 1, &a);
+    // A is reused once (its 4 full blocks), then pushed out.
+    assert_eq!(serve(&mut m, 2, &a), 16);
+    churn(&mut m, 100, 6);
+    let s = settle(&mut m);
+    assert_eq!(s.writes, 4, "only A's reused blocks: {s:?}");
+    assert!(s.policy_skips > 0);
+    assert_eq!(serve_a_again(&mut m, &a), 16);
+}

@@ -180,8 +180,7 @@ pub(super) fn attach_disk_tiers(
             "disk io_threads, max_writes_queued and max_reads_in_flight must be positive".into(),
         ));
     }
-    if cfg.bytes_per_window == 0 && !(cfg.free_space_share > 0.0 && cfg.free_space_share <= 1.0)
-    {
+    if cfg.bytes_per_window == 0 && !(cfg.free_space_share > 0.0 && cfg.free_space_share <= 1.0) {
         return Err(invalid(format!(
             "disk free_space_share must be in (0, 1], got {}",
             cfg.free_space_share
@@ -205,7 +204,12 @@ pub(super) fn attach_disk_tiers(
     }
     let layouts: Vec<(usize, SlotLayout)> = windows
         .iter()
-        .map(|w| (w.window_size(), slot_layout(w.window_size(), &w.config().geometry)))
+        .map(|w| {
+            (
+                w.window_size(),
+                slot_layout(w.window_size(), &w.config().geometry),
+            )
+        })
         .collect();
     let slots = slots_per_window(cfg, dir, &layouts)?;
     let pool = Arc::new(

@@ -29,10 +29,10 @@ mod tables;
 mod transfers;
 
 pub use admission::BatchEstimate;
+pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use disk::{
     disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
 };
-pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use inspect::{BlockInfo, TreeEntry};
 pub use lifecycle::{ContextRevert, SequenceLengths};
 pub use request::{Admission, Request, RequestRef, RequestStats};

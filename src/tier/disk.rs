@@ -106,7 +106,9 @@ enum SlotState {
     Free,
     Writing,
     /// Published; `readers` reads in flight.
-    Valid { readers: u32 },
+    Valid {
+        readers: u32,
+    },
 }
 
 /// A finished read, handed to the window.

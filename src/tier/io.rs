@@ -9,7 +9,6 @@ use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-
 use super::sealed::{verify_slot, SealError, SlotHeader, SlotLayout};
 use super::store::{AlignedBuf, TierKey, TierStore};
 

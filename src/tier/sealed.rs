@@ -53,9 +53,19 @@ fn write_key_fields(h: &mut blake3::Hasher, key: &BlockKeyRef<'_>) {
 }
 
 fn flags_of(key: &BlockKeyRef<'_>) -> u32 {
-    (if key.extra_ids.is_some() { FLAG_EXTRA } else { 0 })
-        | (if key.lora_task_id.is_some() { FLAG_LORA } else { 0 })
-        | (if key.cache_salt.is_some() { FLAG_SALT } else { 0 })
+    (if key.extra_ids.is_some() {
+        FLAG_EXTRA
+    } else {
+        0
+    }) | (if key.lora_task_id.is_some() {
+        FLAG_LORA
+    } else {
+        0
+    }) | (if key.cache_salt.is_some() {
+        FLAG_SALT
+    } else {
+        0
+    })
 }
 
 /// The prefix digest of a block with `key` whose parent's digest is `parent`: stable across
@@ -238,8 +248,7 @@ pub fn open_header(layout: &SlotLayout, header: &[u8]) -> Result<SlotHeader, Sea
     if *blake3::hash(&zeroed).as_bytes() != stored_sum {
         return Err(SealError::Corrupt);
     }
-    if digest_at(header, 16) != layout.fingerprint
-        || u64_at(header, 144) != layout.row_bytes as u64
+    if digest_at(header, 16) != layout.fingerprint || u64_at(header, 144) != layout.row_bytes as u64
     {
         return Err(SealError::OtherGeometry);
     }
@@ -351,7 +360,10 @@ mod tests {
         let key = BlockKeyRef::plain(&[1, 2, 3, 4]);
         let (mut slot, d) = sealed(&key);
         let other = prefix_digest(&ROOT_DIGEST, &BlockKeyRef::plain(&[1, 2, 3, 5]));
-        assert_eq!(verify_slot(&layout(), &slot, &other), Err(SealError::OtherKey));
+        assert_eq!(
+            verify_slot(&layout(), &slot, &other),
+            Err(SealError::OtherKey)
+        );
         let foreign = SlotLayout::new(128, 4, &[2, 2, 1, 4, 4, 2]);
         assert_eq!(
             verify_slot(&foreign, &slot, &d),

@@ -286,8 +286,7 @@ impl WindowBlockManager {
                 };
                 let d = self.disk.as_mut().expect("checked");
                 if !d.tier.start_read(&digest) {
-                    self.queues
-                        .release(dest, Level::Secondary, false, 0);
+                    self.queues.release(dest, Level::Secondary, false, 0);
                     break;
                 }
                 if let Parent::Read(p) = parent {
@@ -353,8 +352,7 @@ impl WindowBlockManager {
                 if landed {
                     placed += 1;
                 }
-                self.queues
-                    .release(r.dest, Level::Secondary, false, now_ms);
+                self.queues.release(r.dest, Level::Secondary, false, now_ms);
                 let next = if landed {
                     Parent::Tree {
                         block: r.dest,
