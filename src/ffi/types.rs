@@ -168,6 +168,10 @@ pub struct kvb_manager_config_t {
     /// `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` must be at most
     /// `INT32_MAX`.
     pub max_draft_tokens: i32,
+    /// The disk tier below the host tier (`kvb_disk_tier_config_t`, read at creation); null:
+    /// none. Added after the first version: a caller whose `struct_size` stops before this
+    /// field gets no disk tier.
+    pub disk: *const super::disk::kvb_disk_tier_config_t,
 }
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
@@ -445,6 +449,7 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         stall_pass_threshold: d.stall_pass_threshold as i32,
         num_extra_kv_tokens: d.num_extra_kv_tokens as i32,
         max_draft_tokens: d.max_draft_tokens as i32,
+        disk: std::ptr::null(),
     }
 }
 
@@ -555,7 +560,7 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         })?,
         num_extra_kv_tokens,
         max_draft_tokens,
-        disk: crate::manager::DiskTierConfig::default(),
+        disk: super::disk::disk_config(c.disk)?,
     })
 }
 
