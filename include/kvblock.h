@@ -117,6 +117,20 @@ typedef enum kvb_cuda_transfer_mode_t {
 } kvb_cuda_transfer_mode_t;
 
 /**
+ * Which blocks leaving the host tier are written to disk.
+ */
+typedef enum kvb_disk_write_policy_t {
+    /**
+     * Every cached block the host tier evicts (the default).
+     */
+    KVB_DISK_WRITE_ALL = 0,
+    /**
+     * Only blocks reused at least once while cached (fewer writes, less wear).
+     */
+    KVB_DISK_WRITE_REUSED = 1,
+} kvb_disk_write_policy_t;
+
+/**
  * Type of an event (values of `kvb_event_t::event_type`).
  */
 typedef enum kvb_event_type_t {
