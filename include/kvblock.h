@@ -1292,14 +1292,20 @@ typedef struct kvb_disk_stats_t {
      */
     uint64_t hits;
     /**
-     * Reads started, and bytes read.
+     * Reads started.
      */
     uint64_t reads;
+    /**
+     * Bytes read (whole slots).
+     */
     uint64_t read_bytes;
     /**
-     * Writes completed (published), and bytes written.
+     * Writes completed (published).
      */
     uint64_t writes;
+    /**
+     * Bytes written (whole slots).
+     */
     uint64_t write_bytes;
     /**
      * Stores dropped because the write queue was full.
@@ -1314,9 +1320,12 @@ typedef struct kvb_disk_stats_t {
      */
     uint64_t policy_skips;
     /**
-     * Failed writes (not published), and of those the ENOSPC ones.
+     * Failed writes (not published).
      */
     uint64_t write_errors;
+    /**
+     * Failed writes with ENOSPC (also in `write_errors`).
+     */
     uint64_t enospc_errors;
     /**
      * Reads failed with an I/O error.
@@ -1339,19 +1348,32 @@ typedef struct kvb_disk_stats_t {
      */
     uint64_t evictions;
     /**
-     * Slots recovered at creation (warm restart), and written slots ignored then (another
-     * geometry, a bad header).
+     * Slots recovered at creation (warm restart).
      */
     uint64_t recovered;
+    /**
+     * Written slots ignored at creation (another geometry, a header that does not verify).
+     */
     uint64_t ignored_at_restart;
     /**
-     * Gauges: slots of the files, slots holding a block, reads in flight, writes queued,
-     * bytes of one slot.
+     * Gauge: slots of the files.
      */
     uint64_t slots;
+    /**
+     * Gauge: slots holding a published block.
+     */
     uint64_t slots_used;
+    /**
+     * Gauge: reads in flight.
+     */
     uint64_t reads_in_flight;
+    /**
+     * Gauge: writes queued or in flight.
+     */
     uint64_t writes_queued;
+    /**
+     * Bytes of one slot (header and row, each aligned to 4 KiB).
+     */
     uint64_t slot_bytes;
 } kvb_disk_stats_t;
 

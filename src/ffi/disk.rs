@@ -67,11 +67,13 @@ pub struct kvb_disk_stats_t {
     pub direct_io: bool,
     /// Blocks read back, verified and placed in the host tier (disk hits).
     pub hits: u64,
-    /// Reads started, and bytes read.
+    /// Reads started.
     pub reads: u64,
+    /// Bytes read (whole slots).
     pub read_bytes: u64,
-    /// Writes completed (published), and bytes written.
+    /// Writes completed (published).
     pub writes: u64,
+    /// Bytes written (whole slots).
     pub write_bytes: u64,
     /// Stores dropped because the write queue was full.
     pub write_drops: u64,
@@ -79,8 +81,9 @@ pub struct kvb_disk_stats_t {
     pub write_skips: u64,
     /// Stores the write policy declined.
     pub policy_skips: u64,
-    /// Failed writes (not published), and of those the ENOSPC ones.
+    /// Failed writes (not published).
     pub write_errors: u64,
+    /// Failed writes with ENOSPC (also in `write_errors`).
     pub enospc_errors: u64,
     /// Reads failed with an I/O error.
     pub read_errors: u64,
@@ -92,16 +95,19 @@ pub struct kvb_disk_stats_t {
     pub read_drops: u64,
     /// Published blocks overwritten by newer ones (disk LRU).
     pub evictions: u64,
-    /// Slots recovered at creation (warm restart), and written slots ignored then (another
-    /// geometry, a bad header).
+    /// Slots recovered at creation (warm restart).
     pub recovered: u64,
+    /// Written slots ignored at creation (another geometry, a header that does not verify).
     pub ignored_at_restart: u64,
-    /// Gauges: slots of the files, slots holding a block, reads in flight, writes queued,
-    /// bytes of one slot.
+    /// Gauge: slots of the files.
     pub slots: u64,
+    /// Gauge: slots holding a published block.
     pub slots_used: u64,
+    /// Gauge: reads in flight.
     pub reads_in_flight: u64,
+    /// Gauge: writes queued or in flight.
     pub writes_queued: u64,
+    /// Bytes of one slot (header and row, each aligned to 4 KiB).
     pub slot_bytes: u64,
 }
 
