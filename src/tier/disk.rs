@@ -210,7 +210,7 @@ impl DiskTier {
     /// verifies are indexed, written slots of another geometry or with a bad header are counted
     /// and left free.
     fn recover(&mut self) -> io::Result<()> {
-        let hb = self.layout.header_bytes();
+        let hb = super::sealed::align_up(self.layout.header_bytes());
         let mut buf = AlignedBuf::new(hb).ok_or_else(|| io::Error::other("no memory"))?;
         for slot in 0..self.states.len() as u32 {
             self.store.read_prefix(slot as u64, buf.as_mut_slice())?;
@@ -427,6 +427,16 @@ impl DiskTier {
             done: self.done.clone(),
         });
         true
+    }
+
+    /// Counts a store dropped before it was prepared, when the write queue is full: the caller
+    /// then skips the work of sealing it. Returns whether there is room.
+    pub fn has_write_room(&mut self) -> bool {
+        if (self.stats.writes_queued as usize) < self.limits.max_writes_queued {
+            return true;
+        }
+        self.stats.write_drops += 1;
+        false
     }
 
     /// Whether any write or read is queued or running.

@@ -105,14 +105,15 @@ impl SlotLayout {
         }
     }
 
-    /// Bytes reserved for the header (the largest key, aligned).
+    /// Bytes reserved for the header (the largest key); the row follows it directly.
     pub fn header_bytes(&self) -> usize {
-        align_up(FIXED + self.tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES)
+        FIXED + self.tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES
     }
 
-    /// Bytes of one slot: the header, then the row, both aligned.
+    /// Bytes of one slot: the header and the row, aligned as a whole (a slot is always read
+    /// and written whole, so only its start and length must be aligned).
     pub fn slot_bytes(&self) -> usize {
-        self.header_bytes() + align_up(self.row_bytes.max(1))
+        align_up(self.header_bytes() + self.row_bytes)
     }
 }
 

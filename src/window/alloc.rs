@@ -42,7 +42,11 @@ impl WindowBlockManager {
     pub(super) fn evict_from_tree(&mut self, block: u32) {
         let stats = &mut self.stats;
         let mut events = self.events.as_mut();
-        self.tree.detach_subtree(block, |_, hash| {
+        let mut disk = self.disk.as_deref_mut();
+        self.tree.detach_subtree(block, |b, hash| {
+            if let Some(d) = disk.as_mut() {
+                d.forget_digest(b);
+            }
             stats.evicted_from_tree += 1;
             if let Some(e) = events.as_mut() {
                 e.push(WindowEvent::Removed(hash));
