@@ -369,7 +369,8 @@ impl DiskTier {
         Some((slot, buf))
     }
 
-    /// Queues the write of a prepared slot.
+    /// Queues the write of a prepared slot whose key was written by `seal_key`: the worker
+    /// checksums it, then writes it.
     pub fn submit_write(&mut self, slot: u32, buf: AlignedBuf) {
         let key = TierKey {
             digest: self.digests[slot as usize],
@@ -379,7 +380,9 @@ impl DiskTier {
             store: self.store.clone(),
             key,
             buf,
-            kind: IoKind::Write,
+            kind: IoKind::Write {
+                seal: Some(self.layout),
+            },
             done: self.done.clone(),
         });
     }

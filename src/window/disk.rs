@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::{KeySource, WindowBlockManager};
 use crate::pool::{Level, MemRow};
-use crate::tier::sealed::{fits, prefix_digest, seal};
+use crate::tier::sealed::{fits, prefix_digest, seal_key};
 use crate::tier::{DiskTier, PrefixDigest, TierStats, WritePolicy, ROOT_DIGEST};
 
 /// Where a read's block hangs in the tree once it is placed.
@@ -233,7 +233,7 @@ impl WindowBlockManager {
             d.tier.abandon_write(slot, buf);
             return;
         }
-        seal(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
+        seal_key(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
         d.tier.submit_write(slot, buf);
     }
 
