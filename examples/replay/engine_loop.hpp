@@ -88,6 +88,8 @@ class EngineLoop {
         check(timed(out_.t, kRefresh, [&] { return kvb_manager_refresh_blocks(m_); }),
               "kvb_manager_refresh_blocks");
         // (The forward pass would run here.)
+        if (o_.forward_us > 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(o_.forward_us));
         // 5. Store the blocks each chunk completed; a completed prompt samples its first token.
         std::vector<Req*> sampling = decoding;
         for (auto& [q, n] : chunks) {

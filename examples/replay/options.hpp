@@ -37,6 +37,7 @@ struct Options {
     int64_t disk_bytes = int64_t{1} << 30;  // per window
     int64_t disk_read_latency_us = 0;       // injected (benchmarks)
     int32_t disk_write_queue = 4096;        // writes queued before stores are dropped
+    int64_t forward_us = 0;                 // engine: simulated forward pass per step
     replay::PublishOptions publish;
 };
 
@@ -75,6 +76,8 @@ inline void usage(std::FILE* out) {
         "  --disk-bytes N          bytes of the disk tier's file (default 1 GiB)\n"
         "  --disk-read-latency-us N  inject N us into every disk read (benchmarks)\n"
         "  --disk-write-queue N    writes queued before stores to disk are dropped (4096)\n"
+        "  --forward-us N          engine: sleep N us per step where the forward pass would run\n"
+        "                          (background work such as disk I/O then has time; default 0)\n"
         "  --json PATH             write every figure and a time series as JSON\n"
         "  --svg PATH              plot (default: JSON path with .svg, else replay.svg)\n"
         "  --no-svg                no plot\n"
@@ -184,6 +187,8 @@ inline Options parse_options(int argc, char** argv) {
             o.disk_dir = next();
         else if (arg == "--disk-bytes")
             o.disk_bytes = parse_int(arg, next(), 1, INT64_MAX);
+        else if (arg == "--forward-us")
+            o.forward_us = parse_int(arg, next(), 0, 10'000'000);
         else if (arg == "--disk-write-queue")
             o.disk_write_queue = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 20));
         else if (arg == "--disk-read-latency-us")

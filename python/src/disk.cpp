@@ -41,11 +41,10 @@ void init_disk(nb::module_& m) {
     X(slot_bytes)
 #undef X
 
-    nb::class_<kvb_disk_prefetch_t>(m, "DiskPrefetch",
-                                    "What a prefetch did for one request (``kvb_disk_prefetch_t``).")
+    nb::class_<kvb_disk_prefetch_t>(
+        m, "DiskPrefetch", "What a prefetch did for one request (``kvb_disk_prefetch_t``).")
         .def_ro("started", &kvb_disk_prefetch_t::started, "Reads started by this call.")
-        .def_ro("in_flight", &kvb_disk_prefetch_t::in_flight,
-                "Prefix blocks already being read.");
+        .def_ro("in_flight", &kvb_disk_prefetch_t::in_flight, "Prefix blocks already being read.");
 
     nb::object config = m.attr("ManagerConfig");
     config.attr("with_disk_tier") = nb::cpp_function(
@@ -67,8 +66,7 @@ void init_disk(nb::module_& m) {
 
 void init_manager_disk(ManagerClass& cls) {
     cls.def(
-           "disk_poll",
-           [](Manager& self) { return nogil([&] { return self.m.diskPoll(); }); },
+           "disk_poll", [](Manager& self) { return nogil([&] { return self.m.diskPoll(); }); },
            "Collects finished disk I/O; returns the blocks placed in the host tier.")
         .def(
             "disk_prefetch",
@@ -95,7 +93,8 @@ void init_manager_disk(ManagerClass& cls) {
             },
             "request"_a, "Prefix blocks of a request still being read from disk (0: ready).")
         .def(
-            "get_disk_stats", [](Manager& self) { return nogil([&] { return self.m.getDiskStats(); }); },
+            "get_disk_stats",
+            [](Manager& self) { return nogil([&] { return self.m.getDiskStats(); }); },
             "The disk tier's counters (:class:`DiskStats`).")
         .def_prop_ro(
             "has_disk_tier", [](Manager& self) { return self.m.hasDiskTier(); },
