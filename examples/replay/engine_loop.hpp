@@ -313,7 +313,7 @@ class EngineLoop {
         }
     }
 
-    static constexpr size_t kDiskLookahead = 16;  // waiting requests prefetched per step
+    static constexpr size_t kDiskLookahead = 4;  // waiting requests prefetched ahead
 
     const Options& o_;
     kvb_manager_t* m_;

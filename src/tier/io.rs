@@ -153,13 +153,26 @@ impl IoPool {
 
     /// Queues a job (the tier bounds how many it has queued).
     pub fn submit(&self, job: IoJob) {
+        self.submit_all(std::iter::once(job));
+    }
+
+    /// Queues jobs under one lock, waking as many workers as needed.
+    pub fn submit_all(&self, jobs: impl IntoIterator<Item = IoJob>) {
         let mut q = lock(&self.shared.queue);
-        match job.kind {
-            IoKind::Read { .. } => q.reads.push_back(job),
-            IoKind::Write { .. } => q.writes.push_back(job),
+        let mut n = 0;
+        for job in jobs {
+            match job.kind {
+                IoKind::Read { .. } => q.reads.push_back(job),
+                IoKind::Write { .. } => q.writes.push_back(job),
+            }
+            n += 1;
         }
         drop(q);
-        self.shared.wake.notify_one();
+        if n == 1 {
+            self.shared.wake.notify_one();
+        } else if n > 1 {
+            self.shared.wake.notify_all();
+        }
     }
 
     pub fn num_threads(&self) -> usize {

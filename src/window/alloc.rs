@@ -20,6 +20,7 @@ enum Offload {
 
 impl WindowBlockManager {
     pub(super) fn flush_copies(&mut self) {
+        self.flush_disk_jobs();
         if !self.pending_copies.is_empty() {
             // After a failed submission the call is rolled back: move nothing more.
             if !self.copy_log.failed() {

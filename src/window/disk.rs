@@ -93,6 +93,14 @@ fn collect_finished(d: &mut WindowDisk) {
 }
 
 impl WindowBlockManager {
+    /// Hands the disk jobs of the running call to the I/O workers.
+    #[inline]
+    pub(super) fn flush_disk_jobs(&mut self) {
+        if let Some(d) = &mut self.disk {
+            d.tier.flush_jobs();
+        }
+    }
+
     /// Attaches a disk tier.
     pub fn attach_disk(&mut self, disk: WindowDisk) {
         self.disk = Some(Box::new(disk));
@@ -190,7 +198,9 @@ impl WindowBlockManager {
     fn spill_with(&mut self, d: &mut WindowDisk, block: u32) {
         // Finished writes free their buffers (and publish their slots) here too, so that the
         // write queue drains even when the engine never polls.
-        collect_finished(d);
+        if d.tier.write_queue_full() {
+            collect_finished(d);
+        }
         if !self.tree.is_in_tree(block) || self.arena.level(block) != Level::Secondary {
             return;
         }
@@ -357,7 +367,9 @@ impl WindowBlockManager {
     /// host tier (as far as host blocks can be claimed and the read bound allows). Nothing
     /// waits: the blocks become reusable in a later `disk_poll`.
     pub fn disk_prefetch(&mut self, src: &KeySource<'_>, input_length: usize) -> DiskPrefetch {
-        self.walk_disk_prefix(src, input_length, true)
+        let out = self.walk_disk_prefix(src, input_length, true);
+        self.flush_disk_jobs();
+        out
     }
 
     /// Blocks of a request's reusable prefix still being read from disk (0: ready).
@@ -406,6 +418,7 @@ impl WindowBlockManager {
                 }
             }
         }
+        d.tier.flush_jobs();
         self.disk = Some(d);
         placed
     }
