@@ -14,5 +14,6 @@ void init_results(nb::module_& m);
 void init_events(nb::module_& m);
 void init_manager(nb::module_& m);
 void init_publisher(nb::module_& m);
+void init_disk(nb::module_& m);
 
 }  // namespace kvb_py

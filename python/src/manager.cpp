@@ -45,6 +45,7 @@ void init_manager(nb::module_& m) {
     init_manager_iteration(cls);
     init_manager_reuse_tree(m, cls);
     init_sizing(cls);
+    init_manager_disk(cls);
 }
 
 }  // namespace kvb_py

@@ -50,6 +50,8 @@ pub mod inspect;
 pub mod reuse_tree;
 // A sequence's beam width and front-detached blocks; block ids to pool rows.
 pub mod sequence_info;
+// The disk tier below the host tier.
+pub mod disk;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.

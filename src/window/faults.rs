@@ -109,6 +109,10 @@ impl WindowBlockManager {
             copy_log: _,
             suspend_clock: _,
             num_suspended: _,
+            // Not rolled back: its state follows I/O already started. A write queued by a
+            // rolled-back call stores content the restored tree still caches (same key, same
+            // bytes), and read destinations were claimed before the call and stay claimed.
+            disk: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),
@@ -125,6 +129,9 @@ impl WindowBlockManager {
 
     /// Puts the bookkeeping of `snapshot` back.
     pub fn restore(&mut self, snapshot: WindowSnapshot) {
+        if let Some(d) = &mut self.disk {
+            d.forget_all_digests();
+        }
         let WindowSnapshot {
             arena,
             queues,
