@@ -17,6 +17,7 @@ pub mod premixed;
 pub mod publisher;
 pub mod retention;
 pub mod sizing;
+pub mod tier;
 pub mod transfer;
 pub mod tree;
 pub mod window;

@@ -57,6 +57,20 @@ pub trait CopyEngine: Send {
     fn launches(&self) -> u64 {
         0
     }
+    /// Whether `read_row` and `write_row` reach the bytes of host-tier rows (the disk tier
+    /// needs it).
+    fn host_rows_visible(&self) -> bool {
+        false
+    }
+    /// Copies the bytes of a host-tier row into `out` (every copy submitted before is
+    /// complete by then).
+    fn read_row(&mut self, _row: MemRow, _out: &mut [u8]) -> Result<(), String> {
+        Err("this copy backend does not expose host rows".into())
+    }
+    /// Writes `data` into a host-tier row.
+    fn write_row(&mut self, _row: MemRow, _data: &[u8]) -> Result<(), String> {
+        Err("this copy backend does not expose host rows".into())
+    }
 }
 
 /// Bookkeeping only: no bytes exist, copies are counted and dropped.
@@ -68,6 +82,20 @@ pub struct NullEngine {
 impl CopyEngine for NullEngine {
     fn submit(&mut self, copies: &[RowCopy]) -> Result<(), CopyFailure> {
         self.copies_submitted += copies.len() as u64;
+        Ok(())
+    }
+
+    /// No bytes exist: rows read as zeros and writes are dropped (bookkeeping only).
+    fn host_rows_visible(&self) -> bool {
+        true
+    }
+
+    fn read_row(&mut self, _row: MemRow, out: &mut [u8]) -> Result<(), String> {
+        out.fill(0);
+        Ok(())
+    }
+
+    fn write_row(&mut self, _row: MemRow, _data: &[u8]) -> Result<(), String> {
         Ok(())
     }
 }
@@ -189,6 +217,20 @@ impl CopyEngine for HostMemoryEngine {
         for c in copies {
             self.copy_one(c);
         }
+        Ok(())
+    }
+
+    fn host_rows_visible(&self) -> bool {
+        true
+    }
+
+    fn read_row(&mut self, row: MemRow, out: &mut [u8]) -> Result<(), String> {
+        out.copy_from_slice(self.row(row));
+        Ok(())
+    }
+
+    fn write_row(&mut self, row: MemRow, data: &[u8]) -> Result<(), String> {
+        self.row_mut(row).copy_from_slice(data);
         Ok(())
     }
 

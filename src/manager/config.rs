@@ -76,6 +76,8 @@ pub struct ManagerConfig {
     /// The most draft tokens one generation step reserves slots for (speculative decoding);
     /// a sequence at its maximum length may hold this many more slots. Default 0.
     pub max_draft_tokens: usize,
+    /// The disk tier below the host tier (off unless it names a directory).
+    pub disk: super::DiskTierConfig,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -109,6 +111,7 @@ impl Default for ManagerConfig {
             stall_pass_threshold: DEFAULT_STALL_PASS_THRESHOLD,
             num_extra_kv_tokens: 0,
             max_draft_tokens: 0,
+            disk: super::DiskTierConfig::default(),
         }
     }
 }
@@ -366,6 +369,8 @@ impl KvCacheManager {
             };
             windows.push(WindowBlockManager::new(wc, engine));
         }
+        let disk_io =
+            super::disk::attach_disk_tiers(&cfg.disk, cfg.enable_block_reuse, &mut windows)?;
         let clock = Clock {
             start: Instant::now(),
             manual_ms: cfg.manual_clock.then_some(0),
@@ -395,6 +400,7 @@ impl KvCacheManager {
             cuda,
             unregistered_pools,
             stall: super::stall::StallDetector::default(),
+            disk_io,
         })
     }
 }

@@ -14,6 +14,7 @@
 
 mod admission;
 mod config;
+mod disk;
 mod faults;
 mod inspect;
 mod invariants;
@@ -29,6 +30,9 @@ mod transfers;
 
 pub use admission::BatchEstimate;
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
+pub use disk::{
+    disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
+};
 pub use inspect::{BlockInfo, TreeEntry};
 pub use lifecycle::{ContextRevert, SequenceLengths};
 pub use request::{Admission, Request, RequestRef, RequestStats};
@@ -108,6 +112,9 @@ pub struct KvCacheManager {
     unregistered_pools: Vec<(usize, crate::pool::Level)>,
     /// Consecutive scheduling passes without progress (`stall`).
     stall: stall::StallDetector,
+    /// The disk tier's I/O workers (declared last: dropped after the windows, so that it
+    /// finishes their queued writes before it stops).
+    disk_io: Option<Arc<crate::tier::io::IoPool>>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.

@@ -129,6 +129,7 @@ impl WindowBlockManager {
             for beam in &mut beams {
                 beam.push(block);
             }
+            self.note_reuse(block);
             self.stats.reused += 1;
         }
         for bi in plan.steps.len()..plan.num_shared_blocks {

@@ -105,6 +105,7 @@ impl WindowBlockManager {
             },
         );
         self.bump_epoch(victim);
+        self.reset_reuse(victim);
         self.tree.disown_key(victim);
         victim
     }
@@ -141,6 +142,7 @@ impl WindowBlockManager {
         let expiry = self.queues.expiry(block);
         self.queues.claim(block);
         self.queues.claim(host_block);
+        self.spill_to_disk(host_block);
         self.evict_from_tree(host_block);
         self.bump_epoch(host_block);
         if was_cached && !self.tree.is_in_tree(block) {

@@ -109,6 +109,10 @@ impl WindowBlockManager {
             copy_log: _,
             suspend_clock: _,
             num_suspended: _,
+            // Not rolled back: its state follows I/O already started. A write queued by a
+            // rolled-back call stores content the restored tree still caches (same key, same
+            // bytes), and read destinations were claimed before the call and stay claimed.
+            disk: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),

@@ -14,6 +14,7 @@
 
 mod admit;
 mod alloc;
+mod disk;
 mod faults;
 mod lifecycle;
 mod plan;
@@ -26,6 +27,7 @@ mod tokens;
 mod verify;
 
 pub use admit::AdmitItem;
+pub use disk::{DiskPrefetch, WindowDisk};
 pub use faults::{CopyRecord, WindowSnapshot};
 pub use lifecycle::SlotTokens;
 pub use plan::{AdmissionPlan, PlannedReuse};
@@ -165,6 +167,8 @@ pub struct WindowBlockManager {
     /// Sequences with `suspended_at` set: admission asks on every call, so it is kept, not
     /// counted.
     num_suspended: usize,
+    /// The disk tier below the host tier, if configured (`disk`).
+    disk: Option<Box<disk::WindowDisk>>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -202,6 +206,7 @@ impl WindowBlockManager {
             copy_log: faults::CopyLog::default(),
             suspend_clock: 0,
             num_suspended: 0,
+            disk: None,
         }
     }
 

@@ -110,7 +110,7 @@ impl WindowBlockManager {
         pinned
     }
 
-    fn record_stored(&mut self, stored: &[u32]) {
+    pub(super) fn record_stored(&mut self, stored: &[u32]) {
         let (Some(events), Some(&first)) = (&mut self.events, stored.first()) else {
             return;
         };

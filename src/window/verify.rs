@@ -37,6 +37,7 @@ impl WindowBlockManager {
             .verify_rows()
             .map_err(|e| format!("window {w}: {e}"))?;
         self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
+        self.verify_disk().map_err(|e| format!("window {w}: {e}"))?;
         let suspended = self.seqs.values().filter(|s| s.suspended_at.is_some());
         if suspended.count() != self.num_suspended {
             return Err(format!(
@@ -140,7 +141,7 @@ impl WindowBlockManager {
                         self.arena.level(b)
                     ));
                 }
-                None if refs == 0 => {
+                None if refs == 0 && !self.is_claimed_by_disk(b) => {
                     return Err(format!(
                         "window {w}: block {b} is neither referenced nor free"
                     ));

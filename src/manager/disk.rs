@@ -1,0 +1,334 @@
+//! The disk tier seen from the manager: its configuration and creation (one file per window
+//! pool, one I/O worker pool per manager), prefetch and readiness of waiting requests, and
+//! statistics.
+//!
+//! Blocks read from disk become reusable only in `disk_poll` (which `disk_prefetch` and
+//! `disk_blocks_in_flight` run first): between two such calls the disk tier changes nothing an
+//! estimate or an admission sees, so an estimate equals what admission then delivers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{absorb, KvCacheManager, RequestRef};
+use crate::error::{KvError, KvResult};
+use crate::pool::PoolGeometry;
+use crate::tier::io::IoPool;
+use crate::tier::{DiskTier, SlotLayout, TierLimits, TierStats, WritePolicy};
+use crate::window::{DiskPrefetch, WindowBlockManager, WindowDisk};
+
+/// Default `DiskTierConfig::free_space_share`.
+pub const DEFAULT_DISK_FREE_SPACE_SHARE: f64 = 0.5;
+
+/// The disk tier of a manager.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiskTierConfig {
+    /// Directory of the tier's files (`kvblock-window-<size>.slots`), kept across runs: a new
+    /// manager with the same geometry and budget recovers their blocks. `None`: no disk tier.
+    pub directory: Option<PathBuf>,
+    /// Bytes of each window's file; 0 = `free_space_share` of the directory's free space,
+    /// split over the windows in proportion to their row bytes.
+    pub bytes_per_window: u64,
+    /// Share of the directory's free space (counting the tier's own files) used when
+    /// `bytes_per_window` is 0, in (0, 1].
+    pub free_space_share: f64,
+    pub write_policy: WritePolicy,
+    /// I/O worker threads (at least 1).
+    pub io_threads: usize,
+    /// Writes queued or in flight per window before stores are dropped (at least 1).
+    pub max_writes_queued: usize,
+    /// Reads in flight per window (at least 1).
+    pub max_reads_in_flight: usize,
+}
+
+impl Default for DiskTierConfig {
+    fn default() -> Self {
+        DiskTierConfig {
+            directory: None,
+            bytes_per_window: 0,
+            free_space_share: DEFAULT_DISK_FREE_SPACE_SHARE,
+            write_policy: WritePolicy::All,
+            io_threads: 2,
+            max_writes_queued: 64,
+            max_reads_in_flight: 64,
+        }
+    }
+}
+
+/// The file of a window's disk tier.
+pub fn disk_file_name(window_size: usize) -> String {
+    format!("kvblock-window-{window_size}.slots")
+}
+
+/// The slot layout of a window pool.
+pub fn slot_layout(window_size: usize, g: &PoolGeometry) -> SlotLayout {
+    SlotLayout::new(
+        window_size,
+        g.tokens_per_block,
+        &[
+            g.num_layers,
+            g.kv_factor,
+            g.num_kv_heads,
+            g.size_per_head,
+            g.tokens_per_block,
+            g.bytes_per_element,
+        ],
+    )
+}
+
+fn invalid(msg: String) -> KvError {
+    KvError::InvalidConfig(msg)
+}
+
+/// Checks that `dir` is a writable directory.
+fn check_directory(dir: &Path) -> KvResult<()> {
+    let meta = std::fs::metadata(dir).map_err(|e| {
+        invalid(format!(
+            "disk tier directory {} cannot be used: {e}",
+            dir.display()
+        ))
+    })?;
+    if !meta.is_dir() {
+        return Err(invalid(format!(
+            "disk tier directory {} is not a directory",
+            dir.display()
+        )));
+    }
+    let probe = dir.join(format!(".kvblock-write-probe-{}", std::process::id()));
+    match std::fs::write(&probe, b"") {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(invalid(format!(
+            "disk tier directory {} is not writable: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+/// Free bytes of the filesystem holding `dir` for an unprivileged writer.
+pub fn free_bytes(dir: &Path) -> KvResult<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| invalid("the disk tier directory contains a NUL byte".into()))?;
+    // SAFETY: statvfs only writes into `st`.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is a valid C string and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
+        return Err(invalid(format!(
+            "statvfs({}): {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Slots of each window: the explicit budget, or the share of free space (the tier's own
+/// files count as free: they are reused) split in proportion to the windows' slot bytes.
+fn slots_per_window(
+    cfg: &DiskTierConfig,
+    dir: &Path,
+    windows: &[(usize, SlotLayout)],
+) -> KvResult<Vec<u64>> {
+    let budgets: Vec<u64> = if cfg.bytes_per_window > 0 {
+        vec![cfg.bytes_per_window; windows.len()]
+    } else {
+        let own: u64 = windows
+            .iter()
+            .filter_map(|(w, _)| std::fs::metadata(dir.join(disk_file_name(*w))).ok())
+            .map(|m| m.len())
+            .sum();
+        let total = ((free_bytes(dir)?.saturating_add(own)) as f64 * cfg.free_space_share) as u64;
+        let weight: f64 = windows.iter().map(|(_, l)| l.slot_bytes() as f64).sum();
+        windows
+            .iter()
+            .map(|(_, l)| (total as f64 * l.slot_bytes() as f64 / weight) as u64)
+            .collect()
+    };
+    windows
+        .iter()
+        .zip(budgets)
+        .map(|((w, l), bytes)| {
+            let slots = bytes / l.slot_bytes() as u64;
+            if slots == 0 {
+                Err(invalid(format!(
+                    "the disk budget of window {w} ({bytes} bytes) is below one slot ({} bytes)",
+                    l.slot_bytes()
+                )))
+            } else {
+                Ok(slots)
+            }
+        })
+        .collect()
+}
+
+/// Validates the disk tier's configuration and opens one tier per window.
+pub(super) fn attach_disk_tiers(
+    cfg: &DiskTierConfig,
+    enable_reuse: bool,
+    windows: &mut [WindowBlockManager],
+) -> KvResult<Option<Arc<IoPool>>> {
+    let Some(dir) = &cfg.directory else {
+        return Ok(None);
+    };
+    if !enable_reuse {
+        return Err(invalid("the disk tier needs block reuse".into()));
+    }
+    if cfg.io_threads == 0 || cfg.max_writes_queued == 0 || cfg.max_reads_in_flight == 0 {
+        return Err(invalid(
+            "disk io_threads, max_writes_queued and max_reads_in_flight must be positive".into(),
+        ));
+    }
+    if cfg.bytes_per_window == 0 && !(cfg.free_space_share > 0.0 && cfg.free_space_share <= 1.0) {
+        return Err(invalid(format!(
+            "disk free_space_share must be in (0, 1], got {}",
+            cfg.free_space_share
+        )));
+    }
+    check_directory(dir)?;
+    for w in windows.iter() {
+        if w.config().num_secondary == 0 {
+            return Err(invalid(format!(
+                "window {}: the disk tier sits below the host tier, which has no blocks",
+                w.window_size()
+            )));
+        }
+        if !w.engine().host_rows_visible() {
+            return Err(KvError::Unsupported(
+                "the disk tier needs a copy backend whose host rows it can read (host memory \
+                 or none)"
+                    .into(),
+            ));
+        }
+    }
+    let layouts: Vec<(usize, SlotLayout)> = windows
+        .iter()
+        .map(|w| {
+            (
+                w.window_size(),
+                slot_layout(w.window_size(), &w.config().geometry),
+            )
+        })
+        .collect();
+    let slots = slots_per_window(cfg, dir, &layouts)?;
+    let pool = Arc::new(
+        IoPool::new(cfg.io_threads)
+            .map_err(|e| KvError::OutOfMemory(format!("disk I/O threads: {e}")))?,
+    );
+    let limits = TierLimits {
+        max_writes_queued: cfg.max_writes_queued,
+        max_reads_in_flight: cfg.max_reads_in_flight,
+    };
+    let mut tiers = Vec::with_capacity(windows.len());
+    for ((w, layout), n) in layouts.iter().zip(slots) {
+        let tier = DiskTier::open(dir, &disk_file_name(*w), *layout, n, limits, pool.clone())
+            .map_err(|e| {
+                invalid(format!(
+                    "disk tier file of window {w} in {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        tiers.push(tier);
+    }
+    for (w, tier) in windows.iter_mut().zip(tiers) {
+        let n = w.num_blocks();
+        w.attach_disk(WindowDisk::new(tier, cfg.write_policy, n));
+    }
+    Ok(Some(pool))
+}
+
+impl KvCacheManager {
+    /// Whether the manager has a disk tier.
+    pub fn has_disk_tier(&self) -> bool {
+        self.windows.iter().any(|w| w.has_disk())
+    }
+
+    /// Collects finished disk I/O: completed writes become readable, finished reads become
+    /// free host blocks of the reuse tree (or are dropped, counted). Returns the blocks placed.
+    pub fn disk_poll(&mut self) -> usize {
+        let now = self.op_now_ms();
+        let mut placed = 0;
+        for w in &mut self.windows {
+            placed += w.disk_poll(now);
+            absorb(&mut self.events, w);
+        }
+        placed
+    }
+
+    fn check_disk_request(&self, req: &RequestRef<'_>) -> KvResult<()> {
+        if req.input_length == 0 || req.token_ids.len() < req.input_length {
+            return Err(KvError::InvalidArgument(format!(
+                "request {}: input_length {} with {} tokens",
+                req.id,
+                req.input_length,
+                req.token_ids.len()
+            )));
+        }
+        if req.extra_ids.is_some_and(|e| e.len() < req.input_length) {
+            return Err(KvError::InvalidArgument(format!(
+                "request {}: fewer extra ids than input tokens",
+                req.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts reading the disk-resident part of each waiting request's reusable prefix into
+    /// the host tier (after a `disk_poll`). Returns, per request, the reads started and those
+    /// already in flight, summed over windows. Never waits for the disk.
+    pub fn disk_prefetch(&mut self, reqs: &[RequestRef<'_>]) -> KvResult<Vec<DiskPrefetch>> {
+        for r in reqs {
+            self.check_disk_request(r)?;
+        }
+        self.disk_poll();
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let src = r.key_source();
+            let mut sum = DiskPrefetch::default();
+            for w in &mut self.windows {
+                let p = w.disk_prefetch(&src, r.input_length);
+                sum.started += p.started;
+                sum.in_flight += p.in_flight;
+                absorb(&mut self.events, w);
+            }
+            out.push(sum);
+        }
+        Ok(out)
+    }
+
+    /// Blocks of a request's reusable prefix still being read from disk, summed over windows
+    /// (after a `disk_poll`); 0 means what the disk held of its prefix is in the host tier (or
+    /// was dropped) and admitting it now reuses all of that.
+    pub fn disk_blocks_in_flight(&mut self, req: &RequestRef<'_>) -> KvResult<usize> {
+        self.check_disk_request(req)?;
+        self.disk_poll();
+        let src = req.key_source();
+        Ok(self
+            .windows
+            .iter_mut()
+            .map(|w| w.disk_blocks_in_flight(&src, req.input_length))
+            .sum())
+    }
+
+    /// Threads of the disk tier's I/O pool (0 without a disk tier).
+    pub fn disk_io_threads(&self) -> usize {
+        self.disk_io.as_ref().map_or(0, |p| p.num_threads())
+    }
+
+    /// The disk tier's counters summed over windows (zeros without a disk tier).
+    pub fn disk_stats(&self) -> TierStats {
+        let mut s = TierStats::default();
+        for w in &self.windows {
+            if w.has_disk() {
+                s.add(&w.disk_stats());
+            }
+        }
+        s
+    }
+
+    /// The disk tier of one window (fault injection in tests, file mode).
+    pub fn disk_tier(&self, window_size: usize) -> KvResult<Option<&DiskTier>> {
+        Ok(self.window(window_size)?.disk_tier())
+    }
+}
