@@ -20,6 +20,7 @@ mod inspect;
 mod invariants;
 mod iteration;
 mod lifecycle;
+mod remote;
 mod request;
 mod scheduling;
 mod sequences;
@@ -35,6 +36,7 @@ pub use disk::{
 };
 pub use inspect::{BlockInfo, TreeEntry};
 pub use lifecycle::{ContextRevert, SequenceLengths};
+pub use remote::RemoteTierConfig;
 pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};
 pub use stall::SchedulingPass;
@@ -115,6 +117,8 @@ pub struct KvCacheManager {
     /// The disk tier's I/O workers (declared last: dropped after the windows, so that it
     /// finishes their queued writes before it stops).
     disk_io: Option<Arc<crate::tier::io::IoPool>>,
+    /// The remote tier's worker threads.
+    remote_workers: Option<Arc<crate::remote::RemoteWorkers>>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.

@@ -30,6 +30,12 @@ pub struct RemoteLimits {
     pub max_lookups_in_flight: usize,
     /// How long a block found absent is not asked about again (another instance may write it).
     pub absent_ttl_ms: u64,
+    /// How long a block whose lookup or fetch failed (store down, timeout) is not asked about
+    /// again.
+    pub failed_ttl_ms: u64,
+    /// How long a block whose value was refused is not fetched again (the bad value stays in
+    /// the store until someone overwrites it).
+    pub refused_ttl_ms: u64,
     /// Blocks remembered as present or written (dedup and prefetch); forgotten all at once
     /// past this.
     pub max_known: usize,
@@ -42,6 +48,8 @@ impl Default for RemoteLimits {
             max_reads_in_flight: 256,
             max_lookups_in_flight: 4096,
             absent_ttl_ms: 1000,
+            failed_ttl_ms: 1000,
+            refused_ttl_ms: 60_000,
             max_known: 1 << 20,
         }
     }
@@ -560,10 +568,12 @@ impl RemoteTier {
                                 self.stats.lookup_hits += 1;
                                 self.remember_present(digest);
                             }
-                            // A failed lookup is an absence for a while too: not asked again
-                            // at once while the store is down.
-                            Ok(false) | Err(_) => {
+                            Ok(false) => {
                                 self.absent.insert(digest, now + self.limits.absent_ttl_ms);
+                            }
+                            // Not asked again at once while the store is down.
+                            Err(_) => {
+                                self.absent.insert(digest, now + self.limits.failed_ttl_ms);
                             }
                         }
                     }
@@ -579,11 +589,11 @@ impl RemoteTier {
                             }
                             FetchResult::Absent => {
                                 self.stats.fetch_misses += 1;
-                                self.forget(&digest, now);
+                                self.forget(&digest, now + self.limits.absent_ttl_ms);
                                 Fetched::Miss
                             }
                             FetchResult::Failed => {
-                                self.forget(&digest, now);
+                                self.forget(&digest, now + self.limits.failed_ttl_ms);
                                 Fetched::Miss
                             }
                             FetchResult::Refused(why) => {
@@ -594,7 +604,7 @@ impl RemoteTier {
                                     Refusal::Corrupt => self.stats.refused_corrupt += 1,
                                     Refusal::OtherKey => self.stats.refused_key += 1,
                                 }
-                                self.forget(&digest, now);
+                                self.forget(&digest, now + self.limits.refused_ttl_ms);
                                 Fetched::Miss
                             }
                         };
@@ -626,9 +636,9 @@ impl RemoteTier {
         fetched
     }
 
-    /// A block that did not come back is not fetched again until it is looked up anew.
-    fn forget(&mut self, digest: &PrefixDigest, now: u64) {
+    /// A block that did not come back is not asked about again before `until`.
+    fn forget(&mut self, digest: &PrefixDigest, until: u64) {
         self.present.remove(digest);
-        self.absent.insert(*digest, now + self.limits.absent_ttl_ms);
+        self.absent.insert(*digest, until);
     }
 }

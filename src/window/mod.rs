@@ -19,6 +19,7 @@ mod faults;
 mod lifecycle;
 mod plan;
 mod release;
+mod remote;
 mod scheduling;
 mod store;
 #[cfg(test)]
@@ -31,6 +32,7 @@ pub use disk::{DiskPrefetch, WindowDisk};
 pub use faults::{CopyRecord, WindowSnapshot};
 pub use lifecycle::SlotTokens;
 pub use plan::{AdmissionPlan, PlannedReuse};
+pub use remote::{RemotePrefetch, RemoteWritePolicy, WindowRemote};
 pub use verify::SeqLengths;
 
 use crate::events::WindowEvent;
@@ -169,6 +171,8 @@ pub struct WindowBlockManager {
     num_suspended: usize,
     /// The disk tier below the host tier, if configured (`disk`).
     disk: Option<Box<disk::WindowDisk>>,
+    /// The shared remote tier, if configured (`remote`).
+    remote: Option<Box<remote::WindowRemote>>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -207,6 +211,7 @@ impl WindowBlockManager {
             suspend_clock: 0,
             num_suspended: 0,
             disk: None,
+            remote: None,
         }
     }
 

@@ -255,5 +255,6 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         num_extra_kv_tokens,
         max_draft_tokens,
         disk: crate::manager::DiskTierConfig::default(),
+        remote: crate::manager::RemoteTierConfig::default(),
     })
 }
