@@ -117,6 +117,20 @@ typedef enum kvb_cuda_transfer_mode_t {
 } kvb_cuda_transfer_mode_t;
 
 /**
+ * Which blocks leaving the host tier are written to disk.
+ */
+typedef enum kvb_disk_write_policy_t {
+    /**
+     * Every cached block the host tier evicts (the default).
+     */
+    KVB_DISK_WRITE_ALL = 0,
+    /**
+     * Only blocks reused at least once while cached (fewer writes, less wear).
+     */
+    KVB_DISK_WRITE_REUSED = 1,
+} kvb_disk_write_policy_t;
+
+/**
  * Type of an event (values of `kvb_event_t::event_type`).
  */
 typedef enum kvb_event_type_t {
@@ -335,6 +349,50 @@ typedef struct kvb_window_config_t {
 } kvb_window_config_t;
 
 /**
+ * The disk tier of a manager, pointed to by `kvb_manager_config_t::disk` (null: no disk
+ * tier). Initialise with `kvb_disk_tier_config_init`, then set `directory`.
+ */
+typedef struct kvb_disk_tier_config_t {
+    /**
+     * `sizeof(kvb_disk_tier_config_t)`.
+     */
+    uint32_t struct_size;
+    /**
+     * An existing, writable directory for the tier's files (one per window,
+     * `kvblock-window-<size>.slots`), kept after the manager: a new manager with the same
+     * geometry and budget recovers the blocks they hold (warm restart). Null: no disk tier.
+     * Copied at creation.
+     */
+    const char *directory;
+    /**
+     * Bytes of each window's file; 0 = `free_space_share` of the directory's free space.
+     */
+    uint64_t bytes_per_window;
+    /**
+     * Share of the free space (the tier's own files count as free) when `bytes_per_window`
+     * is 0, in (0, 1]; default 0.5.
+     */
+    double free_space_share;
+    /**
+     * A `kvb_disk_write_policy_t` (default `KVB_DISK_WRITE_ALL`).
+     */
+    int32_t write_policy;
+    /**
+     * I/O worker threads (default 2, at least 1).
+     */
+    int32_t io_threads;
+    /**
+     * Writes queued or in flight per window before stores are dropped and counted (default
+     * 64, at least 1).
+     */
+    int32_t max_writes_queued;
+    /**
+     * Reads in flight per window (default 64, at least 1).
+     */
+    int32_t max_reads_in_flight;
+} kvb_disk_tier_config_t;
+
+/**
  * Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
  */
 typedef struct kvb_manager_config_t {
@@ -452,6 +510,12 @@ typedef struct kvb_manager_config_t {
      * `INT32_MAX`.
      */
     int32_t max_draft_tokens;
+    /**
+     * The disk tier below the host tier (`kvb_disk_tier_config_t`, read at creation); null:
+     * none. Added after the first version: a caller whose `struct_size` stops before this
+     * field gets no disk tier.
+     */
+    const struct kvb_disk_tier_config_t *disk;
 } kvb_manager_config_t;
 
 /**
@@ -1196,6 +1260,122 @@ typedef struct kvb_block_info_t {
      */
     int64_t parent;
 } kvb_block_info_t;
+
+/**
+ * What a prefetch did for one request.
+ */
+typedef struct kvb_disk_prefetch_t {
+    /**
+     * Reads of its prefix blocks started by this call.
+     */
+    int64_t started;
+    /**
+     * Prefix blocks already being read (started earlier).
+     */
+    int64_t in_flight;
+} kvb_disk_prefetch_t;
+
+/**
+ * Counters of the disk tier, summed over windows.
+ */
+typedef struct kvb_disk_stats_t {
+    /**
+     * `sizeof(kvb_disk_stats_t)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * The file uses O_DIRECT (buffered I/O otherwise; the probe at creation decides).
+     */
+    bool direct_io;
+    /**
+     * Blocks read back, verified and placed in the host tier (disk hits).
+     */
+    uint64_t hits;
+    /**
+     * Reads started.
+     */
+    uint64_t reads;
+    /**
+     * Bytes read (whole slots).
+     */
+    uint64_t read_bytes;
+    /**
+     * Writes completed (published).
+     */
+    uint64_t writes;
+    /**
+     * Bytes written (whole slots).
+     */
+    uint64_t write_bytes;
+    /**
+     * Stores dropped because the write queue was full.
+     */
+    uint64_t write_drops;
+    /**
+     * Stores not written: already on disk or being written.
+     */
+    uint64_t write_skips;
+    /**
+     * Stores the write policy declined.
+     */
+    uint64_t policy_skips;
+    /**
+     * Failed writes (not published).
+     */
+    uint64_t write_errors;
+    /**
+     * Failed writes with ENOSPC (also in `write_errors`).
+     */
+    uint64_t enospc_errors;
+    /**
+     * Reads failed with an I/O error.
+     */
+    uint64_t read_errors;
+    /**
+     * Reads whose key, header or checksum did not verify (dropped; the request recomputes).
+     */
+    uint64_t verify_failures;
+    /**
+     * Verified reads not placed (their parent left the host tier meanwhile).
+     */
+    uint64_t reads_discarded;
+    /**
+     * Prefetches refused because the reads in flight were at their bound.
+     */
+    uint64_t read_drops;
+    /**
+     * Published blocks overwritten by newer ones (disk LRU).
+     */
+    uint64_t evictions;
+    /**
+     * Slots recovered at creation (warm restart).
+     */
+    uint64_t recovered;
+    /**
+     * Written slots ignored at creation (another geometry, a header that does not verify).
+     */
+    uint64_t ignored_at_restart;
+    /**
+     * Gauge: slots of the files.
+     */
+    uint64_t slots;
+    /**
+     * Gauge: slots holding a published block.
+     */
+    uint64_t slots_used;
+    /**
+     * Gauge: reads in flight.
+     */
+    uint64_t reads_in_flight;
+    /**
+     * Gauge: writes queued or in flight.
+     */
+    uint64_t writes_queued;
+    /**
+     * Bytes of one slot (header and row, each aligned to 4 KiB).
+     */
+    uint64_t slot_bytes;
+} kvb_disk_stats_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -2062,6 +2242,51 @@ enum kvb_status_t kvb_manager_advance_time(struct kvb_manager_t *manager, int64_
  * returns `KVB_STATUS_INTERNAL` and every later call on the handle `KVB_STATUS_POISONED`.
  */
 enum kvb_status_t kvb_manager_debug_trigger_panic(struct kvb_manager_t *manager);
+
+/**
+ * Initialises a disk tier config with the defaults (no directory: no disk tier) and sets
+ * `struct_size`.
+ */
+enum kvb_status_t kvb_disk_tier_config_init(struct kvb_disk_tier_config_t *config);
+
+/**
+ * Collects finished disk I/O: completed writes become readable, finished reads become free,
+ * reusable host blocks (or are dropped and counted when they failed or did not verify).
+ * `out_placed` (may be null) receives the blocks placed. Never waits for the disk.
+ */
+enum kvb_status_t kvb_manager_disk_poll(struct kvb_manager_t *manager, int64_t *out_placed);
+
+/**
+ * Starts reading the disk-resident part of each waiting request's reusable prefix into the
+ * host tier (after a poll), as far as free host blocks and the read bound allow; each block
+ * read is claimed (never evicted under the read). `out` (may be null) receives
+ * `num_requests` entries. Never waits: query `kvb_manager_disk_blocks_in_flight` later, and
+ * admit once it is 0 to reuse the whole prefix.
+ */
+enum kvb_status_t kvb_manager_disk_prefetch(struct kvb_manager_t *manager,
+                                            const struct kvb_request_t *requests_ptr,
+                                            size_t num_requests,
+                                            struct kvb_disk_prefetch_t *out);
+
+/**
+ * Blocks of a request's reusable prefix still being read from disk (after a poll); 0 means
+ * the request is ready: admitting it now reuses everything the disk held of its prefix.
+ */
+enum kvb_status_t kvb_manager_disk_blocks_in_flight(struct kvb_manager_t *manager,
+                                                    const struct kvb_request_t *request_ptr,
+                                                    int64_t *out_blocks);
+
+/**
+ * The disk tier's counters, summed over windows (zeros without a disk tier). Set
+ * `out->struct_size` to `sizeof(kvb_disk_stats_t)` first.
+ */
+enum kvb_status_t kvb_manager_get_disk_stats(struct kvb_manager_t *manager,
+                                             struct kvb_disk_stats_t *out);
+
+/**
+ * Whether the manager has a disk tier.
+ */
+enum kvb_status_t kvb_manager_has_disk_tier(struct kvb_manager_t *manager, bool *out);
 
 #ifdef __cplusplus
 }  // extern "C"

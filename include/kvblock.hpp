@@ -39,6 +39,10 @@ inline void check(kvb_status_t status) {
 struct Config {
     kvb_manager_config_t raw{};
     std::vector<kvb_window_config_t> windows;
+    /// The disk tier (`withDiskTier`); its directory is attached when the manager is created.
+    bool hasDisk = false;
+    kvb_disk_tier_config_t disk{};
+    std::string diskDirectory;
 
     Config() { check(kvb_manager_config_init(&raw)); }
 
@@ -48,6 +52,17 @@ struct Config {
         windows.push_back(kvb_window_config_t{window_size, primary_blocks, secondary_blocks,
                                               num_layers, num_kv_heads, size_per_head,
                                               /*auto_host_tier*/ false});
+        return *this;
+    }
+    /// Adds a disk tier below the host tier in `directory` (kept across runs: a new manager with
+    /// the same geometry and budget reuses it); `bytesPerWindow` 0 = a share of the free space.
+    Config& withDiskTier(std::string directory, uint64_t bytesPerWindow = 0,
+                         kvb_disk_write_policy_t policy = KVB_DISK_WRITE_ALL) {
+        check(kvb_disk_tier_config_init(&disk));
+        diskDirectory = std::move(directory);
+        disk.bytes_per_window = bytesPerWindow;
+        disk.write_policy = policy;
+        hasDisk = true;
         return *this;
     }
     /// Adds a window whose host tier the library sizes (kvb_window_config_t::auto_host_tier).
@@ -197,6 +212,11 @@ class Manager {
         kvb_manager_config_t raw = config.raw;
         raw.windows = config.windows.data();
         raw.num_windows = config.windows.size();
+        kvb_disk_tier_config_t disk = config.disk;
+        if (config.hasDisk) {
+            disk.directory = config.diskDirectory.c_str();
+            raw.disk = &disk;
+        }
         check(kvb_manager_create(&raw, &handle_));
     }
     ~Manager() { kvb_manager_destroy(handle_); }
@@ -379,6 +399,39 @@ class Manager {
                                 const std::vector<uint64_t>& ids, int32_t beamWidth) const {
         check(kvb_manager_get_block_offsets_of_batch(handle_, table.data(), table.size(), numSlots,
                                                      ids.data(), ids.size(), beamWidth));
+    }
+    /// Collects finished disk I/O; returns the blocks placed in the host tier.
+    int64_t diskPoll() {
+        int64_t placed = 0;
+        check(kvb_manager_disk_poll(handle_, &placed));
+        return placed;
+    }
+    /// Starts reading the disk-resident prefixes of waiting requests into the host tier.
+    std::vector<kvb_disk_prefetch_t> diskPrefetch(const std::vector<Request>& requests) {
+        std::vector<kvb_disk_prefetch_t> out(requests.size());
+        withCBatch(requests, [&](const std::vector<kvb_request_t>& c) {
+            check(kvb_manager_disk_prefetch(handle_, c.data(), c.size(), out.data()));
+        });
+        return out;
+    }
+    /// Prefix blocks of `request` still being read from disk (0: ready to admit).
+    int64_t diskBlocksInFlight(const Request& request) {
+        int64_t n = 0;
+        request.withC([&](const kvb_request_t* r) {
+            check(kvb_manager_disk_blocks_in_flight(handle_, r, &n));
+        });
+        return n;
+    }
+    kvb_disk_stats_t getDiskStats() const {
+        kvb_disk_stats_t s{};
+        s.struct_size = sizeof(s);
+        check(kvb_manager_get_disk_stats(handle_, &s));
+        return s;
+    }
+    bool hasDiskTier() const {
+        bool b = false;
+        check(kvb_manager_has_disk_tier(handle_, &b));
+        return b;
     }
     kvb_kv_cache_stats_t getKvCacheStats() const {
         kvb_kv_cache_stats_t s{};

@@ -1,8 +1,8 @@
 //! C entry points that configure, create and destroy a manager, and read its block size.
 
 use super::handle::{
-    destroy_handle, guard, kvb_manager_t, new_handle, null_error, require_out, with_manager,
-    write_out, FfiError,
+    destroy_handle, guard, kvb_manager_t, new_handle, require_out, with_manager, write_out,
+    FfiError,
 };
 use super::status::kvb_status_t;
 use super::types::{kvb_manager_config_t, manager_config, manager_config_default};
@@ -29,9 +29,8 @@ pub extern "C" fn kvb_manager_create(
     guard(|| {
         require_out(out, "out")?;
         write_out(out, std::ptr::null_mut(), "out")?;
-        // SAFETY: valid pointer or null (checked).
-        let c = unsafe { config.as_ref() }.ok_or_else(|| null_error("config"))?;
-        let cfg = manager_config(c)?;
+        let c = super::disk::read_manager_config(config, manager_config_default())?;
+        let cfg = manager_config(&c)?;
         let m = KvCacheManager::new(cfg)?;
         write_out(out, new_handle(m), "out")
     })

@@ -44,6 +44,8 @@ pub mod cuda;
 pub mod sizing;
 // Inspection and debugging.
 pub mod inspect;
+// The disk tier below the host tier.
+pub mod disk;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.

@@ -106,6 +106,10 @@ pub struct kvb_manager_config_t {
     /// `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` must be at most
     /// `INT32_MAX`.
     pub max_draft_tokens: i32,
+    /// The disk tier below the host tier (`kvb_disk_tier_config_t`, read at creation); null:
+    /// none. Added after the first version: a caller whose `struct_size` stops before this
+    /// field gets no disk tier.
+    pub disk: *const crate::ffi::disk::kvb_disk_tier_config_t,
 }
 
 fn usize_field(v: i32, what: &str) -> FfiResult<usize> {
@@ -144,6 +148,7 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         stall_pass_threshold: d.stall_pass_threshold as i32,
         num_extra_kv_tokens: d.num_extra_kv_tokens as i32,
         max_draft_tokens: d.max_draft_tokens as i32,
+        disk: std::ptr::null(),
     }
 }
 
@@ -254,7 +259,7 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         })?,
         num_extra_kv_tokens,
         max_draft_tokens,
-        disk: crate::manager::DiskTierConfig::default(),
+        disk: crate::ffi::disk::disk_config(c.disk)?,
         remote: crate::manager::RemoteTierConfig::default(),
     })
 }
