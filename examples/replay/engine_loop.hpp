@@ -230,6 +230,7 @@ class EngineLoop {
             batch.push_back(c_request(q));
         }
         if (batch.empty()) return;
+        if (!o_.remote.empty() && !remote_ready(batch)) return;
         std::vector<kvb_admission_t> results(batch.size());
         size_t admitted = 0;
         check(timed(out_.t, kAdmitAlloc,
@@ -256,6 +257,26 @@ class EngineLoop {
                 " tokens) does not fit in " + std::to_string(o_.primary_blocks) +
                 " primary blocks even with nothing running: raise --primary-blocks");
         }
+    }
+
+    /// Shared remote tier: looks up and fetches the candidates' prefixes (never waits) and
+    /// keeps the leading candidates whose prefixes are in; false when the head's is not yet
+    /// (the step goes on without admission; with nothing running the loop yields a moment).
+    bool remote_ready(std::vector<kvb_request_t>& batch) {
+        std::vector<kvb_remote_prefetch_t> p(batch.size());
+        check(timed(out_.t, kAdmitOther,
+                    [&] {
+                        return kvb_manager_remote_prefetch(m_, batch.data(), batch.size(),
+                                                           p.data());
+                    }),
+              "kvb_manager_remote_prefetch");
+        size_t ready = 0;
+        while (ready < batch.size() && p[ready].pending == 0) ++ready;
+        batch.resize(ready);
+        if (ready > 0) return true;
+        out_.c.remote_wait_steps += 1;
+        if (running_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        return false;
     }
 
     const Options& o_;

@@ -46,6 +46,15 @@ inline void create_manager(ManagerHandle& h, const Options& o, int32_t max_seque
     config.copy_backend = o.copy_backend;
     config.max_kv_event_entries = o.events ? kEventEntries : 0;
     config.stall_pass_threshold = o.stall_passes;
+    kvb_remote_tier_config_t remote;
+    check(kvb_remote_tier_config_init(&remote), "kvb_remote_tier_config_init");
+    if (!o.remote.empty()) {
+        remote.urls = o.remote.c_str();
+        remote.cluster = o.remote_cluster;
+        remote.password = o.remote_password.empty() ? nullptr : o.remote_password.c_str();
+        remote.model_id = o.remote_model.c_str();
+        config.remote = &remote;
+    }
     check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
 }
 

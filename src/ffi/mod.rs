@@ -46,6 +46,8 @@ pub mod sizing;
 pub mod inspect;
 // The disk tier below the host tier.
 pub mod disk;
+// The shared remote tier (Redis / Valkey).
+pub mod remote;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.
