@@ -51,8 +51,9 @@ fn tier_run(url: &str, row: usize, n: usize) -> (f64, f64) {
     // One layer, K|V, one head, `row / 64` elements x 32 tokens (1 byte each).
     let layout = SlotLayout::new(1 << 20, 32, &[1, 2, 1, row / 64, 32, 1]);
     assert_eq!(layout.row_bytes, row);
+    let ns = Namespace::new(&format!("bench-{row}-{}", std::process::id()), &layout);
     let mut t = RemoteTier::new(
-        Namespace::new(&format!("bench-{row}-{}", std::process::id()), &layout),
+        ns.clone(),
         store as Arc<dyn RemoteStore>,
         Arc::new(RemoteWorkers::new(THREADS).unwrap()),
         RemoteLimits {
@@ -68,9 +69,7 @@ fn tier_run(url: &str, row: usize, n: usize) -> (f64, f64) {
     let data: Vec<u8> = (0..row).map(|i| (i * 7) as u8).collect();
     let start = Instant::now();
     for (ci, chunk) in digests.chunks(BATCH).enumerate() {
-        while !t.has_write_room()
-            || t.stats().writes_queued as usize + chunk.len() > 4 * BATCH * THREADS
-        {
+        while t.stats().writes_queued as usize + chunk.len() > 4 * BATCH * THREADS {
             t.harvest();
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -84,7 +83,12 @@ fn tier_run(url: &str, row: usize, n: usize) -> (f64, f64) {
                     token_ids: tokens(ci * BATCH + j),
                     ..OwnedKey::default()
                 },
-                row: data.clone(),
+                value: {
+                    // What the window does: the row copied out into the value buffer.
+                    let mut v = ns.new_value();
+                    ns.row_mut(&mut v).copy_from_slice(&data);
+                    v
+                },
             })
             .collect();
         t.store(items);

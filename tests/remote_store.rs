@@ -66,15 +66,20 @@ fn row_of(toks: &[i32]) -> Vec<u8> {
 }
 
 fn items(c: &[(PrefixDigest, PrefixDigest, Vec<i32>)]) -> Vec<StoreItem> {
+    let ns = Namespace::new("any", &layout());
     c.iter()
-        .map(|(d, p, toks)| StoreItem {
-            digest: *d,
-            parent: *p,
-            key: OwnedKey {
-                token_ids: toks.clone(),
-                ..OwnedKey::default()
-            },
-            row: row_of(toks),
+        .map(|(d, p, toks)| {
+            let mut value = ns.new_value();
+            ns.row_mut(&mut value).copy_from_slice(&row_of(toks));
+            StoreItem {
+                digest: *d,
+                parent: *p,
+                key: OwnedKey {
+                    token_ids: toks.clone(),
+                    ..OwnedKey::default()
+                },
+                value,
+            }
         })
         .collect()
 }

@@ -193,13 +193,14 @@ pub struct FetchDone {
     pub fetched: Fetched,
 }
 
-/// One block to store: its digest, its parent's, its key and its row (sealed on a worker).
+/// One block to store: its digest, its parent's, its key and its value buffer
+/// (`Namespace::new_value`) with the row in place; the header is sealed on a worker.
 #[derive(Debug)]
 pub struct StoreItem {
     pub digest: PrefixDigest,
     pub parent: PrefixDigest,
     pub key: OwnedKey,
-    pub row: Vec<u8>,
+    pub value: Vec<u8>,
 }
 
 enum Done {
@@ -523,13 +524,12 @@ impl RemoteTier {
                         Ok(false) | Err(_) => send.push(i),
                     }
                 }
-                let values: Vec<Vec<u8>> = send
-                    .iter()
-                    .map(|&i| {
-                        let it = &items[i];
-                        ns.encode(&it.parent, &it.key.as_ref(), &it.row).1
-                    })
-                    .collect();
+                let mut items = items;
+                for &i in &send {
+                    let it = &mut items[i];
+                    ns.seal(&mut it.value, &it.parent, &it.key.as_ref());
+                }
+                let values: Vec<&Vec<u8>> = send.iter().map(|&i| &items[i].value).collect();
                 let batch: Vec<(&[u8], &[u8])> = send
                     .iter()
                     .zip(&values)

@@ -79,11 +79,31 @@ impl Namespace {
         key: &BlockKeyRef<'_>,
         row: &[u8],
     ) -> (PrefixDigest, Vec<u8>) {
-        let hb = self.layout.header_bytes();
-        let mut v = vec![0u8; self.value_len()];
-        v[hb..].copy_from_slice(&row[..self.layout.row_bytes]);
-        let d = seal(&self.layout, &mut v, parent, key);
+        let mut v = self.new_value();
+        self.row_mut(&mut v)
+            .copy_from_slice(&row[..self.layout.row_bytes]);
+        let d = self.seal(&mut v, parent, key);
         (d, v)
+    }
+
+    /// A value buffer whose row part (`row_mut`) the caller fills before `seal`.
+    pub fn new_value(&self) -> Vec<u8> {
+        vec![0u8; self.value_len()]
+    }
+
+    /// The row part of a value buffer.
+    pub fn row_mut<'v>(&self, value: &'v mut [u8]) -> &'v mut [u8] {
+        &mut value[self.layout.header_bytes()..]
+    }
+
+    /// Seals a value buffer whose row is in place (no copy). Returns the block's digest.
+    pub fn seal(
+        &self,
+        value: &mut [u8],
+        parent: &PrefixDigest,
+        key: &BlockKeyRef<'_>,
+    ) -> PrefixDigest {
+        seal(&self.layout, value, parent, key)
     }
 
     /// Checks a value read back for the block `expected`.

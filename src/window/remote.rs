@@ -177,10 +177,11 @@ impl WindowBlockManager {
         };
         // Copies queued by this call may write the row: they go first.
         self.flush_copies();
-        let mut row = vec![0u8; r.tier.namespace().layout().row_bytes];
+        let ns = r.tier.namespace();
+        let mut value = ns.new_value();
         if self
             .engine
-            .read_row(self.arena.row(block), &mut row)
+            .read_row(self.arena.row(block), ns.row_mut(&mut value))
             .is_err()
         {
             r.tier.stats_mut().policy_skips += 1;
@@ -190,7 +191,7 @@ impl WindowBlockManager {
             digest,
             parent,
             key: owned,
-            row,
+            value,
         })
     }
 
