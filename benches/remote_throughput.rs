@@ -24,6 +24,7 @@ use redis_server::{RedisServer, PASSWORD};
 const BATCH: usize = 8;
 const THREADS: usize = 2;
 const TOTAL_BYTES: usize = 128 << 20;
+const REPEATS: usize = 3;
 
 fn mib_s(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / (1 << 20) as f64 / d.as_secs_f64()
@@ -186,7 +187,7 @@ fn main() {
     server.cli(&["CONFIG", "SET", "maxmemory", "2gb"]);
     println!(
         "remote tier throughput, MiB/s ({THREADS} connections, pipelines of {BATCH} blocks, \
-         {} MiB per size)",
+         {} MiB per size, best of {REPEATS}; % = kvblock / the better of the two baselines)",
         TOTAL_BYTES >> 20
     );
     println!(
@@ -203,14 +204,20 @@ fn main() {
     );
     for row in [64 << 10, 256 << 10, 1 << 20, 4 << 20] {
         let n = TOTAL_BYTES / row;
-        server.cli(&["FLUSHALL"]);
-        let (kp, kg) = tier_run(&server.url(), row, n);
-        server.cli(&["FLUSHALL"]);
-        let (pp, pg) = plain_run(&server.url(), row, n);
-        server.cli(&["FLUSHALL"]);
-        let (bp, bg) = redis_benchmark(server.node.port, row, n).unwrap_or((f64::NAN, f64::NAN));
-        let best_put = pp.max(if bp.is_nan() { 0.0 } else { bp });
-        let best_get = pg.max(if bg.is_nan() { 0.0 } else { bg });
+        // Best of REPEATS runs each, interleaved: the machine may be shared.
+        let best = |a: (f64, f64), b: (f64, f64)| (a.0.max(b.0), a.1.max(b.1));
+        let (mut kp, mut kg, mut pp, mut pg, mut bp, mut bg) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        for _ in 0..REPEATS {
+            server.cli(&["FLUSHALL"]);
+            (kp, kg) = best((kp, kg), tier_run(&server.url(), row, n));
+            server.cli(&["FLUSHALL"]);
+            (pp, pg) = best((pp, pg), plain_run(&server.url(), row, n));
+            server.cli(&["FLUSHALL"]);
+            let b = redis_benchmark(server.node.port, row, n).unwrap_or((0.0, 0.0));
+            (bp, bg) = best((bp, bg), b);
+        }
+        let best_put = pp.max(bp);
+        let best_get = pg.max(bg);
         println!(
             "{:>6} KiB | {kp:>12.0} {kg:>12.0} | {pp:>12.0} {pg:>12.0} | {bp:>14.0} {bg:>14.0} | \
              {:>6.0}% {:>6.0}%",
