@@ -35,8 +35,9 @@ const char* const kPassword = "kvblock-cpp-test-secret";
 using kvb_test::tokenRun;
 
 bool redisInstalled() {
-    return std::system("command -v redis-server >/dev/null 2>&1 && "
-                       "command -v redis-cli >/dev/null 2>&1") == 0;
+    return std::system(
+               "command -v redis-server >/dev/null 2>&1 && "
+               "command -v redis-cli >/dev/null 2>&1") == 0;
 }
 
 // A free loopback port (the kernel picks it).
@@ -158,9 +159,9 @@ void settle(kvb::Manager& m) {
     }
 }
 
-#define REQUIRE_REDIS(server)                                                            \
+#define REQUIRE_REDIS(server)                                                               \
     if (!redisInstalled()) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh)"; \
-    RedisServer server;                                                                  \
+    RedisServer server;                                                                     \
     ASSERT_TRUE(server.started())
 
 TEST(RemoteTier, SecondManagerReusesThePrefixTheFirstComputed) {

@@ -198,16 +198,17 @@ int run(const Options& o) {
     print_summary(report);
     if (!o.remote.empty()) {
         auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
-        std::printf("  remote       instance %d/%d: %llu lookups (%llu present), %llu hits placed, "
-                    "%llu writes (%llu MiB), %llu deduplicated, %llu dropped, %llu refused, "
-                    "%llu errors; %llu steps waited; fetch p50/p99 %llu/%llu us\n",
-                    o.instance, o.instances, u(remote.lookups), u(remote.lookup_hits),
-                    u(remote.hits), u(remote.writes), u(remote.write_bytes >> 20),
-                    u(remote.write_dedup_remote + remote.write_skips), u(remote.write_drops),
-                    u(remote.verify_failures),
-                    u(remote.errors_unavailable + remote.errors_timeout + remote.errors_auth +
-                      remote.errors_other),
-                    u(result.c.remote_wait_steps), u(remote.fetch_p50_us), u(remote.fetch_p99_us));
+        std::printf(
+            "  remote       instance %d/%d: %llu lookups (%llu present), %llu hits placed, "
+            "%llu writes (%llu MiB), %llu deduplicated, %llu dropped, %llu refused, "
+            "%llu errors; %llu steps waited; fetch p50/p99 %llu/%llu us\n",
+            o.instance, o.instances, u(remote.lookups), u(remote.lookup_hits), u(remote.hits),
+            u(remote.writes), u(remote.write_bytes >> 20),
+            u(remote.write_dedup_remote + remote.write_skips), u(remote.write_drops),
+            u(remote.verify_failures),
+            u(remote.errors_unavailable + remote.errors_timeout + remote.errors_auth +
+              remote.errors_other),
+            u(result.c.remote_wait_steps), u(remote.fetch_p50_us), u(remote.fetch_p99_us));
     }
     if (!o.json.empty()) {
         write_json(report, o.json);

@@ -224,8 +224,7 @@ inline Options parse_options(int argc, char** argv) {
             size_t slash = v.find('/');
             if (slash == std::string::npos)
                 throw std::runtime_error("--instance expects I/N, got '" + v + "'");
-            o.instances =
-                static_cast<int32_t>(parse_int(arg, v.substr(slash + 1), 1, 1 << 16));
+            o.instances = static_cast<int32_t>(parse_int(arg, v.substr(slash + 1), 1, 1 << 16));
             o.instance =
                 static_cast<int32_t>(parse_int(arg, v.substr(0, slash), 0, o.instances - 1));
         } else

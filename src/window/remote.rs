@@ -50,6 +50,16 @@ pub struct WindowRemote {
     reads: HashMap<PrefixDigest, PendingFetch>,
     /// Most blocks of one request looked up at once.
     max_lookup_blocks: usize,
+    /// Prefix digests of tree blocks, with what they were computed from.
+    digests: HashMap<u32, (DigestTag, PrefixDigest)>,
+}
+
+/// What a remembered digest of a tree block was computed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DigestTag {
+    epoch: u32,
+    parent: PrefixDigest,
+    lookup: u64,
 }
 
 impl WindowRemote {
@@ -59,6 +69,7 @@ impl WindowRemote {
             policy,
             reads: HashMap::new(),
             max_lookup_blocks: 256,
+            digests: HashMap::new(),
         }
     }
 }
@@ -224,13 +235,37 @@ impl WindowBlockManager {
         while bi * tpb < reusable {
             let (s, e) = (bi * tpb, ((bi + 1) * tpb).min(reusable));
             let key = src.key(s, e, &mut scratch);
-            let digest = prefix_digest(&parent_digest, &key);
+            let lookup = crate::key::lookup_hash(&key);
             let in_tree = match parent {
-                Parent::Tree { block, .. } => {
-                    self.tree
-                        .find_exact(block, &key, crate::key::lookup_hash(&key))
-                }
+                Parent::Tree { block, .. } => self.tree.find_exact(block, &key, lookup),
                 _ => None,
+            };
+            // A waiting request walks its prefix on every scheduling pass: a tree block's
+            // digest is remembered, valid while its allocation epoch, its parent's digest and
+            // its key's hash are those it was computed from (its full key equals `key`: the
+            // tree compared them).
+            let digest = match in_tree {
+                Some(b) => {
+                    let tag = DigestTag {
+                        epoch: self.epoch_of(b),
+                        parent: parent_digest,
+                        lookup,
+                    };
+                    let cap = self.arena.len();
+                    let r = self.remote.as_mut().expect("checked");
+                    match r.digests.get(&b) {
+                        Some((t, d)) if *t == tag => *d,
+                        _ => {
+                            let d = prefix_digest(&parent_digest, &key);
+                            if r.digests.len() >= cap {
+                                r.digests.clear();
+                            }
+                            r.digests.insert(b, (tag, d));
+                            d
+                        }
+                    }
+                }
+                None => prefix_digest(&parent_digest, &key),
             };
             parent_digest = digest;
             bi += 1;
