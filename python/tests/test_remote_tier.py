@@ -5,44 +5,24 @@ password is an InvalidConfigError at creation."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 
 import numpy as np
 import pytest
+from redis_helper import INSTALLED, PASSWORD, SKIP_REASON, redis_server
 
 import kvblock
 
 TPB = 4
-PASSWORD = "kvblock-py-test-secret"
 PRIMARY = kvblock.CacheLevel.PRIMARY
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
-                                reason="redis-server not installed (scripts/setup.sh installs it)")
+pytestmark = pytest.mark.skipif(not INSTALLED, reason=SKIP_REASON)
 
 
 @pytest.fixture
 def redis_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as d:
-        proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--requirepass",
-                                 PASSWORD, "--save", "", "--appendonly", "no", "--dir", d],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while subprocess.run(["redis-cli", "-p", str(port), "-a", PASSWORD, "--no-auth-warning", "PING"],
-                                 capture_output=True, text=True).stdout.strip() != "PONG":
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}"
-        finally:
-            proc.kill()
-            proc.wait()
+    with redis_server() as url:
+        yield url
 
 
 def manager(url, password=PASSWORD):
