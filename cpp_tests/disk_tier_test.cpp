@@ -26,7 +26,7 @@ constexpr int32_t kWindow = 64;
 constexpr int32_t kTokensPerBlock = 4;
 constexpr int kHeadSize = 4;
 constexpr size_t kRowBytes = 2 * kTokensPerBlock * kHeadSize;  // 1 layer, 1 head, 1 byte
-constexpr uint64_t kBudget = 64 * 8192;                        // 64 slots of 8 KiB
+constexpr uint64_t kBudget = 64 * 4096;                        // 64 slots of 4 KiB
 
 using kvb_test::tokenRun;
 
@@ -136,7 +136,7 @@ TEST(DiskTier, APrefixEvictedFromHostComesBackFromDiskWithItsBytes) {
     std::vector<int32_t> a = pushToDisk(m);
     kvb_disk_stats_t s = m.getDiskStats();
     EXPECT_GE(s.writes, 4u);
-    EXPECT_EQ(s.slot_bytes, 8192u);
+    EXPECT_EQ(s.slot_bytes, 4096u);
     kvb::Request again(2, a);
     EXPECT_EQ(m.estimateBatch({again})[0].reused_blocks, 0);
     std::vector<kvb_disk_prefetch_t> p = m.diskPrefetch({again});
@@ -175,9 +175,7 @@ TEST(DiskTier, BadConfigurationFailsAtCreation) {
     auto statusOf = [](const kvb::Config& c) {
         try {
             kvb::Manager m(c);
-        } catch (const kvb::Error& e) {
-            return e.status();
-        }
+        } catch (const kvb::Error& e) { return e.status(); }
         return KVB_OK;
     };
     EXPECT_EQ(statusOf(diskConfig(dir / "missing")), KVB_STATUS_INVALID_CONFIG);

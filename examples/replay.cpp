@@ -165,6 +165,17 @@ int run(const Options& o) {
             replay::hold_publisher(*publisher, o.publish);
         }
     }
+    kvb_disk_stats_t disk{};
+    disk.struct_size = sizeof(disk);
+    if (!o.disk_dir.empty()) {
+        // Reads still in flight hold host blocks: let them land before the final checks.
+        for (;;) {
+            check(kvb_manager_disk_poll(manager.m, nullptr), "kvb_manager_disk_poll");
+            check(kvb_manager_get_disk_stats(manager.m, &disk), "kvb_manager_get_disk_stats");
+            if (disk.reads_in_flight == 0 && disk.writes_queued == 0) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
     kvb_remote_stats_t remote{};
     remote.struct_size = sizeof(remote);
     if (!o.remote.empty()) {
@@ -194,7 +205,7 @@ int run(const Options& o) {
     }
 
     const double wall = std::chrono::duration<double>(Clock::now() - wall_start).count();
-    Report report{o, reqs.size(), max_sequence_length, result, stats, events, wall};
+    Report report{o, reqs.size(), max_sequence_length, result, stats, events, wall, disk};
     print_summary(report);
     if (!o.remote.empty()) {
         auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };

@@ -2544,6 +2544,13 @@ enum kvb_status_t kvb_manager_get_disk_stats(struct kvb_manager_t *manager,
                                              struct kvb_disk_stats_t *out);
 
 /**
+ * Benchmarks: every later disk read sleeps `microseconds` on its I/O thread before it starts
+ * (a slow device), to show that no call waits for the disk. 0 turns it off.
+ */
+enum kvb_status_t kvb_manager_disk_inject_read_latency(struct kvb_manager_t *manager,
+                                                       uint64_t microseconds);
+
+/**
  * Whether the manager has a disk tier.
  */
 enum kvb_status_t kvb_manager_has_disk_tier(struct kvb_manager_t *manager, bool *out);

@@ -43,7 +43,7 @@ fn config(dir: Option<&Path>, primary: usize, secondary: usize, slots: u64) -> M
         manual_clock: true,
         disk: DiskTierConfig {
             directory: dir.map(Path::to_path_buf),
-            bytes_per_window: slots * 8192,
+            bytes_per_window: slots * 4096,
             max_writes_queued: 8,
             max_reads_in_flight: 8,
             ..DiskTierConfig::default()
@@ -311,9 +311,11 @@ fn flipped_bits_on_disk_never_reach_the_engine() {
     settle(&mut m);
     // Flip one row byte in every slot of the file.
     let path = dir.join(kvblock::manager::disk_file_name(WINDOW));
+    let tier = m.disk_tier(WINDOW).unwrap().unwrap();
+    let (slot_bytes, header_bytes) = (tier.layout().slot_bytes(), tier.layout().header_bytes());
     let mut bytes = std::fs::read(&path).unwrap();
-    for slot in 0..64 {
-        bytes[slot * 8192 + 4096 + 5] ^= 0x40;
+    for slot in 0..bytes.len() / slot_bytes {
+        bytes[slot * slot_bytes + header_bytes + 5] ^= 0x40;
     }
     std::fs::write(&path, &bytes).unwrap();
     assert_eq!(serve_a_again(&mut m, &a), 0);
@@ -335,7 +337,7 @@ fn bad_configuration_fails_at_creation() {
     let read_only = Path::new("/proc/self");
     assert!(err(config(Some(read_only), 8, 4, 64)).contains("not writable"));
     let mut small = config(Some(&dir), 8, 4, 64);
-    small.disk.bytes_per_window = 8191;
+    small.disk.bytes_per_window = 4095;
     assert!(err(small).contains("below one slot"));
     assert!(err(config(Some(&dir), 8, 0, 64)).contains("host tier"));
     // Without a directory there is no disk tier.

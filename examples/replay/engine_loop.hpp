@@ -43,6 +43,9 @@ class EngineLoop {
                 }
             }
             step();
+            // Nothing to run while the head waits for its disk blocks: idle, as an engine would.
+            if (running_.empty() && parked_)
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
         out_.loop_seconds = std::chrono::duration<double>(Clock::now() - start).count();
         out_.to_ns(calibration.ns_per_tick());
@@ -85,6 +88,8 @@ class EngineLoop {
         check(timed(out_.t, kRefresh, [&] { return kvb_manager_refresh_blocks(m_); }),
               "kvb_manager_refresh_blocks");
         // (The forward pass would run here.)
+        if (o_.forward_us > 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(o_.forward_us));
         // 5. Store the blocks each chunk completed; a completed prompt samples its first token.
         std::vector<Req*> sampling = decoding;
         for (auto& [q, n] : chunks) {
@@ -215,6 +220,50 @@ class EngineLoop {
         return n;
     }
 
+    /// Disk tier: prefetches the prefixes of the waiting requests not prefetched yet among the
+    /// first few (never waits), and returns how many of the candidates are ready (none of
+    /// their prefix blocks still being read): the batch stops at the first that is not, which
+    /// waits for a later step (FCFS). Each request's prefix is walked once by the prefetch and
+    /// then only while blocks of it are out.
+    size_t disk_ready_prefix(size_t num_candidates) {
+        if (o_.disk_dir.empty() || num_candidates == 0) return num_candidates;
+        std::vector<kvb_request_t> ahead;
+        std::vector<Req*> owners;
+        for (size_t k = 0; k < waiting_.size() && k < std::max(num_candidates, kDiskLookahead);
+             ++k) {
+            Req& q = *waiting_[k];
+            if (q.disk_prefetched) continue;
+            if (q.tokens.empty()) q.tokens = replay::synthesize_prompt(*q.trace);
+            ahead.push_back(c_request(q));
+            owners.push_back(&q);
+        }
+        if (!ahead.empty()) {
+            std::vector<kvb_disk_prefetch_t> got(ahead.size());
+            check(timed(out_.t, kDisk,
+                        [&] {
+                            return kvb_manager_disk_prefetch(m_, ahead.data(), ahead.size(),
+                                                             got.data());
+                        }),
+                  "kvb_manager_disk_prefetch");
+            for (size_t i = 0; i < owners.size(); ++i) {
+                owners[i]->disk_prefetched = true;
+                owners[i]->disk_pending = got[i].started + got[i].in_flight > 0;
+            }
+        }
+        for (size_t i = 0; i < num_candidates; ++i) {
+            Req& q = *waiting_[i];
+            if (!q.disk_pending) continue;
+            const kvb_request_t r = c_request(q);
+            int64_t in_flight = 0;
+            check(timed(out_.t, kDisk,
+                        [&] { return kvb_manager_disk_blocks_in_flight(m_, &r, &in_flight); }),
+                  "kvb_manager_disk_blocks_in_flight");
+            if (in_flight > 0) return i;
+            q.disk_pending = false;
+        }
+        return num_candidates;
+    }
+
     void admit(int64_t& budget, std::vector<std::pair<Req*, int32_t>>& chunks) {
         // Candidates: the head of the queue while a running slot is free and their full prompts
         // have not yet reserved the budget (the first candidate always has a chunk).
@@ -228,6 +277,12 @@ class EngineLoop {
             if (q.tokens.empty()) q.tokens = replay::synthesize_prompt(*q.trace);
             reserved += static_cast<int64_t>(q.tokens.size());
             batch.push_back(c_request(q));
+        }
+        const size_t ready = disk_ready_prefix(batch.size());
+        parked_ = ready == 0 && !batch.empty();
+        if (ready < batch.size()) {
+            out_.c.disk_parked += 1;
+            batch.resize(ready);
         }
         if (batch.empty()) return;
         if (!o_.remote.empty() && !remote_ready(batch)) return;
@@ -259,6 +314,8 @@ class EngineLoop {
         }
     }
 
+    static constexpr size_t kDiskLookahead = 4;  // waiting requests prefetched ahead
+
     /// Shared remote tier: looks up and fetches the candidates' prefixes (never waits) and
     /// keeps the leading candidates whose prefixes are in; false when the head's is not yet
     /// (the step goes on without admission; with nothing running the loop yields a moment).
@@ -287,6 +344,7 @@ class EngineLoop {
     std::vector<Req*> running_;    // admission order
     std::vector<Req*> suspended_;  // max-utilization: admission order
     uint64_t next_admission_order_ = 0;
+    bool parked_ = false;  // the last admission admitted nothing: the head's disk blocks are out
     RunResult out_;
 };
 

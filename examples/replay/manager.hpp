@@ -46,6 +46,14 @@ inline void create_manager(ManagerHandle& h, const Options& o, int32_t max_seque
     config.copy_backend = o.copy_backend;
     config.max_kv_event_entries = o.events ? kEventEntries : 0;
     config.stall_pass_threshold = o.stall_passes;
+    kvb_disk_tier_config_t disk;
+    check(kvb_disk_tier_config_init(&disk), "kvb_disk_tier_config_init");
+    if (!o.disk_dir.empty()) {
+        disk.directory = o.disk_dir.c_str();
+        disk.bytes_per_window = static_cast<uint64_t>(o.disk_bytes);
+        disk.max_writes_queued = o.disk_write_queue;
+        config.disk = &disk;
+    }
     kvb_remote_tier_config_t remote;
     check(kvb_remote_tier_config_init(&remote), "kvb_remote_tier_config_init");
     if (!o.remote.empty()) {
@@ -56,6 +64,11 @@ inline void create_manager(ManagerHandle& h, const Options& o, int32_t max_seque
         config.remote = &remote;
     }
     check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
+    if (o.disk_read_latency_us > 0) {
+        check(kvb_manager_disk_inject_read_latency(h.m,
+                                                   static_cast<uint64_t>(o.disk_read_latency_us)),
+              "kvb_manager_disk_inject_read_latency");
+    }
 }
 
 /// Events by type, as counted by the drainer thread.

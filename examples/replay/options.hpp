@@ -33,6 +33,11 @@ struct Options {
     bool svg_set = false;
     bool quiet = false;
     bool self_test = false;
+    std::string disk_dir;                   // empty: no disk tier
+    int64_t disk_bytes = int64_t{1} << 30;  // per window
+    int64_t disk_read_latency_us = 0;       // injected (benchmarks)
+    int32_t disk_write_queue = 4096;        // writes queued before stores are dropped
+    int64_t forward_us = 0;                 // engine: simulated forward pass per step
     replay::PublishOptions publish;
     // The shared remote tier (engine loop, real pools): comma-separated redis:// URLs.
     std::string remote;
@@ -74,6 +79,14 @@ inline void usage(std::FILE* out) {
         "                          --block-bytes, else none); cuda puts primary pools in GPU\n"
         "                          memory and the host tier in pinned memory, copies on the GPU\n"
         "  --events / --no-events  KV cache events (default: on in engine, off in peer)\n"
+        "  --disk-dir DIR          engine: a disk tier below the host tier, kept in DIR (a second\n"
+        "                          run on the same DIR starts warm); prefetches waiting requests\n"
+        "                          and admits them when their disk blocks are in\n"
+        "  --disk-bytes N          bytes of the disk tier's file (default 1 GiB)\n"
+        "  --disk-read-latency-us N  inject N us into every disk read (benchmarks)\n"
+        "  --disk-write-queue N    writes queued before stores to disk are dropped (4096)\n"
+        "  --forward-us N          engine: sleep N us per step where the forward pass would run\n"
+        "                          (background work such as disk I/O then has time; default 0)\n"
         "  --json PATH             write every figure and a time series as JSON\n"
         "  --svg PATH              plot (default: JSON path with .svg, else replay.svg)\n"
         "  --no-svg                no plot\n"
@@ -185,6 +198,16 @@ inline Options parse_options(int argc, char** argv) {
             o.events = 1;
         else if (arg == "--no-events")
             o.events = 0;
+        else if (arg == "--disk-dir")
+            o.disk_dir = next();
+        else if (arg == "--disk-bytes")
+            o.disk_bytes = parse_int(arg, next(), 1, INT64_MAX);
+        else if (arg == "--forward-us")
+            o.forward_us = parse_int(arg, next(), 0, 10'000'000);
+        else if (arg == "--disk-write-queue")
+            o.disk_write_queue = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 20));
+        else if (arg == "--disk-read-latency-us")
+            o.disk_read_latency_us = parse_int(arg, next(), 0, 10'000'000);
         else if (arg == "--json")
             o.json = next();
         else if (arg == "--svg") {
@@ -255,6 +278,8 @@ inline Options parse_options(int argc, char** argv) {
         throw std::runtime_error(
             "--block-bytes > 0 goes with --copy-backend host or cuda, and only with them");
     }
+    if (!o.disk_dir.empty() && o.loop == Loop::Peer)
+        throw std::runtime_error("--disk-dir applies to the engine loop only");
     if (!o.remote.empty() && (o.loop != Loop::Engine || o.copy_backend != KVB_COPY_BACKEND_HOST)) {
         throw std::runtime_error("--remote needs the engine loop and host pools (--block-bytes)");
     }

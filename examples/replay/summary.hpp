@@ -22,6 +22,7 @@ struct Report {
     kvb_kv_cache_stats_t stats;
     EventCounts events;
     double wall_seconds;
+    kvb_disk_stats_t disk{};  // zeros without --disk-dir
 
     double seconds(Kind k) const { return static_cast<double>(run.t.ns[k]) * 1e-9; }
     uint64_t total_ns() const {
@@ -103,6 +104,20 @@ inline void print_summary(const Report& r) {
     } else {
         std::printf("  events       off\n");
     }
+    if (!r.o.disk_dir.empty()) {
+        const kvb_disk_stats_t& d = r.disk;
+        std::printf(
+            "  disk         %s I/O, %llu slots of %llu bytes (%llu used, %llu recovered at start, "
+            "%llu ignored); hits %llu blocks (%llu prompt tokens not recomputed), reads %llu, "
+            "writes %llu, dropped writes %llu, skipped %llu, errors %llu write / %llu read, "
+            "verify failures %llu, discarded reads %llu, disk evictions %llu; admissions put off "
+            "for disk reads %llu\n",
+            d.direct_io ? "O_DIRECT" : "buffered", u(d.slots), u(d.slot_bytes), u(d.slots_used),
+            u(d.recovered), u(d.ignored_at_restart), u(d.hits),
+            u(d.hits * static_cast<uint64_t>(r.o.tokens_per_block)), u(d.reads), u(d.writes),
+            u(d.write_drops), u(d.write_skips), u(d.write_errors), u(d.read_errors),
+            u(d.verify_failures), u(d.reads_discarded), u(d.evictions), u(c.disk_parked));
+    }
     uint64_t total_calls = 0;
     for (uint64_t v : r.run.t.calls) total_calls += v;
     std::printf(
@@ -175,6 +190,21 @@ inline void write_json(const Report& r, const std::string& path) {
         .num("generated_tokens", c.generated_tokens)
         .num("prefill_tokens", c.prefill_tokens)
         .num("prefill_chunks", c.prefill_chunks);
+    if (!r.o.disk_dir.empty()) {
+        w.begin_object("disk")
+            .num("direct_io", r.disk.direct_io ? 1 : 0)
+            .num("hits", r.disk.hits)
+            .num("reads", r.disk.reads)
+            .num("writes", r.disk.writes)
+            .num("write_drops", r.disk.write_drops)
+            .num("write_errors", r.disk.write_errors)
+            .num("read_errors", r.disk.read_errors)
+            .num("verify_failures", r.disk.verify_failures)
+            .num("reads_discarded", r.disk.reads_discarded)
+            .num("recovered", r.disk.recovered)
+            .num("parked_admissions", c.disk_parked)
+            .end_object();
+    }
     w.begin_object("blocks")
         .num("allocated", r.stats.alloc_total_blocks)
         .num("allocated_new", r.stats.alloc_new_blocks)

@@ -20,10 +20,12 @@ enum Kind {
     kPreempt,
     kRefresh,
     kFlush,
+    kDisk,
     kNumKinds
 };
-inline const char* const kKindNames[kNumKinds] = {
-    "lookup", "admit_alloc", "admit_other", "decode_alloc", "free", "preempt", "refresh", "flush"};
+inline const char* const kKindNames[kNumKinds] = {"lookup",       "admit_alloc", "admit_other",
+                                                  "decode_alloc", "free",        "preempt",
+                                                  "refresh",      "flush",       "disk"};
 
 struct Timings {
     uint64_t ns[kNumKinds] = {};

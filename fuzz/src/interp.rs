@@ -10,6 +10,7 @@ use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 
 use kvblock::ffi::cuda::*;
+use kvblock::ffi::disk::*;
 use kvblock::ffi::events::*;
 use kvblock::ffi::handle::kvb_manager_t;
 use kvblock::ffi::lifecycle::*;
@@ -314,6 +315,60 @@ fn same_stats(a: &(kvb_kv_cache_stats_t, i64), b: &(kvb_kv_cache_stats_t, i64)) 
         && x.allocated_bytes == y.allocated_bytes
 }
 
+/// A directory for a fuzzed manager's disk tier: one of four per process, in turn (a directory
+/// still used by the other live manager makes creation fail, a documented status).
+fn fuzz_disk_dir() -> std::ffi::CString {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % 4;
+    let dir = std::env::temp_dir().join(format!("kvblock-fuzz-disk-{}-{n}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    std::ffi::CString::new(dir.to_string_lossy().as_bytes()).expect("no NUL")
+}
+
+/// Calls of the disk tier (poll, prefetch, readiness, statistics; valid without a disk tier).
+fn disk_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str) {
+    let h = m.handle;
+    match inp.u8() % 4 {
+        0 => {
+            let mut placed = 0i64;
+            let st = kvb_manager_disk_poll(h, &mut placed);
+            non_negative(placed, "disk_poll");
+            (st, "disk_poll")
+        }
+        1 => {
+            let reqs: Vec<Box<RequestBuf>> =
+                (0..1 + inp.u8() % 3).map(|_| request(inp, m.tpb)).collect();
+            let raw: Vec<kvb_request_t> = reqs.iter().map(|r| r.raw).collect();
+            let mut out = vec![kvb_disk_prefetch_t::default(); raw.len()];
+            let st = kvb_manager_disk_prefetch(h, raw.as_ptr(), raw.len(), out.as_mut_ptr());
+            for p in &out {
+                non_negative(p.started, "disk_prefetch");
+                non_negative(p.in_flight, "disk_prefetch");
+            }
+            (st, "disk_prefetch")
+        }
+        2 => {
+            let r = request(inp, m.tpb);
+            let mut n = 0i64;
+            let st = kvb_manager_disk_blocks_in_flight(h, &r.raw, &mut n);
+            non_negative(n, "disk_blocks_in_flight");
+            (st, "disk_blocks_in_flight")
+        }
+        _ => {
+            let mut s = kvb_disk_stats_t {
+                struct_size: if inp.u8().is_multiple_of(8) {
+                    1
+                } else {
+                    std::mem::size_of::<kvb_disk_stats_t>() as u32
+                },
+                ..kvb_disk_stats_t::default()
+            };
+            (kvb_manager_get_disk_stats(h, &mut s), "get_disk_stats")
+        }
+    }
+}
+
 /// Creates a manager from the input; `None` when the config was (rightly) rejected.
 fn create(inp: &mut Input) -> Option<Managed> {
     let mut cfg = unsafe { std::mem::zeroed::<kvb_manager_config_t>() };
@@ -397,6 +452,19 @@ fn create(inp: &mut Input) -> Option<Managed> {
     // Draft tokens: a sliding window then keeps that many tokens of blocks for rewinds.
     if !wild && inp.bool() {
         cfg.max_draft_tokens = i32::from(inp.u8() % 4);
+    }
+    // A disk tier where the bytes already read say so (no byte is read for it, so saved inputs
+    // keep their meaning): small rows, a few slots, so its LRU turns over.
+    let mut disk = unsafe { std::mem::zeroed::<kvb_disk_tier_config_t>() };
+    check_ok(kvb_disk_tier_config_init(&mut disk));
+    let disk_dir;
+    if !wild && cfg.tokens_per_block == 4 && cfg.max_sequence_length % 3 == 0 {
+        disk_dir = fuzz_disk_dir();
+        disk.directory = disk_dir.as_ptr();
+        disk.bytes_per_window = 16 * 4096;
+        disk.max_writes_queued = 4;
+        disk.max_reads_in_flight = 2;
+        cfg.disk = &disk;
     }
     let mut handle = null_mut();
     let st = kvb_manager_create(&cfg, &mut handle);
@@ -697,6 +765,7 @@ fn call(inp: &mut Input, m: &mut Managed) -> (kvb_status_t, &'static str) {
             let st = kvb_manager_offload_block(h, window(inp, m), inp.i32(), &mut bool_out);
             (st, "offload_block")
         }
+        45 => disk_call(inp, m),
         46 => lifecycle_call(inp, m),
         _ => match inp.u8() % 9 {
             0 => (

@@ -70,5 +70,6 @@ void init_manager_remote(ManagerClass& cls);
 void init_manager_scheduling(ManagerClass& cls);
 void init_manager_iteration(ManagerClass& cls);
 void init_sizing(ManagerClass& cls);
+void init_manager_disk(ManagerClass& cls);
 
 }  // namespace kvb_py

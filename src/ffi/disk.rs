@@ -353,6 +353,19 @@ pub extern "C" fn kvb_manager_get_disk_stats(
     })
 }
 
+/// Benchmarks: every later disk read sleeps `microseconds` on its I/O thread before it starts
+/// (a slow device), to show that no call waits for the disk. 0 turns it off.
+#[no_mangle]
+pub extern "C" fn kvb_manager_disk_inject_read_latency(
+    manager: *mut kvb_manager_t,
+    microseconds: u64,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        m.disk_inject_read_latency_us(microseconds);
+        Ok(())
+    })
+}
+
 /// Whether the manager has a disk tier.
 #[no_mangle]
 pub extern "C" fn kvb_manager_has_disk_tier(

@@ -327,6 +327,18 @@ impl KvCacheManager {
         s
     }
 
+    /// Makes every disk read sleep `us` microseconds on its I/O thread first (benchmarks: a
+    /// slow device). No C call waits for it.
+    pub fn disk_inject_read_latency_us(&mut self, us: u64) {
+        for w in &self.windows {
+            if let Some(t) = w.disk_tier() {
+                t.faults()
+                    .read_latency_us
+                    .store(us, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The disk tier of one window (fault injection in tests, file mode).
     pub fn disk_tier(&self, window_size: usize) -> KvResult<Option<&DiskTier>> {
         Ok(self.window(window_size)?.disk_tier())

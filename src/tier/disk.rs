@@ -147,6 +147,15 @@ pub struct DiskTier {
     stats: TierStats,
     /// Digests whose slots were overwritten or dropped since the last `take_removed`.
     removed: Vec<PrefixDigest>,
+    /// Jobs of the running call, handed to the workers together by `flush_jobs`.
+    pending: Vec<IoJob>,
+}
+
+impl Drop for DiskTier {
+    /// Queued writes still go out (their slots become readable at the next start).
+    fn drop(&mut self) {
+        self.flush_jobs();
+    }
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -195,6 +204,7 @@ impl DiskTier {
                 ..TierStats::default()
             },
             removed: Vec::new(),
+            pending: Vec::new(),
         };
         if tier.store.mode().existed {
             tier.recover()?;
@@ -210,18 +220,42 @@ impl DiskTier {
     /// verifies are indexed, written slots of another geometry or with a bad header are counted
     /// and left free.
     fn recover(&mut self) -> io::Result<()> {
-        let hb = self.layout.header_bytes();
-        let mut buf = AlignedBuf::new(hb).ok_or_else(|| io::Error::other("no memory"))?;
-        for slot in 0..self.states.len() as u32 {
-            self.store.read_prefix(slot as u64, buf.as_mut_slice())?;
-            match open_header(&self.layout, buf.as_slice()) {
-                Ok(h) if !self.index.contains_key(&h.digest) => {
-                    self.publish(slot, h.digest);
-                    self.stats.recovered += 1;
+        // Small slots are read whole, many per read (a header-sized read per slot would cost a
+        // request per 4 KiB); large ones by their header only.
+        const CHUNK: usize = 4 << 20;
+        let slot_bytes = self.layout.slot_bytes();
+        let hb = super::sealed::align_up(self.layout.header_bytes());
+        let per_read = if slot_bytes <= CHUNK / 16 {
+            CHUNK / slot_bytes
+        } else {
+            1
+        };
+        let read_bytes = if per_read > 1 {
+            per_read * slot_bytes
+        } else {
+            hb
+        };
+        let mut buf = AlignedBuf::new(read_bytes).ok_or_else(|| io::Error::other("no memory"))?;
+        let n = self.states.len();
+        let mut first = 0;
+        while first < n {
+            let count = per_read.min(n - first);
+            let len = if per_read > 1 { count * slot_bytes } else { hb };
+            self.store
+                .read_prefix(first as u64, &mut buf.as_mut_slice()[..len])?;
+            for i in 0..count {
+                let slot = (first + i) as u32;
+                let at = if per_read > 1 { i * slot_bytes } else { 0 };
+                match open_header(&self.layout, &buf.as_slice()[at..at + hb.min(len - at)]) {
+                    Ok(h) if !self.index.contains_key(&h.digest) => {
+                        self.publish(slot, h.digest);
+                        self.stats.recovered += 1;
+                    }
+                    Ok(_) | Err(SealError::NotASlot) => {}
+                    Err(_) => self.stats.ignored_at_restart += 1,
                 }
-                Ok(_) | Err(SealError::NotASlot) => {}
-                Err(_) => self.stats.ignored_at_restart += 1,
             }
+            first += count;
         }
         Ok(())
     }
@@ -369,17 +403,20 @@ impl DiskTier {
         Some((slot, buf))
     }
 
-    /// Queues the write of a prepared slot.
+    /// Queues the write of a prepared slot whose key was written by `seal_key`: the worker
+    /// checksums it, then writes it.
     pub fn submit_write(&mut self, slot: u32, buf: AlignedBuf) {
         let key = TierKey {
             digest: self.digests[slot as usize],
             slot: slot as u64,
         };
-        self.pool.submit(IoJob {
+        self.pending.push(IoJob {
             store: self.store.clone(),
             key,
             buf,
-            kind: IoKind::Write,
+            kind: IoKind::Write {
+                seal: Some(self.layout),
+            },
             done: self.done.clone(),
         });
     }
@@ -414,7 +451,7 @@ impl DiskTier {
         self.lru_push_back(slot);
         self.stats.reads += 1;
         self.stats.reads_in_flight += 1;
-        self.pool.submit(IoJob {
+        self.pending.push(IoJob {
             store: self.store.clone(),
             key: TierKey {
                 digest: *digest,
@@ -429,6 +466,28 @@ impl DiskTier {
         true
     }
 
+    /// Hands the jobs queued by this call to the I/O workers (one lock, one wake-up).
+    pub fn flush_jobs(&mut self) {
+        if !self.pending.is_empty() {
+            self.pool.submit_all(self.pending.drain(..));
+        }
+    }
+
+    /// Whether the write queue is full (nothing counted).
+    pub fn write_queue_full(&self) -> bool {
+        self.stats.writes_queued as usize >= self.limits.max_writes_queued
+    }
+
+    /// Counts a store dropped before it was prepared, when the write queue is full: the caller
+    /// then skips the work of sealing it. Returns whether there is room.
+    pub fn has_write_room(&mut self) -> bool {
+        if (self.stats.writes_queued as usize) < self.limits.max_writes_queued {
+            return true;
+        }
+        self.stats.write_drops += 1;
+        false
+    }
+
     /// Whether any write or read is queued or running.
     pub fn busy(&self) -> bool {
         self.stats.reads_in_flight > 0 || self.stats.writes_queued > 0
@@ -438,6 +497,7 @@ impl DiskTier {
     /// counted); finished reads are returned (a read that failed or did not verify is counted,
     /// its slot dropped, and returned without data).
     pub fn harvest(&mut self) -> Vec<ReadDone> {
+        self.flush_jobs();
         let finished: Vec<IoDone> = std::mem::take(&mut *lock(&self.done));
         let mut reads = Vec::new();
         for IoDone { key, buf, outcome } in finished {

@@ -15,8 +15,8 @@ use super::store::{AlignedBuf, TierKey, TierStore};
 /// What a job does.
 #[derive(Clone, Copy, Debug)]
 pub enum IoKind {
-    /// Write the sealed slot in the buffer.
-    Write,
+    /// Write the slot in the buffer; with a layout, checksum it first (`seal_checksums`).
+    Write { seal: Option<SlotLayout> },
     /// Read the slot into the buffer and verify it against the key's digest.
     Read { layout: SlotLayout },
 }
@@ -96,7 +96,12 @@ fn run(job: IoJob) {
         done,
     } = job;
     let outcome = match kind {
-        IoKind::Write => match store.put(&key, buf.as_slice()) {
+        IoKind::Write { seal } => match {
+            if let Some(layout) = seal {
+                super::sealed::seal_checksums(&layout, buf.as_mut_slice());
+            }
+            store.put(&key, buf.as_slice())
+        } {
             Ok(()) => IoOutcome::Written,
             Err(e) => IoOutcome::WriteFailed(errno(&e)),
         },
@@ -148,13 +153,26 @@ impl IoPool {
 
     /// Queues a job (the tier bounds how many it has queued).
     pub fn submit(&self, job: IoJob) {
+        self.submit_all(std::iter::once(job));
+    }
+
+    /// Queues jobs under one lock, waking as many workers as needed.
+    pub fn submit_all(&self, jobs: impl IntoIterator<Item = IoJob>) {
         let mut q = lock(&self.shared.queue);
-        match job.kind {
-            IoKind::Read { .. } => q.reads.push_back(job),
-            IoKind::Write => q.writes.push_back(job),
+        let mut n = 0;
+        for job in jobs {
+            match job.kind {
+                IoKind::Read { .. } => q.reads.push_back(job),
+                IoKind::Write { .. } => q.writes.push_back(job),
+            }
+            n += 1;
         }
         drop(q);
-        self.shared.wake.notify_one();
+        if n == 1 {
+            self.shared.wake.notify_one();
+        } else if n > 1 {
+            self.shared.wake.notify_all();
+        }
     }
 
     pub fn num_threads(&self) -> usize {

@@ -105,14 +105,15 @@ impl SlotLayout {
         }
     }
 
-    /// Bytes reserved for the header (the largest key, aligned).
+    /// Bytes reserved for the header (the largest key); the row follows it directly.
     pub fn header_bytes(&self) -> usize {
-        align_up(FIXED + self.tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES)
+        FIXED + self.tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES
     }
 
-    /// Bytes of one slot: the header, then the row, both aligned.
+    /// Bytes of one slot: the header and the row, aligned as a whole (a slot is always read
+    /// and written whole, so only its start and length must be aligned).
     pub fn slot_bytes(&self) -> usize {
-        self.header_bytes() + align_up(self.row_bytes.max(1))
+        align_up(self.header_bytes() + self.row_bytes)
     }
 }
 
@@ -181,10 +182,35 @@ pub fn fits(layout: &SlotLayout, key: &BlockKeyRef<'_>) -> bool {
     key.len() <= layout.tokens_per_block && key.extra_keys.len() <= MAX_MM_KEYS
 }
 
-/// Writes the header of a slot into `slot[..header_bytes]`; the row must already be in
-/// `slot[header_bytes..header_bytes + row_bytes]` (its checksum is computed here). Returns the
-/// block's prefix digest.
+/// Writes the header of a slot into `slot[..header_bytes]` and checksums it; the row must
+/// already be in `slot[header_bytes..header_bytes + row_bytes]`. Returns the block's prefix
+/// digest. (`seal_key` then `seal_checksums` do the same in two steps.)
 pub fn seal(
+    layout: &SlotLayout,
+    slot: &mut [u8],
+    parent: &PrefixDigest,
+    key: &BlockKeyRef<'_>,
+) -> PrefixDigest {
+    let digest = seal_key(layout, slot, parent, key);
+    seal_checksums(layout, slot);
+    digest
+}
+
+/// Checksums a slot whose key was written by `seal_key`: the row's BLAKE3, then the header's.
+/// The costly half of sealing, run on an I/O worker.
+pub fn seal_checksums(layout: &SlotLayout, slot: &mut [u8]) {
+    let hb = layout.header_bytes();
+    let checksum = *blake3::hash(&slot[hb..hb + layout.row_bytes]).as_bytes();
+    put(slot, 112, &checksum);
+    let used = u32_at(slot, 12) as usize;
+    put(slot, CHECKSUM_AT, &[0; 32]);
+    let sum = *blake3::hash(&slot[..used]).as_bytes();
+    put(slot, CHECKSUM_AT, &sum);
+}
+
+/// Writes a slot's header fields and key (no checksums yet, see `seal_checksums`). Returns the
+/// block's prefix digest.
+pub fn seal_key(
     layout: &SlotLayout,
     slot: &mut [u8],
     parent: &PrefixDigest,
@@ -192,7 +218,6 @@ pub fn seal(
 ) -> PrefixDigest {
     debug_assert!(fits(layout, key));
     let hb = layout.header_bytes();
-    let checksum = *blake3::hash(&slot[hb..hb + layout.row_bytes]).as_bytes();
     let digest = prefix_digest(parent, key);
     let header = &mut slot[..hb];
     header.fill(0);
@@ -201,7 +226,6 @@ pub fn seal(
     put(header, 16, &layout.fingerprint);
     put(header, 48, &digest);
     put(header, 80, parent);
-    put(header, 112, &checksum);
     put(header, 144, &(layout.row_bytes as u64).to_le_bytes());
     put(header, 152, &(key.len() as u32).to_le_bytes());
     put(header, 156, &flags_of(key).to_le_bytes());
@@ -225,8 +249,6 @@ pub fn seal(
         at += MM_BYTES;
     }
     put(header, 12, &(at as u32).to_le_bytes());
-    let sum = *blake3::hash(&header[..at]).as_bytes();
-    put(header, CHECKSUM_AT, &sum);
     digest
 }
 

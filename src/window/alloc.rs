@@ -20,6 +20,7 @@ enum Offload {
 
 impl WindowBlockManager {
     pub(super) fn flush_copies(&mut self) {
+        self.flush_disk_jobs();
         if !self.pending_copies.is_empty() {
             // After a failed submission the call is rolled back: move nothing more.
             if !self.copy_log.failed() {
@@ -42,7 +43,11 @@ impl WindowBlockManager {
     pub(super) fn evict_from_tree(&mut self, block: u32) {
         let stats = &mut self.stats;
         let mut events = self.events.as_mut();
-        self.tree.detach_subtree(block, |_, hash| {
+        let mut disk = self.disk.as_deref_mut();
+        self.tree.detach_subtree(block, |b, hash| {
+            if let Some(d) = disk.as_mut() {
+                d.forget_digest(b);
+            }
             stats.evicted_from_tree += 1;
             if let Some(e) = events.as_mut() {
                 e.push(WindowEvent::Removed(hash));

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::{KeySource, WindowBlockManager};
 use crate::pool::{Level, MemRow};
-use crate::tier::sealed::{fits, prefix_digest, seal};
+use crate::tier::sealed::{fits, prefix_digest, seal_key};
 use crate::tier::{DiskTier, PrefixDigest, TierStats, WritePolicy, ROOT_DIGEST};
 
 /// Where a read's block hangs in the tree once it is placed.
@@ -39,6 +39,9 @@ pub struct WindowDisk {
     reads: HashMap<PrefixDigest, PendingRead>,
     /// Times each block was reused since it was last allocated (for `WritePolicy::Reused`).
     reuse_hits: Vec<u8>,
+    /// Prefix digest of blocks in the tree, computed on demand: valid while the block stays in
+    /// the tree (its key and parent do not change there), forgotten when it leaves.
+    digests: Vec<Option<PrefixDigest>>,
 }
 
 impl WindowDisk {
@@ -52,7 +55,21 @@ impl WindowDisk {
             } else {
                 Vec::new()
             },
+            digests: vec![None; num_blocks],
         }
+    }
+
+    /// The block left the tree: its digest no longer holds.
+    #[inline]
+    pub(super) fn forget_digest(&mut self, block: u32) {
+        if let Some(d) = self.digests.get_mut(block as usize) {
+            *d = None;
+        }
+    }
+
+    /// Forgets every digest (the tree was restored from a snapshot).
+    pub(super) fn forget_all_digests(&mut self) {
+        self.digests.fill(None);
     }
 }
 
@@ -76,6 +93,14 @@ fn collect_finished(d: &mut WindowDisk) {
 }
 
 impl WindowBlockManager {
+    /// Hands the disk jobs of the running call to the I/O workers.
+    #[inline]
+    pub(super) fn flush_disk_jobs(&mut self) {
+        if let Some(d) = &mut self.disk {
+            d.tier.flush_jobs();
+        }
+    }
+
     /// Attaches a disk tier.
     pub fn attach_disk(&mut self, disk: WindowDisk) {
         self.disk = Some(Box::new(disk));
@@ -114,10 +139,11 @@ impl WindowBlockManager {
         }
     }
 
-    /// Forgets the reuses of a block handed out again.
+    /// Forgets the reuses (and the digest) of a block handed out again.
     #[inline]
     pub(super) fn reset_reuse(&mut self, block: u32) {
         if let Some(d) = &mut self.disk {
+            d.forget_digest(block);
             if let Some(h) = d.reuse_hits.get_mut(block as usize) {
                 *h = 0;
             }
@@ -130,23 +156,30 @@ impl WindowBlockManager {
         std::iter::once(self.arena.row(block))
     }
 
-    /// The prefix digest of a block in the tree and of its parent (a walk to the root).
-    pub(super) fn tree_digests(&self, block: u32) -> (PrefixDigest, PrefixDigest) {
+    /// The prefix digest of a block in the tree and of its parent: a walk up to the root or to
+    /// the nearest ancestor whose digest is known, remembering those computed.
+    fn tree_digests(&self, d: &mut WindowDisk, block: u32) -> (PrefixDigest, PrefixDigest) {
         let root = self.tree.root();
         let mut chain = vec![block];
+        let mut base = ROOT_DIGEST;
         let mut b = block;
         while let Some(p) = self.tree.parent(b) {
             if p == root {
                 break;
             }
+            if let Some(known) = d.digests[p as usize] {
+                base = known;
+                break;
+            }
             chain.push(p);
             b = p;
         }
-        let mut parent = ROOT_DIGEST;
-        let mut digest = ROOT_DIGEST;
+        let mut parent = base;
+        let mut digest = base;
         for &b in chain.iter().rev() {
             parent = digest;
             digest = prefix_digest(&parent, &self.tree.key(b));
+            d.digests[b as usize] = Some(digest);
         }
         (parent, digest)
     }
@@ -165,7 +198,9 @@ impl WindowBlockManager {
     fn spill_with(&mut self, d: &mut WindowDisk, block: u32) {
         // Finished writes free their buffers (and publish their slots) here too, so that the
         // write queue drains even when the engine never polls.
-        collect_finished(d);
+        if d.tier.write_queue_full() {
+            collect_finished(d);
+        }
         if !self.tree.is_in_tree(block) || self.arena.level(block) != Level::Secondary {
             return;
         }
@@ -173,12 +208,15 @@ impl WindowBlockManager {
             d.tier.stats_mut().policy_skips += 1;
             return;
         }
+        if !d.tier.has_write_room() {
+            return;
+        }
         let layout = *d.tier.layout();
         if !fits(&layout, &self.tree.key(block)) {
             d.tier.stats_mut().policy_skips += 1;
             return;
         }
-        let (parent, digest) = self.tree_digests(block);
+        let (parent, digest) = self.tree_digests(d, block);
         let Some((slot, mut buf)) = d.tier.prepare_write(&digest) else {
             return;
         };
@@ -205,7 +243,7 @@ impl WindowBlockManager {
             d.tier.abandon_write(slot, buf);
             return;
         }
-        seal(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
+        seal_key(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
         d.tier.submit_write(slot, buf);
     }
 
@@ -262,7 +300,6 @@ impl WindowBlockManager {
         while bi * tpb < reusable {
             let (s, e) = (bi * tpb, ((bi + 1) * tpb).min(reusable));
             let key = src.key(s, e, &mut scratch);
-            let digest = prefix_digest(&parent_digest, &key);
             let in_tree = match parent {
                 Parent::Tree { block, .. } => {
                     self.tree
@@ -271,6 +308,17 @@ impl WindowBlockManager {
                 _ => None,
             };
             let d = self.disk.as_mut().expect("checked");
+            // Blocks in the tree remember their digest: a long cached prefix is hashed once.
+            let digest = match in_tree.and_then(|b| d.digests[b as usize]) {
+                Some(known) => known,
+                None => {
+                    let x = prefix_digest(&parent_digest, &key);
+                    if let Some(b) = in_tree {
+                        d.digests[b as usize] = Some(x);
+                    }
+                    x
+                }
+            };
             if let Some(b) = in_tree {
                 parent = Parent::Tree {
                     block: b,
@@ -319,7 +367,9 @@ impl WindowBlockManager {
     /// host tier (as far as host blocks can be claimed and the read bound allows). Nothing
     /// waits: the blocks become reusable in a later `disk_poll`.
     pub fn disk_prefetch(&mut self, src: &KeySource<'_>, input_length: usize) -> DiskPrefetch {
-        self.walk_disk_prefix(src, input_length, true)
+        let out = self.walk_disk_prefix(src, input_length, true);
+        self.flush_disk_jobs();
+        out
     }
 
     /// Blocks of a request's reusable prefix still being read from disk (0: ready).
@@ -368,6 +418,7 @@ impl WindowBlockManager {
                 }
             }
         }
+        d.tier.flush_jobs();
         self.disk = Some(d);
         placed
     }

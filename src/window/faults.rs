@@ -131,6 +131,9 @@ impl WindowBlockManager {
 
     /// Puts the bookkeeping of `snapshot` back.
     pub fn restore(&mut self, snapshot: WindowSnapshot) {
+        if let Some(d) = &mut self.disk {
+            d.forget_all_digests();
+        }
         let WindowSnapshot {
             arena,
             queues,

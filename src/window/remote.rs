@@ -114,6 +114,26 @@ impl WindowBlockManager {
             .is_some_and(|r| r.reads.values().any(|p| p.dest == block))
     }
 
+    /// The prefix digest of a block in the tree and of its parent (a walk to the root).
+    fn remote_tree_digests(&self, block: u32) -> (PrefixDigest, PrefixDigest) {
+        let root = self.tree.root();
+        let mut chain = vec![block];
+        let mut b = block;
+        while let Some(p) = self.tree.parent(b) {
+            if p == root {
+                break;
+            }
+            chain.push(p);
+            b = p;
+        }
+        let (mut parent, mut digest) = (ROOT_DIGEST, ROOT_DIGEST);
+        for &b in chain.iter().rev() {
+            parent = digest;
+            digest = prefix_digest(&parent, &self.tree.key(b));
+        }
+        (parent, digest)
+    }
+
     /// Queues the blocks just stored for reuse (consecutive, each the child of the one before)
     /// for the store, under the `OnStore` policy.
     pub(super) fn remote_write_stored(&mut self, stored: &[u32]) {
@@ -127,7 +147,7 @@ impl WindowBlockManager {
         {
             return;
         }
-        let (mut parent, _) = self.tree_digests(*first);
+        let (mut parent, _) = self.remote_tree_digests(*first);
         let mut items = Vec::new();
         let mut r = self.remote.take().expect("checked");
         collect(&mut r);
@@ -153,7 +173,7 @@ impl WindowBlockManager {
             && self.arena.level(block) == Level::Secondary
         {
             collect(&mut r);
-            let (parent, digest) = self.tree_digests(block);
+            let (parent, digest) = self.remote_tree_digests(block);
             if let Some(item) = self.remote_item(&mut r, block, parent, digest) {
                 r.tier.store(vec![item]);
             }
