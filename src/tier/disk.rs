@@ -145,8 +145,6 @@ pub struct DiskTier {
     spare: Vec<AlignedBuf>,
     limits: TierLimits,
     stats: TierStats,
-    /// Digests whose slots were overwritten or dropped since the last `take_removed`.
-    removed: Vec<PrefixDigest>,
     /// Jobs of the running call, handed to the workers together by `flush_jobs`.
     pending: Vec<IoJob>,
 }
@@ -203,7 +201,6 @@ impl DiskTier {
                 direct_io: direct,
                 ..TierStats::default()
             },
-            removed: Vec::new(),
             pending: Vec::new(),
         };
         if tier.store.mode().existed {
@@ -292,11 +289,6 @@ impl DiskTier {
         self.writing.contains_key(digest)
     }
 
-    /// Digests no longer on disk since the last call (for events).
-    pub fn take_removed(&mut self) -> Vec<PrefixDigest> {
-        std::mem::take(&mut self.removed)
-    }
-
     fn lru_unlink(&mut self, s: u32) {
         let (p, n) = (self.lru_prev[s as usize], self.lru_next[s as usize]);
         if p == NIL {
@@ -336,7 +328,6 @@ impl DiskTier {
         let d = self.digests[slot as usize];
         self.index.remove(&d);
         self.lru_unlink(slot);
-        self.removed.push(d);
     }
 
     fn take_buffer(&mut self, in_use: usize, cap: usize) -> Option<AlignedBuf> {

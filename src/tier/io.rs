@@ -87,6 +87,19 @@ fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// Checksums a slot (when asked) and writes it.
+fn seal_and_put(
+    store: &dyn TierStore,
+    key: &TierKey,
+    buf: &mut AlignedBuf,
+    seal: Option<SlotLayout>,
+) -> io::Result<()> {
+    if let Some(layout) = seal {
+        super::sealed::seal_checksums(&layout, buf.as_mut_slice());
+    }
+    store.put(key, buf.as_slice())
+}
+
 fn run(job: IoJob) {
     let IoJob {
         store,
@@ -96,12 +109,7 @@ fn run(job: IoJob) {
         done,
     } = job;
     let outcome = match kind {
-        IoKind::Write { seal } => match {
-            if let Some(layout) = seal {
-                super::sealed::seal_checksums(&layout, buf.as_mut_slice());
-            }
-            store.put(&key, buf.as_slice())
-        } {
+        IoKind::Write { seal } => match seal_and_put(store.as_ref(), &key, &mut buf, seal) {
             Ok(()) => IoOutcome::Written,
             Err(e) => IoOutcome::WriteFailed(errno(&e)),
         },
