@@ -132,7 +132,7 @@ fn two_tiers_share_blocks_through_redis_and_stores_are_deduplicated() {
     let c = chain(1, 12);
     let mut writer = tier(&store, "model-a");
     for it in items(&c) {
-        assert!(writer.wants(&it.digest) && writer.has_write_room());
+        assert!(writer.wants(&it.digest) && writer.has_write_room(0));
         writer.store(vec![it]);
     }
     settle(&mut writer);
@@ -338,4 +338,35 @@ fn a_three_node_cluster_serves_blocks_and_a_killed_node_costs_only_its_keys() {
     assert_eq!(s.fetched as usize, hits);
     assert!(s.errors() > 0, "{s:?}");
     assert_eq!(s.verify_failures(), 0);
+}
+
+#[test]
+fn the_write_queue_is_bounded_and_drops_are_counted() {
+    if !redis_server::installed() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = Arc::new(RedisStore::connect(config(vec![server.url()], false)).unwrap());
+    let mut t = RemoteTier::new(
+        Namespace::new("m", &layout()),
+        store as Arc<dyn RemoteStore>,
+        Arc::new(RemoteWorkers::new(1).unwrap()),
+        RemoteLimits {
+            max_writes_queued: 4,
+            ..RemoteLimits::default()
+        },
+    );
+    let c = chain(9, 10);
+    let mut queued = 0;
+    // Nothing is harvested in between: the queue only empties in a later call.
+    for it in items(&c) {
+        if t.wants(&it.digest) && t.has_write_room(0) {
+            t.store(vec![it]);
+            queued += 1;
+        }
+    }
+    assert_eq!((queued, t.stats().write_drops), (4, 6));
+    settle(&mut t);
+    assert_eq!(t.stats().writes, 4);
+    assert!(t.has_write_room(0));
 }

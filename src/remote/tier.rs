@@ -489,9 +489,10 @@ impl RemoteTier {
         true
     }
 
-    /// Whether the write queue has room for one more block; counts a drop when not.
-    pub fn has_write_room(&mut self) -> bool {
-        if self.writing.len() >= self.limits.max_writes_queued {
+    /// Whether the write queue has room for one more block beside `pending` blocks accepted
+    /// but not yet passed to `store`; counts a drop when not.
+    pub fn has_write_room(&mut self, pending: usize) -> bool {
+        if self.writing.len() + pending >= self.limits.max_writes_queued {
             self.stats.write_drops += 1;
             return false;
         }

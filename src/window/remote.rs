@@ -154,7 +154,7 @@ impl WindowBlockManager {
         for &b in stored {
             let key = self.tree.key(b);
             let digest = prefix_digest(&parent, &key);
-            if let Some(item) = self.remote_item(&mut r, b, parent, digest) {
+            if let Some(item) = self.remote_item(&mut r, b, parent, digest, items.len()) {
                 items.push(item);
             }
             parent = digest;
@@ -174,7 +174,7 @@ impl WindowBlockManager {
         {
             collect(&mut r);
             let (parent, digest) = self.remote_tree_digests(block);
-            if let Some(item) = self.remote_item(&mut r, block, parent, digest) {
+            if let Some(item) = self.remote_item(&mut r, block, parent, digest, 0) {
                 r.tier.store(vec![item]);
             }
         }
@@ -183,20 +183,21 @@ impl WindowBlockManager {
 
     /// The store item of `block` (its row copied now), or `None` when it is not wanted
     /// (known there, being written), its key does not fit a header, the write queue is full
-    /// (counted) or its row cannot be read.
+    /// with the `pending` items of this call (counted) or its row cannot be read.
     fn remote_item(
         &mut self,
         r: &mut WindowRemote,
         block: u32,
         parent: PrefixDigest,
         digest: PrefixDigest,
+        pending: usize,
     ) -> Option<StoreItem> {
         let key = self.tree.key(block);
         if !fits(r.tier.namespace().layout(), &key) {
             r.tier.stats_mut().policy_skips += 1;
             return None;
         }
-        if !r.tier.wants(&digest) || !r.tier.has_write_room() {
+        if !r.tier.wants(&digest) || !r.tier.has_write_room(pending) {
             return None;
         }
         let owned = OwnedKey {
