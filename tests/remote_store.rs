@@ -248,6 +248,23 @@ fn a_wrong_password_is_an_error_at_creation() {
     let s = RedisStore::connect(cfg).unwrap();
     assert_eq!(s.exists(&[b"x".as_slice()]), vec![Ok(false)]);
     assert!(!s.describe().contains(PASSWORD));
+    // An ACL user limited to the tier's keys: allowed there, refused elsewhere (counted as an
+    // authorization error per key).
+    assert!(server
+        .cli(&["ACL", "SETUSER", "kvb", "on", ">kvb-pw", "~kvb:*", "+@all"])
+        .is_some());
+    let acl = |password: &str| RedisConfig {
+        urls: vec![server.url()],
+        username: Some("kvb".into()),
+        password: Some(password.into()),
+        ..RedisConfig::default()
+    };
+    let s = RedisStore::connect(acl("kvb-pw")).unwrap();
+    assert_eq!(s.exists(&[b"kvb:v1:x".as_slice()]), vec![Ok(false)]);
+    let denied = s.exists(&[b"other".as_slice()]);
+    assert!(matches!(denied[0], Err(StoreError::Auth(_))), "{denied:?}");
+    let e = RedisStore::connect(acl("wrong")).unwrap_err();
+    assert!(matches!(e, StoreError::Auth(_)), "{e}");
 }
 
 #[test]

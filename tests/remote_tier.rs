@@ -240,6 +240,31 @@ fn two_processes_share_a_prefix_through_redis() {
 }
 
 #[test]
+fn the_on_host_evict_policy_writes_only_what_the_host_tier_evicts() {
+    if !redis_server::installed() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut a = KvCacheManager::new(config(
+        redis(vec![server.url()], false),
+        RemoteWritePolicy::OnHostEvict,
+    ))
+    .unwrap();
+    let p = tokens(8, 17);
+    serve(&mut a, 1, &p);
+    // Stored for reuse, still on GPU: nothing written.
+    assert_eq!(settle(&mut a).writes, 0);
+    // Unrelated prompts push p's blocks through the host tier and out of it.
+    for i in 0..8u64 {
+        serve(&mut a, 10 + i, &tokens(80 + i as i32, 17));
+    }
+    let s = settle(&mut a);
+    assert!(s.writes >= 4, "{s:?}");
+    let mut b = manager(redis(vec![server.url()], false));
+    assert_eq!(reuse_from_store(&mut b, 100, &p), 16);
+}
+
+#[test]
 fn bad_values_in_the_store_are_refused_and_recomputed() {
     if !redis_server::installed() {
         return;

@@ -94,10 +94,11 @@ impl std::fmt::Debug for RedisStore {
 /// Maps a client error to the store's error kinds.
 fn classify(e: &RedisError) -> StoreError {
     let text = e.to_string();
+    let upper = text.to_ascii_uppercase();
     let auth = e.kind() == ErrorKind::AuthenticationFailed
-        || ["WRONGPASS", "NOAUTH", "NOPERM", "invalid password"]
+        || ["WRONGPASS", "NOAUTH", "NOPERM", "INVALID PASSWORD"]
             .iter()
-            .any(|w| text.contains(w));
+            .any(|w| upper.contains(w));
     if auth {
         StoreError::Auth(text)
     } else if e.is_timeout() {
@@ -304,7 +305,15 @@ impl RedisStore {
                     let e = StoreError::Other(format!("{} replies to {n} commands", v.len()));
                     (vec![Err(e); n], false)
                 }
-                Err(e) => (vec![Err(classify(&e)); n], false),
+                // A reply the server gave (no permission on a key, out of memory) leaves the
+                // connection usable; a transport failure or timeout does not.
+                Err(e) => {
+                    let transport = e.is_io_error()
+                        || e.is_timeout()
+                        || e.is_connection_dropped()
+                        || e.is_connection_refusal();
+                    (vec![Err(classify(&e)); n], !transport)
+                }
             },
             Conn::Cluster(c) => cluster(c),
         };
