@@ -100,6 +100,13 @@ namespace {
 int run(const Options& o) {
     const auto wall_start = Clock::now();
     std::vector<TraceRequest> trace = replay::load_trace(o.trace, o.limit);
+    if (o.instances > 1) {  // this instance's share of the trace
+        std::vector<TraceRequest> mine;
+        for (size_t i = static_cast<size_t>(o.instance); i < trace.size();
+             i += static_cast<size_t>(o.instances))
+            mine.push_back(std::move(trace[i]));
+        trace = std::move(mine);
+    }
 
     std::vector<Req> reqs(trace.size());
     int32_t max_sequence_length = 1;
@@ -169,6 +176,21 @@ int run(const Options& o) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
     }
+    kvb_remote_stats_t remote{};
+    remote.struct_size = sizeof(remote);
+    if (!o.remote.empty()) {
+        // Fetches still in flight hold claimed host blocks, queued writes are the last
+        // prefixes: let them finish (bounded by the tier's timeouts).
+        const auto deadline = Clock::now() + std::chrono::seconds(60);
+        for (;;) {
+            check(kvb_manager_remote_poll(manager.m, nullptr), "kvb_manager_remote_poll");
+            check(kvb_manager_get_remote_stats(manager.m, &remote), "kvb_manager_get_remote_stats");
+            if (remote.fetches_in_flight + remote.lookups_in_flight + remote.writes_queued == 0 ||
+                Clock::now() > deadline)
+                break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
     check(kvb_manager_check_invariants(manager.m), "kvb_manager_check_invariants");
     kvb_kv_cache_stats_t stats{};
     check(kvb_manager_get_kv_cache_stats(manager.m, &stats), "kvb_manager_get_kv_cache_stats");
@@ -185,6 +207,20 @@ int run(const Options& o) {
     const double wall = std::chrono::duration<double>(Clock::now() - wall_start).count();
     Report report{o, reqs.size(), max_sequence_length, result, stats, events, wall, disk};
     print_summary(report);
+    if (!o.remote.empty()) {
+        auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+        std::printf(
+            "  remote       instance %d/%d: %llu lookups (%llu present), %llu hits placed, "
+            "%llu writes (%llu MiB), %llu deduplicated, %llu dropped, %llu refused, "
+            "%llu errors; %llu steps waited; fetch p50/p99 %llu/%llu us\n",
+            o.instance, o.instances, u(remote.lookups), u(remote.lookup_hits), u(remote.hits),
+            u(remote.writes), u(remote.write_bytes >> 20),
+            u(remote.write_dedup_remote + remote.write_skips), u(remote.write_drops),
+            u(remote.verify_failures),
+            u(remote.errors_unavailable + remote.errors_timeout + remote.errors_auth +
+              remote.errors_other),
+            u(result.c.remote_wait_steps), u(remote.fetch_p50_us), u(remote.fetch_p99_us));
+    }
     if (!o.json.empty()) {
         write_json(report, o.json);
         std::printf("  json         %s\n", o.json.c_str());

@@ -155,6 +155,21 @@ typedef enum kvb_event_type_t {
 } kvb_event_type_t;
 
 /**
+ * When blocks are written to the remote store.
+ */
+typedef enum kvb_remote_write_policy_t {
+    /**
+     * When a block is stored for reuse (the default: other instances can reuse a prefix as
+     * soon as it is computed).
+     */
+    KVB_REMOTE_WRITE_ON_STORE = 0,
+    /**
+     * When the host tier evicts a block (fewer writes).
+     */
+    KVB_REMOTE_WRITE_ON_HOST_EVICT = 1,
+} kvb_remote_write_policy_t;
+
+/**
  * Where a request is in its life (values of `kvb_request_state_t::phase`).
  */
 typedef enum kvb_request_phase_t {
@@ -393,6 +408,75 @@ typedef struct kvb_disk_tier_config_t {
 } kvb_disk_tier_config_t;
 
 /**
+ * The remote tier of a manager, pointed to by `kvb_manager_config_t::remote` (null: no remote
+ * tier). Initialise with `kvb_remote_tier_config_init`, then set `urls` and `model_id`.
+ * Strings are copied at creation.
+ */
+typedef struct kvb_remote_tier_config_t {
+    /**
+     * `sizeof(kvb_remote_tier_config_t)`.
+     */
+    uint32_t struct_size;
+    /**
+     * Comma-separated `redis://[user:password@]host:port` URLs: one standalone server, or
+     * the seed nodes of a cluster. `rediss://` (TLS) is refused: not built in. Null: no remote
+     * tier.
+     */
+    const char *urls;
+    /**
+     * Speak the Redis Cluster protocol.
+     */
+    bool cluster;
+    /**
+     * ACL user (null: the URL's, else the default user).
+     */
+    const char *username;
+    /**
+     * Password (null: the URL's, else none).
+     */
+    const char *password;
+    /**
+     * What makes two engines' KV interchangeable (model name and revision, quantisation,
+     * tensor-parallel rank...): part of every key, checked in every value. Required.
+     */
+    const char *model_id;
+    /**
+     * A `kvb_remote_write_policy_t` (default `KVB_REMOTE_WRITE_ON_STORE`).
+     */
+    int32_t write_policy;
+    /**
+     * Worker threads (default 2, at least 1).
+     */
+    int32_t threads;
+    /**
+     * Bound of a connection attempt, milliseconds (default 500, at least 1).
+     */
+    int32_t connect_timeout_ms;
+    /**
+     * Bound of one reply, milliseconds (default 2000, at least 1).
+     */
+    int32_t io_timeout_ms;
+    /**
+     * First reconnection backoff, milliseconds (default 100, at least 1); it doubles after
+     * each failed attempt up to `backoff_max_ms`.
+     */
+    int32_t backoff_min_ms;
+    /**
+     * Longest reconnection backoff, milliseconds (default 5000, at least 1).
+     */
+    int32_t backoff_max_ms;
+    /**
+     * Blocks queued or being written per window before stores are dropped and counted
+     * (default 256, at least 1).
+     */
+    int32_t max_writes_queued;
+    /**
+     * Blocks being fetched per window (default 256, at least 1).
+     */
+    int32_t max_reads_in_flight;
+} kvb_remote_tier_config_t;
+
+/**
  * Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
  */
 typedef struct kvb_manager_config_t {
@@ -516,6 +600,12 @@ typedef struct kvb_manager_config_t {
      * field gets no disk tier.
      */
     const struct kvb_disk_tier_config_t *disk;
+    /**
+     * The shared remote tier (`kvb_remote_tier_config_t`, read at creation); null: none.
+     * Added after `disk`: a caller whose `struct_size` stops before this field gets no
+     * remote tier.
+     */
+    const struct kvb_remote_tier_config_t *remote;
 } kvb_manager_config_t;
 
 /**
@@ -1483,6 +1573,176 @@ typedef struct kvb_disk_stats_t {
      */
     uint64_t slot_bytes;
 } kvb_disk_stats_t;
+
+/**
+ * What a remote prefetch did for one request.
+ */
+typedef struct kvb_remote_prefetch_t {
+    /**
+     * Prefix blocks whose lookup this call queued.
+     */
+    int64_t looked_up;
+    /**
+     * Fetches of prefix blocks this call started.
+     */
+    int64_t started;
+    /**
+     * Prefix blocks being looked up or fetched (this call's included): not ready yet.
+     */
+    int64_t pending;
+} kvb_remote_prefetch_t;
+
+/**
+ * Counters of the remote tier, summed over windows.
+ */
+typedef struct kvb_remote_stats_t {
+    /**
+     * `sizeof(kvb_remote_stats_t)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * Keys looked up (pipelined EXISTS).
+     */
+    uint64_t lookups;
+    /**
+     * Looked-up keys that were present.
+     */
+    uint64_t lookup_hits;
+    /**
+     * Lookups refused because too many keys were being looked up.
+     */
+    uint64_t lookup_drops;
+    /**
+     * Blocks fetched (pipelined GET).
+     */
+    uint64_t fetches;
+    /**
+     * Fetched blocks whose value verified.
+     */
+    uint64_t fetched;
+    /**
+     * Bytes of the verified values.
+     */
+    uint64_t fetch_bytes;
+    /**
+     * Blocks fetched, verified and placed in the host tier (remote hits).
+     */
+    uint64_t hits;
+    /**
+     * Verified blocks not placed (their parent left meanwhile).
+     */
+    uint64_t fetches_discarded;
+    /**
+     * Fetches refused because the fetches in flight were at their bound.
+     */
+    uint64_t fetch_drops;
+    /**
+     * Fetched keys that were absent (evicted since the lookup).
+     */
+    uint64_t fetch_misses;
+    /**
+     * Values read back and refused (never used): any reason (the sum of the next five).
+     */
+    uint64_t verify_failures;
+    /**
+     * Refused: not the length of a value of this namespace (truncated, another geometry).
+     */
+    uint64_t refused_length;
+    /**
+     * Refused: no header of ours (garbage).
+     */
+    uint64_t refused_garbage;
+    /**
+     * Refused: a value of another namespace (model, geometry).
+     */
+    uint64_t refused_namespace;
+    /**
+     * Refused: header, prefix digest or row checksum does not verify.
+     */
+    uint64_t refused_corrupt;
+    /**
+     * Refused: a valid value of another block.
+     */
+    uint64_t refused_key;
+    /**
+     * Blocks written.
+     */
+    uint64_t writes;
+    /**
+     * Bytes of the values written.
+     */
+    uint64_t write_bytes;
+    /**
+     * Stores not sent: written, being written or known present here.
+     */
+    uint64_t write_skips;
+    /**
+     * Stores not sent: another instance had written them (found by the batch's EXISTS).
+     */
+    uint64_t write_dedup_remote;
+    /**
+     * Stores dropped because the write queue was full.
+     */
+    uint64_t write_drops;
+    /**
+     * Stores declined (a key too large for a value header, a row that cannot be read).
+     */
+    uint64_t policy_skips;
+    /**
+     * Keys whose operation failed because the store was unreachable (or the client was
+     * backing off after a failure).
+     */
+    uint64_t errors_unavailable;
+    /**
+     * Keys whose operation timed out.
+     */
+    uint64_t errors_timeout;
+    /**
+     * Keys whose operation the store refused for credentials or permissions.
+     */
+    uint64_t errors_auth;
+    /**
+     * Keys whose operation failed otherwise.
+     */
+    uint64_t errors_other;
+    /**
+     * Gauge: keys being looked up.
+     */
+    uint64_t lookups_in_flight;
+    /**
+     * Gauge: blocks being fetched.
+     */
+    uint64_t fetches_in_flight;
+    /**
+     * Gauge: blocks queued or being written.
+     */
+    uint64_t writes_queued;
+    /**
+     * Median round trip of the lookup batches, microseconds (latencies are over the last
+     * 1024 batches of each kind; the largest over windows).
+     */
+    uint64_t lookup_p50_us;
+    /**
+     * 99th percentile of the lookup batches' round trip, microseconds.
+     */
+    uint64_t lookup_p99_us;
+    /**
+     * Median round trip of the fetch batches, microseconds.
+     */
+    uint64_t fetch_p50_us;
+    /**
+     * 99th percentile of the fetch batches' round trip, microseconds.
+     */
+    uint64_t fetch_p99_us;
+    /**
+     * Median round trip of the store batches (EXISTS then SET), microseconds.
+     */
+    uint64_t store_p50_us;
+    /**
+     * 99th percentile of the store batches' round trip, microseconds.
+     */
+    uint64_t store_p99_us;
+} kvb_remote_stats_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -2535,6 +2795,51 @@ enum kvb_status_t kvb_manager_disk_inject_read_latency(struct kvb_manager_t *man
  * Whether the manager has a disk tier.
  */
 enum kvb_status_t kvb_manager_has_disk_tier(struct kvb_manager_t *manager, bool *out);
+
+/**
+ * Initialises a remote tier config with the defaults (no URL: no remote tier) and sets
+ * `struct_size`.
+ */
+enum kvb_status_t kvb_remote_tier_config_init(struct kvb_remote_tier_config_t *config);
+
+/**
+ * Collects finished remote batches: lookups and writes update what the tier knows, verified
+ * fetches become free, reusable host blocks (refused or failed ones are dropped and
+ * counted). `out_placed` (may be null) receives the blocks placed. Never waits.
+ */
+enum kvb_status_t kvb_manager_remote_poll(struct kvb_manager_t *manager, int64_t *out_placed);
+
+/**
+ * For each waiting request (after a poll): queues one pipelined lookup of the part of its
+ * reusable prefix past the tree and the disk tier, and one pipelined fetch of the leading
+ * blocks found present, into claimed host blocks. `out` (may be null) receives
+ * `num_requests` entries. Never waits: call again (or `kvb_manager_remote_blocks_pending`)
+ * in later scheduling passes; a request whose lookup finished gets its fetch started by the
+ * next call, and is ready when `pending` is 0.
+ */
+enum kvb_status_t kvb_manager_remote_prefetch(struct kvb_manager_t *manager,
+                                              const struct kvb_request_t *requests_ptr,
+                                              size_t num_requests,
+                                              struct kvb_remote_prefetch_t *out);
+
+/**
+ * Blocks of a request's reusable prefix still being looked up or fetched (after a poll).
+ */
+enum kvb_status_t kvb_manager_remote_blocks_pending(struct kvb_manager_t *manager,
+                                                    const struct kvb_request_t *request_ptr,
+                                                    int64_t *out_blocks);
+
+/**
+ * The remote tier's counters, summed over windows (zeros without a remote tier). Set
+ * `out->struct_size` to `sizeof(kvb_remote_stats_t)` first.
+ */
+enum kvb_status_t kvb_manager_get_remote_stats(struct kvb_manager_t *manager,
+                                               struct kvb_remote_stats_t *out);
+
+/**
+ * Whether the manager has a remote tier.
+ */
+enum kvb_status_t kvb_manager_has_remote_tier(struct kvb_manager_t *manager, bool *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -45,6 +45,10 @@ struct Config {
     bool hasDisk = false;
     kvb_disk_tier_config_t disk{};
     std::string diskDirectory;
+    /// The shared remote tier (`withRemoteTier`); its strings are attached at creation.
+    bool hasRemote = false;
+    kvb_remote_tier_config_t remote{};
+    std::string remoteUrls, remoteModelId, remotePassword;
 
     Config() { check(kvb_manager_config_init(&raw)); }
 
@@ -65,6 +69,22 @@ struct Config {
         disk.bytes_per_window = bytesPerWindow;
         disk.write_policy = policy;
         hasDisk = true;
+        return *this;
+    }
+    /// Adds the shared remote tier: `urls` are comma-separated `redis://host:port` URLs (one
+    /// server, or the seed nodes of a Redis Cluster with `cluster`), `modelId` what makes two
+    /// engines' KV interchangeable, `password` empty for none. Other fields: `remote` after
+    /// this call.
+    Config& withRemoteTier(std::string urls, std::string modelId, std::string password = "",
+                           bool cluster = false,
+                           kvb_remote_write_policy_t policy = KVB_REMOTE_WRITE_ON_STORE) {
+        check(kvb_remote_tier_config_init(&remote));
+        remoteUrls = std::move(urls);
+        remoteModelId = std::move(modelId);
+        remotePassword = std::move(password);
+        remote.cluster = cluster;
+        remote.write_policy = policy;
+        hasRemote = true;
         return *this;
     }
     /// Adds a window whose host tier the library sizes (kvb_window_config_t::auto_host_tier).
@@ -218,6 +238,14 @@ class Manager {
         if (config.hasDisk) {
             disk.directory = config.diskDirectory.c_str();
             raw.disk = &disk;
+        }
+        kvb_remote_tier_config_t remote = config.remote;
+        if (config.hasRemote) {
+            remote.urls = config.remoteUrls.c_str();
+            remote.model_id = config.remoteModelId.c_str();
+            remote.password =
+                config.remotePassword.empty() ? nullptr : config.remotePassword.c_str();
+            raw.remote = &remote;
         }
         check(kvb_manager_create(&raw, &handle_));
     }
@@ -433,6 +461,39 @@ class Manager {
     bool hasDiskTier() const {
         bool b = false;
         check(kvb_manager_has_disk_tier(handle_, &b));
+        return b;
+    }
+    /// Collects finished remote batches; returns the blocks placed in the host tier.
+    int64_t remotePoll() {
+        int64_t placed = 0;
+        check(kvb_manager_remote_poll(handle_, &placed));
+        return placed;
+    }
+    /// Looks up and fetches the remote part of waiting requests' prefixes (never waits).
+    std::vector<kvb_remote_prefetch_t> remotePrefetch(const std::vector<Request>& requests) {
+        std::vector<kvb_remote_prefetch_t> out(requests.size());
+        withCBatch(requests, [&](const std::vector<kvb_request_t>& c) {
+            check(kvb_manager_remote_prefetch(handle_, c.data(), c.size(), out.data()));
+        });
+        return out;
+    }
+    /// Prefix blocks of `request` still being looked up or fetched (0: ready to admit).
+    int64_t remoteBlocksPending(const Request& request) {
+        int64_t n = 0;
+        request.withC([&](const kvb_request_t* r) {
+            check(kvb_manager_remote_blocks_pending(handle_, r, &n));
+        });
+        return n;
+    }
+    kvb_remote_stats_t getRemoteStats() const {
+        kvb_remote_stats_t s{};
+        s.struct_size = sizeof(s);
+        check(kvb_manager_get_remote_stats(handle_, &s));
+        return s;
+    }
+    bool hasRemoteTier() const {
+        bool b = false;
+        check(kvb_manager_has_remote_tier(handle_, &b));
         return b;
     }
     kvb_kv_cache_stats_t getKvCacheStats() const {

@@ -34,6 +34,10 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 # libzmq: the event publisher (src/publisher) links it; python3-venv: the wire test's venv.
 [[ -e /usr/include/zmq.h ]] || missing+=(libzmq3-dev)
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+# redis-server, redis-cli: the remote tier's tests start a real Redis (standalone and a three-node
+# Redis Cluster on loopback); the benchmarks compare against redis-benchmark.
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
 # Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.88) and

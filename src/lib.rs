@@ -15,6 +15,7 @@ pub mod pool;
 pub mod prefetch;
 pub mod premixed;
 pub mod publisher;
+pub mod remote;
 pub mod retention;
 pub mod sizing;
 pub mod tier;

@@ -23,6 +23,19 @@ def counts(engine) -> dict:
         "preemptions (suspending could not help)": c["preemptions"],
         "sliding-window detaches": c["swa_detaches"],
         "prefix hit rate": round(s.cache_hit_rate, 3),
+        **remote_counts(engine),
+    }
+
+
+def remote_counts(engine) -> dict:
+    if not engine.m.has_remote_tier:
+        return {}
+    r = engine.m.get_remote_stats()
+    return {
+        "remote blocks placed (fetched, verified)": r.hits,
+        "remote blocks written": r.writes,
+        "remote values refused": r.verify_failures,
+        "steps waiting for the remote tier": engine.counts["remote_wait_steps"],
     }
 
 

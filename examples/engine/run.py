@@ -4,6 +4,7 @@ generated token checked against the same model without a cache.
     .venv/bin/python examples/engine/run.py --svg engine.svg   # the full run, with its plot
     .venv/bin/python examples/engine/run.py --requests 120 --first 3700   # the pytest version
     .venv/bin/python examples/engine/run.py --backend cuda-torch   # KV in GPU memory (torch)
+    .venv/bin/python examples/engine/run.py --remote redis://127.0.0.1:6379   # a shared remote tier
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ def main() -> int:
                     help="where the KV lives: host memory (default), GPU pools through torch, or GPU "
                          "pools through CUDA driver copies (no torch; KVB_SIM_CUDA_LIBRARY selects "
                          "the simulated driver)")
+    ap.add_argument("--remote", metavar="URL", help="share prefixes through a Redis / Valkey server (redis://...)")
+    ap.add_argument("--remote-password", default="", help="the server's password")
     args = ap.parse_args()
-    counts, verdict, seconds = run(args.first, args.requests, EngineConfig(backend=args.backend), seed=args.seed,
-                                   svg=args.svg)
+    e = EngineConfig(backend=args.backend, remote=args.remote, remote_password=args.remote_password)
+    counts, verdict, seconds = run(args.first, args.requests, e, seed=args.seed, svg=args.svg)
     print(report.render(counts, verdict, seconds))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1
 

@@ -18,6 +18,7 @@ the host tier and onboarded when reused, by kvblock, inside these calls.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -41,6 +42,10 @@ class EngineConfig:
     # torch tensors, kvblock's copies on torch's current stream) or "cuda-driver" (GPU pools
     # through CUDA driver copies, kvblock's copies on the legacy default stream).
     backend: str = "host"
+    # A shared remote tier: redis:// URL(s) of a Redis / Valkey server that engines with the same
+    # model share prefixes through (None: none), and the server's password.
+    remote: str | None = None
+    remote_password: str = ""
 
 
 def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerConfig:
@@ -61,6 +66,9 @@ def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerCo
         c.copy_backend = kvblock.CopyBackend.CUDA  # stream 0: the legacy default stream
     elif e.backend != "host":
         raise ValueError(f"unknown backend {e.backend!r}")
+    if e.remote:
+        # The model identity: engines share KV only with the same weights (seed) and geometry.
+        c.with_remote_tier(e.remote, f"reference-engine-seed{cfg.seed}", e.remote_password)
     return c
 
 
@@ -109,6 +117,20 @@ class Engine:
             return
         candidates = list(self.waiting)[:room]
         reqs = [kvblock.Request(r.rid, np.asarray(r.tokens, dtype=np.int32)) for r in candidates]
+        if self.e.remote:
+            # The remote tier: look up and fetch the candidates' prefixes (never waits); admit the
+            # leading ones whose prefixes are in, the rest in a later step.
+            ready = 0
+            for p in self.m.remote_prefetch(reqs):
+                if p.pending:
+                    break
+                ready += 1
+            if ready == 0:
+                self.counts["remote_wait_steps"] += 1
+                if not self.running:
+                    time.sleep(0.0005)
+                return
+            candidates, reqs = candidates[:ready], reqs[:ready]
         fits = 0
         for est in self.m.estimate_batch(reqs):
             if not est.fits:

@@ -285,6 +285,7 @@ class EngineLoop {
             batch.resize(ready);
         }
         if (batch.empty()) return;
+        if (!o_.remote.empty() && !remote_ready(batch)) return;
         std::vector<kvb_admission_t> results(batch.size());
         size_t admitted = 0;
         check(timed(out_.t, kAdmitAlloc,
@@ -314,6 +315,26 @@ class EngineLoop {
     }
 
     static constexpr size_t kDiskLookahead = 4;  // waiting requests prefetched ahead
+
+    /// Shared remote tier: looks up and fetches the candidates' prefixes (never waits) and
+    /// keeps the leading candidates whose prefixes are in; false when the head's is not yet
+    /// (the step goes on without admission; with nothing running the loop yields a moment).
+    bool remote_ready(std::vector<kvb_request_t>& batch) {
+        std::vector<kvb_remote_prefetch_t> p(batch.size());
+        check(timed(out_.t, kAdmitOther,
+                    [&] {
+                        return kvb_manager_remote_prefetch(m_, batch.data(), batch.size(),
+                                                           p.data());
+                    }),
+              "kvb_manager_remote_prefetch");
+        size_t ready = 0;
+        while (ready < batch.size() && p[ready].pending == 0) ++ready;
+        batch.resize(ready);
+        if (ready > 0) return true;
+        out_.c.remote_wait_steps += 1;
+        if (running_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        return false;
+    }
 
     const Options& o_;
     kvb_manager_t* m_;

@@ -54,6 +54,15 @@ inline void create_manager(ManagerHandle& h, const Options& o, int32_t max_seque
         disk.max_writes_queued = o.disk_write_queue;
         config.disk = &disk;
     }
+    kvb_remote_tier_config_t remote;
+    check(kvb_remote_tier_config_init(&remote), "kvb_remote_tier_config_init");
+    if (!o.remote.empty()) {
+        remote.urls = o.remote.c_str();
+        remote.cluster = o.remote_cluster;
+        remote.password = o.remote_password.empty() ? nullptr : o.remote_password.c_str();
+        remote.model_id = o.remote_model.c_str();
+        config.remote = &remote;
+    }
     check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
     if (o.disk_read_latency_us > 0) {
         check(kvb_manager_disk_inject_read_latency(h.m,

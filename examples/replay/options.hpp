@@ -39,6 +39,15 @@ struct Options {
     int32_t disk_write_queue = 4096;        // writes queued before stores are dropped
     int64_t forward_us = 0;                 // engine: simulated forward pass per step
     replay::PublishOptions publish;
+    // The shared remote tier (engine loop, real pools): comma-separated redis:// URLs.
+    std::string remote;
+    bool remote_cluster = false;
+    std::string remote_password;
+    std::string remote_model = "replay";
+    // This process replays requests i with i % instances == instance (a fleet of instances
+    // splitting the trace, sharing prefixes through --remote).
+    int32_t instance = 0;
+    int32_t instances = 1;
 };
 
 inline constexpr int32_t kEngineDefaultPrimary = 30000;
@@ -91,7 +100,13 @@ inline void usage(std::FILE* out) {
         "  --publish-check PATH    after the run: one probe prompt, then JSON lines of sampled\n"
         "                          prompts and kvblock's reusable blocks (router check)\n"
         "  --publish-hold          after the run, print 'publish-hold: ready' and keep publishing\n"
-        "                          and answering replays until standard input closes\n",
+        "                          and answering replays until standard input closes\n"
+        "  --remote URLS           shared remote tier on Redis/Valkey: comma-separated\n"
+        "                          redis://host:port URLs (engine loop, needs --block-bytes)\n"
+        "  --remote-cluster        the URLs are seed nodes of a Redis Cluster\n"
+        "  --remote-password PW    the server's password\n"
+        "  --remote-model ID       model identity in the store's keys (default replay)\n"
+        "  --instance I/N          replay only requests i with i %% N == I (default 0/1)\n",
         KVBLOCK_REPLAY_DEFAULT_TRACE, kEngineDefaultPrimary, kEngineDefaultSecondary);
 }
 
@@ -219,7 +234,23 @@ inline Options parse_options(int argc, char** argv) {
             o.publish.check = next();
         else if (arg == "--publish-hold")
             o.publish.hold = true;
-        else
+        else if (arg == "--remote")
+            o.remote = next();
+        else if (arg == "--remote-cluster")
+            o.remote_cluster = true;
+        else if (arg == "--remote-password")
+            o.remote_password = next();
+        else if (arg == "--remote-model")
+            o.remote_model = next();
+        else if (arg == "--instance") {
+            std::string v = next();
+            size_t slash = v.find('/');
+            if (slash == std::string::npos)
+                throw std::runtime_error("--instance expects I/N, got '" + v + "'");
+            o.instances = static_cast<int32_t>(parse_int(arg, v.substr(slash + 1), 1, 1 << 16));
+            o.instance =
+                static_cast<int32_t>(parse_int(arg, v.substr(0, slash), 0, o.instances - 1));
+        } else
             throw std::runtime_error("unknown option '" + arg + "' (see --help)");
     }
     if (o.primary_blocks < 0)
@@ -249,6 +280,9 @@ inline Options parse_options(int argc, char** argv) {
     }
     if (!o.disk_dir.empty() && o.loop == Loop::Peer)
         throw std::runtime_error("--disk-dir applies to the engine loop only");
+    if (!o.remote.empty() && (o.loop != Loop::Engine || o.copy_backend != KVB_COPY_BACKEND_HOST)) {
+        throw std::runtime_error("--remote needs the engine loop and host pools (--block-bytes)");
+    }
     if (o.realtime && o.loop == Loop::Peer)
         throw std::runtime_error("--realtime applies to the engine loop only");
     if (o.scheduler == Scheduler::MaxUtilization && o.loop == Loop::Peer)

@@ -36,7 +36,8 @@ struct Counters {
     uint64_t prompt_tokens_all = 0, reused_prompt_tokens_all = 0;  // every admission
     uint64_t prefill_tokens = 0, prefill_chunks = 0;               // engine: computed prompt tokens
     uint64_t suspensions = 0, resumes = 0;                         // engine, max-utilization
-    uint64_t disk_parked = 0;  // admissions put off while a request's disk blocks were read
+    uint64_t disk_parked = 0;        // admissions put off while a request's disk blocks were read
+    uint64_t remote_wait_steps = 0;  // engine, --remote: steps the queue head waited for its prefix
 
     double hit_rate() const {
         return prompt_tokens

@@ -154,6 +154,7 @@ void init_config(nb::module_& m) {
             "The engine's CUDA stream as an integer (0 = the legacy default stream).")
         .def_prop_rw("attention_dp_rank", &get_dp_rank, &set_dp_rank,
                      "Attention data-parallel rank carried by every event, or None.");
+    init_config_remote(config);
     add_repr(config, "ManagerConfig",
              {"windows",
               "tokens_per_block",

@@ -15,5 +15,9 @@ void init_events(nb::module_& m);
 void init_manager(nb::module_& m);
 void init_publisher(nb::module_& m);
 void init_disk(nb::module_& m);
+// The remote tier's enum and result types (before init_config: its helper's default refers to
+// the enum), and ManagerConfig.with_remote_tier (called by init_config).
+void init_remote(nb::module_& m);
+void init_config_remote(nb::class_<kvb::Config>& config);
 
 }  // namespace kvb_py

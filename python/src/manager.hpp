@@ -66,6 +66,7 @@ void init_manager_admission(ManagerClass& cls);
 void init_manager_lifecycle(ManagerClass& cls);
 void init_manager_tables(ManagerClass& cls);
 void init_manager_queries(ManagerClass& cls);
+void init_manager_remote(ManagerClass& cls);
 void init_manager_scheduling(ManagerClass& cls);
 void init_manager_iteration(ManagerClass& cls);
 void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls);

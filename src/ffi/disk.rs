@@ -235,7 +235,9 @@ pub(crate) fn read_manager_config(
     }
     // SAFETY: every version of the struct starts with `struct_size`.
     let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
-    if size == MANAGER_CONFIG_V1_SIZE {
+    // The versions before `disk` and before `remote`: the fields they lack keep their
+    // defaults (null: no such tier).
+    if size == MANAGER_CONFIG_V1_SIZE || size == super::remote::MANAGER_CONFIG_V2_SIZE {
         let mut c = default;
         // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout of
         // plain data and pointers.
@@ -247,7 +249,10 @@ pub(crate) fn read_manager_config(
             )
         };
         c.struct_size = std::mem::size_of::<kvb_manager_config_t>() as u32;
-        c.disk = std::ptr::null();
+        if size == MANAGER_CONFIG_V1_SIZE {
+            c.disk = std::ptr::null();
+        }
+        c.remote = std::ptr::null();
         return Ok(c);
     }
     // SAFETY: a full-size config from the caller (its size is checked on conversion).

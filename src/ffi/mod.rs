@@ -52,6 +52,8 @@ pub mod reuse_tree;
 pub mod sequence_info;
 // The disk tier below the host tier.
 pub mod disk;
+// The shared remote tier (Redis / Valkey).
+pub mod remote;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.

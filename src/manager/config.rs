@@ -78,6 +78,8 @@ pub struct ManagerConfig {
     pub max_draft_tokens: usize,
     /// The disk tier below the host tier (off unless it names a directory).
     pub disk: super::DiskTierConfig,
+    /// The shared remote tier (off unless it names a store).
+    pub remote: super::RemoteTierConfig,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -112,6 +114,7 @@ impl Default for ManagerConfig {
             num_extra_kv_tokens: 0,
             max_draft_tokens: 0,
             disk: super::DiskTierConfig::default(),
+            remote: super::RemoteTierConfig::default(),
         }
     }
 }
@@ -371,6 +374,8 @@ impl KvCacheManager {
         }
         let disk_io =
             super::disk::attach_disk_tiers(&cfg.disk, cfg.enable_block_reuse, &mut windows)?;
+        let remote_workers =
+            super::remote::attach_remote_tiers(&cfg.remote, cfg.enable_block_reuse, &mut windows)?;
         let clock = Clock {
             start: Instant::now(),
             manual_ms: cfg.manual_clock.then_some(0),
@@ -402,6 +407,7 @@ impl KvCacheManager {
             stall: super::stall::StallDetector::default(),
             iteration_baseline: Vec::new(),
             disk_io,
+            remote_workers,
         })
     }
 }

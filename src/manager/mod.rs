@@ -21,6 +21,7 @@ mod invariants;
 mod iteration;
 mod iteration_stats;
 mod lifecycle;
+mod remote;
 mod request;
 mod reuse_tree;
 mod scheduling;
@@ -38,6 +39,7 @@ pub use disk::{
 pub use inspect::{BlockInfo, TreeEntry};
 pub use iteration_stats::IterationStats;
 pub use lifecycle::{ContextRevert, SequenceLengths};
+pub use remote::RemoteTierConfig;
 pub use request::{Admission, Request, RequestRef, RequestStats};
 pub use scheduling::{RequestPhase, RequestState};
 pub use stall::SchedulingPass;
@@ -120,6 +122,8 @@ pub struct KvCacheManager {
     /// The disk tier's I/O workers (declared last: dropped after the windows, so that it
     /// finishes their queued writes before it stops).
     disk_io: Option<Arc<crate::tier::io::IoPool>>,
+    /// The remote tier's worker threads.
+    remote_workers: Option<Arc<crate::remote::RemoteWorkers>>,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.

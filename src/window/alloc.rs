@@ -148,6 +148,7 @@ impl WindowBlockManager {
         self.queues.claim(block);
         self.queues.claim(host_block);
         self.spill_to_disk(host_block);
+        self.spill_to_remote(host_block);
         self.evict_from_tree(host_block);
         self.bump_epoch(host_block);
         if was_cached && !self.tree.is_in_tree(block) {

@@ -250,7 +250,7 @@ impl WindowBlockManager {
     /// Claims the next free host block as the destination of a disk read, evicting its cached
     /// content (spilled to disk like any host eviction). `None` when no host block is free or
     /// the candidate is `anchor` or one of its ancestors (the read would lose its parent).
-    fn claim_landing_block(&mut self, anchor: u32) -> Option<u32> {
+    pub(super) fn claim_landing_block(&mut self, anchor: u32) -> Option<u32> {
         let (cand, _) = self.queues.peek(Level::Secondary)?;
         if self.tree.is_in_tree(cand) {
             if cand == anchor || self.tree.is_ancestor_within(cand, anchor, 64) != Some(false) {
@@ -266,11 +266,11 @@ impl WindowBlockManager {
         Some(cand)
     }
 
-    fn epoch_of(&self, block: u32) -> u32 {
+    pub(super) fn epoch_of(&self, block: u32) -> u32 {
         self.alloc_epoch.get(block as usize).copied().unwrap_or(0)
     }
 
-    fn parent_is_valid(&self, block: u32, epoch: u32) -> bool {
+    pub(super) fn parent_is_valid(&self, block: u32, epoch: u32) -> bool {
         block == self.tree.root() || (self.tree.is_in_tree(block) && self.epoch_of(block) == epoch)
     }
 

@@ -113,6 +113,8 @@ impl WindowBlockManager {
             // rolled-back call stores content the restored tree still caches (same key, same
             // bytes), and read destinations were claimed before the call and stay claimed.
             disk: _,
+            // Not rolled back, like the disk tier: batches already queued stay queued.
+            remote: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),

@@ -20,6 +20,7 @@ mod lifecycle;
 mod lookup;
 mod plan;
 mod release;
+mod remote;
 mod scheduling;
 mod store;
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use disk::{DiskPrefetch, WindowDisk};
 pub use faults::{CopyRecord, WindowSnapshot};
 pub use lifecycle::SlotTokens;
 pub use plan::{AdmissionPlan, PlannedReuse};
+pub use remote::{RemotePrefetch, RemoteWritePolicy, WindowRemote};
 pub use verify::SeqLengths;
 
 use crate::events::WindowEvent;
@@ -172,6 +174,8 @@ pub struct WindowBlockManager {
     num_suspended: usize,
     /// The disk tier below the host tier, if configured (`disk`).
     disk: Option<Box<disk::WindowDisk>>,
+    /// The shared remote tier, if configured (`remote`).
+    remote: Option<Box<remote::WindowRemote>>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -213,6 +217,7 @@ impl WindowBlockManager {
             suspend_clock: 0,
             num_suspended: 0,
             disk: None,
+            remote: None,
         }
     }
 

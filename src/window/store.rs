@@ -90,8 +90,8 @@ impl WindowBlockManager {
                     if !self.tree.insert_with_lookup(parent, block, lookup) {
                         break;
                     }
-                    // Only a Stored event lists them.
-                    if self.events.is_some() {
+                    // Only a Stored event and the remote tier's write path use them.
+                    if self.events.is_some() || self.remote.is_some() {
                         stored.push(block);
                     }
                     block
@@ -106,6 +106,7 @@ impl WindowBlockManager {
         }
         self.mm_scratch = scratch;
         self.seqs.get_mut(&id).expect("exists").beams[0] = ids;
+        self.remote_write_stored(&stored);
         self.record_stored(&stored);
         pinned
     }

@@ -38,6 +38,8 @@ impl WindowBlockManager {
             .map_err(|e| format!("window {w}: {e}"))?;
         self.tree.verify().map_err(|e| format!("window {w}: {e}"))?;
         self.verify_disk().map_err(|e| format!("window {w}: {e}"))?;
+        self.verify_remote()
+            .map_err(|e| format!("window {w}: {e}"))?;
         let suspended = self.seqs.values().filter(|s| s.suspended_at.is_some());
         if suspended.count() != self.num_suspended {
             return Err(format!(
@@ -141,7 +143,10 @@ impl WindowBlockManager {
                         self.arena.level(b)
                     ));
                 }
-                None if refs == 0 && !self.is_claimed_by_disk(b) => {
+                None if refs == 0
+                    && !self.is_claimed_by_disk(b)
+                    && !self.is_claimed_by_remote(b) =>
+                {
                     return Err(format!(
                         "window {w}: block {b} is neither referenced nor free"
                     ));

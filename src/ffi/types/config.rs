@@ -110,6 +110,10 @@ pub struct kvb_manager_config_t {
     /// none. Added after the first version: a caller whose `struct_size` stops before this
     /// field gets no disk tier.
     pub disk: *const crate::ffi::disk::kvb_disk_tier_config_t,
+    /// The shared remote tier (`kvb_remote_tier_config_t`, read at creation); null: none.
+    /// Added after `disk`: a caller whose `struct_size` stops before this field gets no
+    /// remote tier.
+    pub remote: *const crate::ffi::remote::kvb_remote_tier_config_t,
 }
 
 fn usize_field(v: i32, what: &str) -> FfiResult<usize> {
@@ -149,6 +153,7 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         num_extra_kv_tokens: d.num_extra_kv_tokens as i32,
         max_draft_tokens: d.max_draft_tokens as i32,
         disk: std::ptr::null(),
+        remote: std::ptr::null(),
     }
 }
 
@@ -260,5 +265,6 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
         num_extra_kv_tokens,
         max_draft_tokens,
         disk: crate::ffi::disk::disk_config(c.disk)?,
+        remote: crate::ffi::remote::remote_config(c.remote)?,
     })
 }

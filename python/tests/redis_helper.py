@@ -1,0 +1,38 @@
+"""A real redis-server for the remote tier's tests: a free loopback port, a password, a temporary
+directory; stopped by the context manager. `INSTALLED` is false when Debian's redis-server /
+redis-cli are missing (scripts/setup.sh installs them): the tests then skip."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+PASSWORD = "kvblock-py-test-secret"
+INSTALLED = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+SKIP_REASON = "redis-server not installed (scripts/setup.sh installs it)"
+
+
+@contextlib.contextmanager
+def redis_server():
+    """Yields the server's redis:// URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--requirepass",
+                                 PASSWORD, "--save", "", "--appendonly", "no", "--dir", d],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while subprocess.run(["redis-cli", "-p", str(port), "-a", PASSWORD, "--no-auth-warning", "PING"],
+                                 capture_output=True, text=True).stdout.strip() != "PONG":
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}"
+        finally:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,448 @@
+//! The Redis / Valkey backend of the remote tier's store, standalone or a Redis Cluster, through
+//! the `redis` crate's synchronous client on the tier's worker threads. Every wait is bounded:
+//! connecting by `connect_timeout`, each reply by `io_timeout`. A failed connection is dropped
+//! and reopened on a later batch; while the server is unreachable, batches fail at once
+//! (`Unavailable`) until a backoff that doubles from `backoff_min` up to `backoff_max` has
+//! passed, so a dead server costs misses, not waits. Lookups and writes are pipelined (one
+//! round trip per batch; in a cluster, one per node the keys hash to); when a cluster pipeline
+//! fails (a node down), its keys are retried one by one so each gets its own result.
+//!
+//! TLS (`rediss://`) is refused with a clear error: the crate is built without its TLS
+//! features (they bring a TLS stack); a deployment that needs TLS runs a local TLS proxy
+//! (stunnel, Envoy) or enables the `redis` crate's `tls-rustls` feature.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
+
+use super::store::{ConnectionStats, RemoteStore, StoreError, StoreResult};
+use crate::tier::io::lock;
+
+/// How to reach the store.
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    /// `redis://host:port` URLs: one for a standalone server; the seed nodes of a cluster
+    /// (any one is enough). A user and password in the URL are used unless set below.
+    pub urls: Vec<String>,
+    /// Speak the Redis Cluster protocol (slots routed per key).
+    pub cluster: bool,
+    /// ACL user (`None`: the URL's, else the default user).
+    pub username: Option<String>,
+    /// Password (`None`: the URL's, else none).
+    pub password: Option<String>,
+    pub connect_timeout: Duration,
+    /// Longest wait for one reply (a whole pipeline's, on a standalone server).
+    pub io_timeout: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Connections kept open (each worker thread uses one at a time).
+    pub max_idle_connections: usize,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            urls: Vec::new(),
+            cluster: false,
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_millis(500),
+            io_timeout: Duration::from_millis(2000),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(5000),
+            max_idle_connections: 4,
+        }
+    }
+}
+
+enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+enum Conn {
+    Single(redis::Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// A Redis or Redis Cluster store.
+pub struct RedisStore {
+    cfg: RedisConfig,
+    client: Client,
+    idle: Mutex<Vec<Conn>>,
+    backoff: Mutex<Backoff>,
+    connects: AtomicU64,
+    connect_failures: AtomicU64,
+    backoff_refusals: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisStore({})", self.describe())
+    }
+}
+
+/// Maps a client error to the store's error kinds.
+fn classify(e: &RedisError) -> StoreError {
+    let text = e.to_string();
+    let upper = text.to_ascii_uppercase();
+    let auth = e.kind() == ErrorKind::AuthenticationFailed
+        || ["WRONGPASS", "NOAUTH", "NOPERM", "INVALID PASSWORD"]
+            .iter()
+            .any(|w| upper.contains(w));
+    if auth {
+        StoreError::Auth(text)
+    } else if e.is_timeout() {
+        StoreError::Timeout(text)
+    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
+        StoreError::Unavailable(text)
+    } else {
+        StoreError::Other(text)
+    }
+}
+
+fn cluster_pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::cluster::ClusterPipeline {
+    let mut p = redis::cluster::cluster_pipe();
+    for k in keys {
+        p.cmd(cmd).arg(*k);
+    }
+    p
+}
+
+fn pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    for k in keys {
+        p.cmd(cmd).arg(*k);
+    }
+    p
+}
+
+impl RedisStore {
+    /// Builds the client and makes one bounded attempt to connect and authenticate. Credentials
+    /// the server refuses (and malformed URLs, `rediss://`) are an error here; a server that
+    /// cannot be reached is not: the store starts backing off and its batches are misses until
+    /// it answers.
+    pub fn connect(cfg: RedisConfig) -> StoreResult<RedisStore> {
+        if cfg.urls.is_empty() {
+            return Err(StoreError::Other("no Redis URL given".into()));
+        }
+        if let Some(u) = cfg.urls.iter().find(|u| !u.starts_with("redis://")) {
+            let scheme = u.split("://").next().unwrap_or(u);
+            return Err(StoreError::Other(format!(
+                "unsupported URL scheme {scheme:?}: only redis:// (TLS is not built in; see the \
+                 README's remote tier section)"
+            )));
+        }
+        if cfg.io_timeout.is_zero() || cfg.connect_timeout.is_zero() {
+            return Err(StoreError::Other("Redis timeouts must be positive".into()));
+        }
+        let mut infos = Vec::with_capacity(cfg.urls.len());
+        for u in &cfg.urls {
+            let mut info = u
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| StoreError::Other(format!("bad Redis URL: {e}")))?;
+            let mut settings = info.redis_settings().clone();
+            if let Some(p) = &cfg.password {
+                settings = settings.set_password(p);
+            }
+            if let Some(n) = &cfg.username {
+                settings = settings.set_username(n);
+            }
+            info = info.set_redis_settings(settings);
+            infos.push(info);
+        }
+        let client = if cfg.cluster {
+            let mut b = ClusterClient::builder(infos)
+                .connection_timeout(cfg.connect_timeout)
+                .response_timeout(cfg.io_timeout)
+                .retries(1)
+                .min_retry_wait(10)
+                .max_retry_wait(50);
+            if let Some(p) = &cfg.password {
+                b = b.password(p);
+            }
+            if let Some(n) = &cfg.username {
+                b = b.username(n);
+            }
+            Client::Cluster(b.build().map_err(|e| classify(&e))?)
+        } else {
+            if infos.len() != 1 {
+                return Err(StoreError::Other(
+                    "a standalone Redis takes one URL (several: set cluster)".into(),
+                ));
+            }
+            let info = infos.pop().expect("one");
+            Client::Single(redis::Client::open(info).map_err(|e| classify(&e))?)
+        };
+        let store = RedisStore {
+            cfg,
+            client,
+            idle: Mutex::new(Vec::new()),
+            backoff: Mutex::new(Backoff::default()),
+            connects: AtomicU64::new(0),
+            connect_failures: AtomicU64::new(0),
+            backoff_refusals: AtomicU64::new(0),
+        };
+        match store.open() {
+            Ok(mut c) => {
+                let ping = match &mut c {
+                    Conn::Single(c) => redis::cmd("PING").query::<String>(c),
+                    Conn::Cluster(c) => redis::cmd("PING").query::<String>(c),
+                };
+                match ping {
+                    Ok(_) => lock(&store.idle).push(c),
+                    Err(e) => match classify(&e) {
+                        StoreError::Auth(m) => return Err(StoreError::Auth(m)),
+                        _ => store.failed(),
+                    },
+                }
+            }
+            Err(StoreError::Auth(m)) => return Err(StoreError::Auth(m)),
+            Err(StoreError::Other(m)) if store.cfg.cluster => {
+                // A cluster whose seeds answer but refuse the topology request (not a cluster).
+                return Err(StoreError::Other(m));
+            }
+            Err(_) => {}
+        }
+        Ok(store)
+    }
+
+    fn open(&self) -> StoreResult<Conn> {
+        let r = match &self.client {
+            Client::Single(c) => c
+                .get_connection_with_timeout(self.cfg.connect_timeout)
+                .and_then(|con| {
+                    con.set_read_timeout(Some(self.cfg.io_timeout))?;
+                    con.set_write_timeout(Some(self.cfg.io_timeout))?;
+                    Ok(Conn::Single(con))
+                }),
+            Client::Cluster(c) => c.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+        };
+        match r {
+            Ok(c) => {
+                self.connects.fetch_add(1, Ordering::Relaxed);
+                Ok(c)
+            }
+            Err(e) => {
+                self.connect_failures.fetch_add(1, Ordering::Relaxed);
+                self.failed();
+                Err(classify(&e))
+            }
+        }
+    }
+
+    /// Starts (or lengthens) the backoff after a failure.
+    fn failed(&self) {
+        let mut b = lock(&self.backoff);
+        let shift = b.failures.min(16);
+        let wait = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1u32 << shift)
+            .min(self.cfg.backoff_max);
+        b.failures = b.failures.saturating_add(1);
+        b.retry_at = Some(Instant::now() + wait);
+    }
+
+    fn succeeded(&self) {
+        let mut b = lock(&self.backoff);
+        b.failures = 0;
+        b.retry_at = None;
+    }
+
+    /// A connection to use (an idle one, or a new one unless backing off).
+    fn checkout(&self) -> StoreResult<Conn> {
+        if let Some(c) = lock(&self.idle).pop() {
+            return Ok(c);
+        }
+        if let Some(at) = lock(&self.backoff).retry_at {
+            if Instant::now() < at {
+                self.backoff_refusals.fetch_add(1, Ordering::Relaxed);
+                return Err(StoreError::Unavailable(format!(
+                    "{} unreachable; retrying after a backoff",
+                    self.describe()
+                )));
+            }
+        }
+        self.open()
+    }
+
+    fn checkin(&self, c: Conn) {
+        self.succeeded();
+        let mut idle = lock(&self.idle);
+        if idle.len() < self.cfg.max_idle_connections {
+            idle.push(c);
+        }
+    }
+
+    /// Runs one batch on a connection: `single` on a standalone server (the whole pipeline
+    /// answers or fails), `cluster` on a cluster (it gives per-key results itself). A
+    /// connection that failed is dropped.
+    fn run<T: Clone>(
+        &self,
+        n: usize,
+        single: impl FnOnce(&mut redis::Connection) -> RedisResult<Vec<T>>,
+        cluster: impl FnOnce(&mut ClusterConnection) -> (Vec<StoreResult<T>>, bool),
+    ) -> Vec<StoreResult<T>> {
+        let mut conn = match self.checkout() {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); n],
+        };
+        let (out, healthy) = match &mut conn {
+            Conn::Single(c) => match single(c) {
+                Ok(v) if v.len() == n => (v.into_iter().map(Ok).collect(), true),
+                Ok(v) => {
+                    let e = StoreError::Other(format!("{} replies to {n} commands", v.len()));
+                    (vec![Err(e); n], false)
+                }
+                // A reply the server gave (no permission on a key, out of memory) leaves the
+                // connection usable; a transport failure or timeout does not.
+                Err(e) => {
+                    let transport = e.is_io_error()
+                        || e.is_timeout()
+                        || e.is_connection_dropped()
+                        || e.is_connection_refusal();
+                    (vec![Err(classify(&e)); n], !transport)
+                }
+            },
+            Conn::Cluster(c) => cluster(c),
+        };
+        if healthy {
+            self.checkin(conn);
+        } else {
+            self.failed();
+        }
+        out
+    }
+
+    /// A cluster batch: the pipeline, or (when it fails) each key on its own. Healthy when
+    /// at least one key was answered.
+    fn cluster_batch<T>(
+        con: &mut ClusterConnection,
+        n: usize,
+        pipeline: impl FnOnce(&mut ClusterConnection) -> RedisResult<Vec<T>>,
+        one: impl Fn(&mut ClusterConnection, usize) -> RedisResult<T>,
+    ) -> (Vec<StoreResult<T>>, bool) {
+        match pipeline(con) {
+            Ok(v) if v.len() == n => (v.into_iter().map(Ok).collect(), true),
+            _ => {
+                let out: Vec<StoreResult<T>> = (0..n)
+                    .map(|i| one(con, i).map_err(|e| classify(&e)))
+                    .collect();
+                let healthy = out.iter().any(Result::is_ok);
+                (out, healthy)
+            }
+        }
+    }
+}
+
+impl RemoteStore for RedisStore {
+    fn exists(&self, keys: &[&[u8]]) -> Vec<StoreResult<bool>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        self.run(
+            keys.len(),
+            |c| pipe_keys("EXISTS", keys).query::<Vec<bool>>(c),
+            |c| {
+                Self::cluster_batch(
+                    c,
+                    keys.len(),
+                    |c| cluster_pipe_keys("EXISTS", keys).query::<Vec<bool>>(c),
+                    |c, i| redis::cmd("EXISTS").arg(keys[i]).query::<bool>(c),
+                )
+            },
+        )
+    }
+
+    fn get(&self, keys: &[&[u8]]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        self.run(
+            keys.len(),
+            |c| pipe_keys("GET", keys).query::<Vec<Option<Vec<u8>>>>(c),
+            |c| {
+                Self::cluster_batch(
+                    c,
+                    keys.len(),
+                    |c| cluster_pipe_keys("GET", keys).query::<Vec<Option<Vec<u8>>>>(c),
+                    |c, i| redis::cmd("GET").arg(keys[i]).query::<Option<Vec<u8>>>(c),
+                )
+            },
+        )
+    }
+
+    fn put(&self, items: &[(&[u8], &[u8])]) -> Vec<StoreResult<()>> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let single = |c: &mut redis::Connection| {
+            let mut p = redis::pipe();
+            for (k, v) in items {
+                p.cmd("SET").arg(*k).arg(*v).ignore();
+            }
+            p.query::<()>(c).map(|()| vec![(); items.len()])
+        };
+        self.run(items.len(), single, |c| {
+            Self::cluster_batch(
+                c,
+                items.len(),
+                |c| {
+                    let mut p = redis::cluster::cluster_pipe();
+                    for (k, v) in items {
+                        p.cmd("SET").arg(*k).arg(*v).ignore();
+                    }
+                    p.query::<()>(c).map(|()| vec![(); items.len()])
+                },
+                |c, i| {
+                    redis::cmd("SET")
+                        .arg(items[i].0)
+                        .arg(items[i].1)
+                        .query::<()>(c)
+                },
+            )
+        })
+    }
+
+    fn connection_stats(&self) -> ConnectionStats {
+        ConnectionStats {
+            connects: self.connects.load(Ordering::Relaxed),
+            connect_failures: self.connect_failures.load(Ordering::Relaxed),
+            backoff_refusals: self.backoff_refusals.load(Ordering::Relaxed),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let hosts: Vec<String> = self
+            .cfg
+            .urls
+            .iter()
+            .map(|u| {
+                // No credentials in messages.
+                let rest = u.trim_start_matches("redis://");
+                let host = rest.rsplit('@').next().unwrap_or(rest);
+                host.split('/').next().unwrap_or(host).to_string()
+            })
+            .collect();
+        format!(
+            "{} {}",
+            if self.cfg.cluster {
+                "Redis Cluster"
+            } else {
+                "Redis"
+            },
+            hosts.join(",")
+        )
+    }
+}

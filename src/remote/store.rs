@@ -1,0 +1,61 @@
+//! The generic seam between the remote tier and a distributed store: batches of exists / get /
+//! put by key, one result per key. Called from the remote tier's worker threads only, never
+//! from a C call; every implementation bounds each network wait by its own timeouts. Redis and
+//! Valkey are the first backend (`redis`); Mooncake Store or NIXL would sit behind the same
+//! trait.
+
+use std::fmt;
+
+/// Why a store operation on a key did not give an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// The store is not reachable now (connection refused or dropped, or the client is
+    /// waiting out its reconnection backoff): the key is a miss.
+    Unavailable(String),
+    /// The store did not answer within the timeout.
+    Timeout(String),
+    /// The store refused our credentials (wrong password, unknown ACL user, no permission).
+    Auth(String),
+    /// Any other error the store reported for this key.
+    Other(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Unavailable(m) => write!(f, "store unavailable: {m}"),
+            StoreError::Timeout(m) => write!(f, "store timed out: {m}"),
+            StoreError::Auth(m) => write!(f, "store refused the credentials: {m}"),
+            StoreError::Other(m) => write!(f, "store error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Counters a store keeps about its connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// Connections opened (the first and every reconnection).
+    pub connects: u64,
+    /// Attempts to connect that failed.
+    pub connect_failures: u64,
+    /// Batches answered with `Unavailable` at once because the client was backing off.
+    pub backoff_refusals: u64,
+}
+
+/// A distributed key-value store holding sealed blocks.
+pub trait RemoteStore: Send + Sync {
+    /// Whether each key is present.
+    fn exists(&self, keys: &[&[u8]]) -> Vec<StoreResult<bool>>;
+    /// The value of each key (`None`: absent).
+    fn get(&self, keys: &[&[u8]]) -> Vec<StoreResult<Option<Vec<u8>>>>;
+    /// Writes each value under its key.
+    fn put(&self, items: &[(&[u8], &[u8])]) -> Vec<StoreResult<()>>;
+    /// Connection counters.
+    fn connection_stats(&self) -> ConnectionStats;
+    /// A short description for messages (no credentials).
+    fn describe(&self) -> String;
+}
