@@ -5,7 +5,9 @@ use super::handle::{
     write_out, FfiError,
 };
 use super::status::kvb_status_t;
-use super::types::{kvb_manager_config_t, manager_config, manager_config_default};
+use super::types::{
+    kvb_manager_config_t, manager_config, manager_config_default, MANAGER_CONFIG_V1_SIZE,
+};
 use crate::manager::KvCacheManager;
 
 /// Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
@@ -29,8 +31,31 @@ pub extern "C" fn kvb_manager_create(
     guard(|| {
         require_out(out, "out")?;
         write_out(out, std::ptr::null_mut(), "out")?;
-        // SAFETY: valid pointer or null (checked).
-        let c = unsafe { config.as_ref() }.ok_or_else(|| null_error("config"))?;
+        if config.is_null() {
+            return Err(null_error("config"));
+        }
+        // SAFETY: non-null; every version of the struct starts with its `struct_size`.
+        let size = unsafe { std::ptr::read_unaligned(config.cast::<u32>()) } as usize;
+        let current;
+        let c = if size == MANAGER_CONFIG_V1_SIZE {
+            // A version-1 caller: its fields, and the defaults of the later ones.
+            let mut upgraded = manager_config_default();
+            // SAFETY: the caller's struct holds `size` readable bytes; `upgraded` is larger.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    config.cast::<u8>(),
+                    (&mut upgraded as *mut kvb_manager_config_t).cast::<u8>(),
+                    size,
+                );
+            }
+            upgraded.struct_size = std::mem::size_of::<kvb_manager_config_t>() as u32;
+            current = upgraded;
+            &current
+        } else {
+            // SAFETY: non-null; a struct of this version or a size `manager_config` refuses
+            // before reading further (it reads `struct_size` first).
+            unsafe { &*config }
+        };
         let cfg = manager_config(c)?;
         let m = KvCacheManager::new(cfg)?;
         write_out(out, new_handle(m), "out")

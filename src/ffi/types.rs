@@ -168,7 +168,21 @@ pub struct kvb_manager_config_t {
     /// `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` must be at most
     /// `INT32_MAX`.
     pub max_draft_tokens: i32,
+    /// The model's layers in layer order (`num_layers` entries, copied; not kept after create),
+    /// or null with 0 (the default): one pool per window of the window's `num_layers ×
+    /// K|V × num_kv_heads × size_per_head` elements of `bytes_per_element`. Given, layers are
+    /// grouped into pools per (window, cache type, KV heads, head size, data type), the
+    /// windows' `num_layers`, `num_kv_heads` and `size_per_head` are not used, and every
+    /// window needs a layer (`kvb_manager_get_pool_info`, `kvb_manager_get_layer_to_pool_mapping`).
+    /// Added in version 2 of this struct: a caller built against version 1 (whose
+    /// `struct_size` ends before this field) is served as before.
+    pub layers: *const super::pools::kvb_layer_spec_t,
+    /// Entries of `layers`.
+    pub num_layers: usize,
 }
+
+/// `struct_size` of version 1 of `kvb_manager_config_t` (before `layers`), still accepted.
+pub(crate) const MANAGER_CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_manager_config_t, layers);
 
 /// Priority (0..=100) and optional duration for prompt tokens `[token_start, token_end)`.
 #[repr(C)]
@@ -445,6 +459,8 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         stall_pass_threshold: d.stall_pass_threshold as i32,
         num_extra_kv_tokens: d.num_extra_kv_tokens as i32,
         max_draft_tokens: d.max_draft_tokens as i32,
+        layers: std::ptr::null(),
+        num_layers: 0,
     }
 }
 
@@ -518,7 +534,9 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
             ),
         ));
     }
+    let layers = super::pools::layer_specs(c.layers, c.num_layers)?;
     Ok(ManagerConfig {
+        layers,
         windows,
         tokens_per_block: usize_field(c.tokens_per_block, "tokens_per_block")?,
         max_beam_width: usize_field(c.max_beam_width, "max_beam_width")?,

@@ -34,7 +34,7 @@ pub use verify::SeqLengths;
 use crate::events::WindowEvent;
 use crate::eviction::FreeQueues;
 use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
-use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::pool::{BlockArena, BlockLayout, Level};
 use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
 use crate::tree::{ReuseTree, SlotKeyAttrs};
@@ -61,7 +61,8 @@ pub struct WindowConfig {
     pub copy_on_partial_reuse: bool,
     pub onboard_blocks: bool,
     pub offload_min_priority: u8,
-    pub geometry: PoolGeometry,
+    /// The window's pools: what one block's bytes are.
+    pub layout: BlockLayout,
 }
 
 impl WindowConfig {

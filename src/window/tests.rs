@@ -18,14 +18,15 @@ fn window(primary: usize, secondary: usize, window_size: usize) -> WindowBlockMa
         copy_on_partial_reuse: true,
         onboard_blocks: true,
         offload_min_priority: 30,
-        geometry: PoolGeometry {
+        layout: crate::pool::PoolGeometry {
             num_layers: 1,
             kv_factor: 2,
             num_kv_heads: 1,
             size_per_head: 1,
             tokens_per_block: TPB,
             bytes_per_element: 1,
-        },
+        }
+        .into(),
     };
     WindowBlockManager::new(cfg, Box::new(NullEngine::default()))
 }
