@@ -41,11 +41,13 @@ class Engine {
     uint8_t* slot(int p, int32_t block, int slab, int32_t pos) {
         const kvb_pool_info_t& info = pools_[static_cast<size_t>(p)];
         kvb_block_info_t b = m_.getBlockInfo(info.window_size, block);
-        auto [base, rowBytes] = m_.getModelPoolPointer(p, static_cast<kvb_cache_level_t>(b.cache_level));
+        auto [base, rowBytes] =
+            m_.getModelPoolPointer(p, static_cast<kvb_cache_level_t>(b.cache_level));
         EXPECT_EQ(rowBytes, info.row_bytes);
         size_t tokenBytes = static_cast<size_t>(info.bytes_per_head_token);
         return base + static_cast<size_t>(b.memory_index) * rowBytes +
-               (static_cast<size_t>(slab) * kTokensPerBlock + static_cast<size_t>(pos % kTokensPerBlock)) *
+               (static_cast<size_t>(slab) * kTokensPerBlock +
+                static_cast<size_t>(pos % kTokensPerBlock)) *
                    tokenBytes;
     }
 
@@ -180,7 +182,7 @@ TEST(PoolModelTest, MlaIsOneKOnlyPool) {
     std::vector<int32_t> blocks = m.getCacheBlockIds(1, 64);
     for (size_t i = 0; i < blocks.size(); ++i) {
         int32_t mem = m.getBlockInfo(64, blocks[i]).memory_index;
-        EXPECT_EQ(table[i], mem * 61) << i;                                     // K
+        EXPECT_EQ(table[i], mem * 61) << i;                                   // K
         EXPECT_EQ(table[static_cast<size_t>(maxBlocks) + i], mem * 61) << i;  // V: the same row
     }
     m.removeSequence(1, false);
@@ -253,7 +255,7 @@ TEST(PoolModelTest, Nvfp4HasBlockScalePoolsThatMoveWithTheData) {
     ASSERT_EQ(m.getNumPools(false), 1);
     EXPECT_EQ(m.getOffsetTableDimensions().second, 1);
     kvb_pool_info_t data = m.getPoolInfo(0), scales = m.getPoolInfo(1);
-    EXPECT_EQ(data.bytes_per_head_token, 32);  // 64 FP4 elements
+    EXPECT_EQ(data.bytes_per_head_token, 32);   // 64 FP4 elements
     EXPECT_EQ(scales.bytes_per_head_token, 4);  // 64 / 16 FP8 scales
     EXPECT_EQ(scales.scales_of, 0);
     EXPECT_EQ(data.scales_of, -1);
