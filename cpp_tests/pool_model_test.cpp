@@ -55,11 +55,66 @@ class Engine {
         return info.num_layers * info.kv_factor * info.num_kv_heads;
     }
 
-    // The engine computes positions [from, to) of `id` in every pool.
+    static bool isState(const kvb_pool_info_t& info) {
+        return info.cache_type == KVB_CACHE_TYPE_RECURRENT_STATE;
+    }
+
+    // The recurrent state after tokens [0, end): a pattern keyed by the whole prefix.
+    static uint8_t stateByte(int pool, const std::vector<int32_t>& tokens, int32_t end, size_t b) {
+        uint32_t h = 2166136261u;
+        for (int32_t i = 0; i < end; ++i)
+            h = (h ^ static_cast<uint32_t>(tokens[size_t(i)])) * 16777619u;
+        return patternByte(pool, end, static_cast<int32_t>(h), 0, b);
+    }
+
+    // The row of `block` in pool `p`.
+    uint8_t* row(int p, int32_t block) {
+        const kvb_pool_info_t& info = pools_[static_cast<size_t>(p)];
+        kvb_block_info_t b = m_.getBlockInfo(info.window_size, block);
+        auto [base, rowBytes] =
+            m_.getModelPoolPointer(p, static_cast<kvb_cache_level_t>(b.cache_level));
+        return base + static_cast<size_t>(b.memory_index) * rowBytes;
+    }
+
+    // The state snapshot the engine restores for a reused prefix of `reused` tokens (the row of
+    // the last reused block) holds the state after exactly those tokens, in every state pool.
+    ::testing::AssertionResult restoresSnapshot(uint64_t id, const std::vector<int32_t>& tokens,
+                                                int32_t reused) {
+        for (int p = 0; p < static_cast<int>(pools_.size()); ++p) {
+            const kvb_pool_info_t& info = pools_[static_cast<size_t>(p)];
+            if (!isState(info)) continue;
+            if (reused % kTokensPerBlock != 0 || reused == 0) {
+                return ::testing::AssertionFailure() << "reuse of " << reused << " tokens";
+            }
+            int32_t block =
+                m_.getCacheBlockIds(id, info.window_size)[size_t(reused / kTokensPerBlock - 1)];
+            const uint8_t* bytes = row(p, block);
+            for (size_t b = 0; b < info.row_bytes; ++b) {
+                if (bytes[b] != stateByte(p, tokens, reused, b)) {
+                    return ::testing::AssertionFailure()
+                           << "state pool " << p << " byte " << b << " is not the snapshot after "
+                           << reused << " tokens";
+                }
+            }
+        }
+        return ::testing::AssertionSuccess();
+    }
+
+    // The engine computes positions [from, to) of `id` in every pool; a block that becomes full
+    // gets its recurrent-state snapshot.
     void compute(uint64_t id, const std::vector<int32_t>& tokens, int32_t from, int32_t to) {
         for (int p = 0; p < static_cast<int>(pools_.size()); ++p) {
             const kvb_pool_info_t& info = pools_[static_cast<size_t>(p)];
             std::vector<int32_t> blocks = m_.getCacheBlockIds(id, info.window_size);
+            if (isState(info)) {
+                for (int32_t end = from + 1; end <= to; ++end) {
+                    if (end % kTokensPerBlock != 0) continue;
+                    uint8_t* bytes = row(p, blocks[size_t(end / kTokensPerBlock - 1)]);
+                    for (size_t b = 0; b < info.row_bytes; ++b)
+                        bytes[b] = stateByte(p, tokens, end, b);
+                }
+                continue;
+            }
             for (int32_t pos = from; pos < to; ++pos) {
                 int32_t block = blocks[static_cast<size_t>(pos / kTokensPerBlock)];
                 for (int s = 0; s < slabs(info); ++s) {
@@ -77,6 +132,7 @@ class Engine {
                                             int32_t reused) {
         for (int p = 0; p < static_cast<int>(pools_.size()); ++p) {
             const kvb_pool_info_t& info = pools_[static_cast<size_t>(p)];
+            if (isState(info)) continue;
             std::vector<int32_t> blocks = m_.getCacheBlockIds(id, info.window_size);
             for (int32_t pos = 0; pos < reused; ++pos) {
                 int32_t block = blocks[static_cast<size_t>(pos / kTokensPerBlock)];
@@ -343,7 +399,7 @@ TEST(PoolModelTest, SizingFollowsThePools) {
         std::vector<int32_t> windows(4);
         std::vector<uint64_t> bytes(4);
         size_t n = 0;
-        EXPECT_EQ(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), 2,
+        EXPECT_EQ(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), 2, 64,
                                                        windows.data(), bytes.data(), 4, &n),
                   KVB_OK)
             << kvb_last_error_message();
@@ -374,4 +430,77 @@ TEST(PoolModelTest, SizingFollowsThePools) {
     kvb::Config fp4;
     fp4.addLayers(32, 8192, KVB_CACHE_TYPE_SELF, 8, 128, KVB_KV_DATA_TYPE_NVFP4);
     EXPECT_EQ(perToken(fp4.layers).second, std::vector<uint64_t>{36864});
+    // A hybrid: 4 attention layers (8 heads x 128, BF16: 16,384 bytes per token) and 24
+    // recurrent layers of a 128 x 64 FP32 state (32 KiB a layer, 768 KiB per 64-token block:
+    // 12,288 bytes per token).
+    kvb::Config hybrid;
+    hybrid.addLayers(4, 8192, KVB_CACHE_TYPE_SELF, 8, 128, KVB_KV_DATA_TYPE_BF16);
+    hybrid.addLayers(24, 8192, KVB_CACHE_TYPE_RECURRENT_STATE, 128, 64, KVB_KV_DATA_TYPE_FP32);
+    EXPECT_EQ(perToken(hybrid.layers).second, std::vector<uint64_t>{16384 + 12288});
+}
+
+namespace {
+
+// A hybrid model (Nemotron-H / Jamba style): attention layers and recurrent layers whose state
+// snapshots are blocks of the same window.
+kvb::Config hybridConfig(int32_t snapshotIntervalTokens) {
+    kvb::Config c = hostConfig(64);
+    c.addWindow(64, 8, 8);
+    c.addLayers(2, 64, KVB_CACHE_TYPE_SELF, 2, 8, KVB_KV_DATA_TYPE_FP16);
+    c.addLayers(3, 64, KVB_CACHE_TYPE_RECURRENT_STATE, 4, 16, KVB_KV_DATA_TYPE_FP32);
+    c.raw.recurrent_snapshot_interval_tokens = snapshotIntervalTokens;
+    return c;
+}
+
+}  // namespace
+
+// A reused prefix restores the recurrent-state snapshot of exactly that prefix, after sharing,
+// offload and onboard; a prefix that ends between snapshots reuses up to the last snapshot.
+TEST(PoolModelTest, HybridReuseRestoresTheSnapshotOfTheReusedPrefix) {
+    kvb::Manager m(hybridConfig(0));
+    ASSERT_EQ(m.getNumPools(), 2);
+    kvb_pool_info_t state = m.getPoolInfo(1);
+    ASSERT_EQ(state.cache_type, KVB_CACHE_TYPE_RECURRENT_STATE);
+    EXPECT_EQ(state.kv_factor, 1);
+    EXPECT_EQ(state.tokens_per_block, 1);
+    EXPECT_EQ(state.row_bytes, 3u * 4u * 16u * 4u);  // 3 layers x 4 heads x 16 FP32
+    Engine e(m);
+    const std::vector<int32_t> prompt = tokenRun(7, 13);
+    e.admitAndCompute(1, prompt);  // snapshots after 4, 8 and 12 tokens
+    m.removeSequence(1);
+    EXPECT_EQ(m.addSequence(kvb::Request(2, prompt)).prepopulated_prompt_len, 12);
+    EXPECT_TRUE(e.restoresSnapshot(2, prompt, 12));
+    EXPECT_TRUE(e.holdsPattern(2, prompt, 12));
+    // 10 shared tokens: attention alone could reuse 10, the state only up to its snapshot at 8.
+    std::vector<int32_t> branch = tokenRun(7, 10);
+    branch.insert(branch.end(), {800, 801, 802});
+    EXPECT_EQ(m.addSequence(kvb::Request(3, branch)).prepopulated_prompt_len, 8);
+    EXPECT_TRUE(e.restoresSnapshot(3, branch, 8));
+    m.removeSequence(2, false);
+    m.removeSequence(3, false);
+    // Offloaded with every other block, onboarded with its snapshot.
+    const std::vector<int32_t> other = tokenRun(5000, 8 * kTokensPerBlock);
+    e.admitAndCompute(4, other);
+    m.removeSequence(4, false);
+    EXPECT_GE(m.getKvCacheStats().offloaded_blocks, 3u);
+    EXPECT_EQ(m.addSequence(kvb::Request(5, prompt)).prepopulated_prompt_len, 12);
+    EXPECT_TRUE(e.restoresSnapshot(5, prompt, 12));
+    EXPECT_TRUE(e.holdsPattern(5, prompt, 12));
+    m.checkInvariants();
+}
+
+// Snapshots kept every 2 blocks: reuse ends on the last kept snapshot.
+TEST(PoolModelTest, HybridReuseEndsOnTheLastKeptSnapshot) {
+    kvb::Manager m(hybridConfig(2 * kTokensPerBlock));
+    Engine e(m);
+    const std::vector<int32_t> prompt = tokenRun(40, 14);
+    e.admitAndCompute(1, prompt);
+    m.removeSequence(1);
+    // 13 reusable tokens: 3 full blocks, of which the snapshot after 2 is the last kept one.
+    EXPECT_EQ(m.addSequence(kvb::Request(2, prompt)).prepopulated_prompt_len, 8);
+    EXPECT_TRUE(e.restoresSnapshot(2, prompt, 8));
+    EXPECT_TRUE(e.holdsPattern(2, prompt, 8));
+    // An interval that is not a multiple of the block size is a config error.
+    EXPECT_EQ(kvb_test::statusOf([] { kvb::Manager bad(hybridConfig(6)); }),
+              KVB_STATUS_INVALID_CONFIG);
 }

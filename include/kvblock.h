@@ -72,6 +72,15 @@ typedef enum kvb_cache_type_t {
      * cross or all self; a cross manager never reuses blocks across requests.
      */
     KVB_CACHE_TYPE_CROSS = 2,
+    /**
+     * A recurrent layer's state (Mamba, linear attention): `num_kv_heads × size_per_head`
+     * elements per block and no token dimension. Each block's row is the state snapshot after
+     * the block's last token, which the engine writes when the block becomes full; the
+     * window of such layers reuses exact full blocks only, in multiples of
+     * `recurrent_snapshot_interval_tokens`, so a reused prefix ends on a snapshot: the engine
+     * restores the state from the row of the last reused block.
+     */
+    KVB_CACHE_TYPE_RECURRENT_STATE = 3,
 } kvb_cache_type_t;
 
 /**
@@ -548,6 +557,12 @@ typedef struct kvb_manager_config_t {
      * Entries of `layers`.
      */
     size_t num_layers;
+    /**
+     * Tokens between the recurrent-state snapshots prefix reuse restores (layers of
+     * `KVB_CACHE_TYPE_RECURRENT_STATE`), a multiple of `tokens_per_block`; 0 (the default) =
+     * every block. Added in version 2.
+     */
+    int32_t recurrent_snapshot_interval_tokens;
 } kvb_manager_config_t;
 
 /**
@@ -595,7 +610,8 @@ typedef struct kvb_pool_info_t {
      */
     int32_t bytes_per_head_token;
     /**
-     * Tokens per block (the manager's).
+     * Tokens per row: the manager's tokens per block; 1 for a recurrent-state pool (a
+     * snapshot has no token dimension).
      */
     int32_t tokens_per_block;
     /**
@@ -1480,13 +1496,16 @@ enum kvb_status_t kvb_manager_register_model_pool(struct kvb_manager_t *manager,
 /**
  * Bytes one token takes in each window of a model, over all its pools (block scales
  * included): the `cache_size_per_token` that `kvb_calculate_window_size_to_share` and
- * `kvb_calculate_max_num_blocks` take. Windows ascending; `*out_count` = the number of
+ * `kvb_calculate_max_num_blocks` take: a block's bytes over the window's pools divided by
+ * `tokens_per_block`, rounded up (exact for attention pools; a recurrent-state snapshot's
+ * bytes are spread over its block). Windows ascending; `*out_count` = the number of
  * distinct windows; `KVB_STATUS_BUFFER_TOO_SMALL` when above `capacity`.
  * `default_bytes_per_element` is the element size of layers of `KVB_KV_DATA_TYPE_DEFAULT`.
  */
 enum kvb_status_t kvb_calculate_window_bytes_per_token(const struct kvb_layer_spec_t *layers,
                                                        size_t num_layers,
                                                        int32_t default_bytes_per_element,
+                                                       int32_t tokens_per_block,
                                                        int32_t *out_window_sizes,
                                                        uint64_t *out_bytes_per_token,
                                                        size_t capacity,

@@ -25,13 +25,18 @@ pub enum CacheType {
     /// Cross-attention K and V: the encoder's output per request, never reused across
     /// requests. A manager's layers are all cross or all self.
     Cross = 2,
+    /// A recurrent layer's state (Mamba, linear attention): `heads × size_per_head` elements
+    /// per block, no token dimension. A block's row holds the state snapshot after the block's
+    /// last token (written by the engine when the block is full); its window reuses exact full
+    /// blocks only (see `ManagerConfig::recurrent_snapshot_interval_tokens`).
+    RecurrentState = 3,
 }
 
 impl CacheType {
     /// Rows per (layer, token): 2 for K and V, 1 for a K-only cache.
     pub fn kv_factor(self) -> usize {
         match self {
-            CacheType::SelfKOnly => 1,
+            CacheType::SelfKOnly | CacheType::RecurrentState => 1,
             CacheType::SelfKv | CacheType::Cross => 2,
         }
     }
@@ -118,7 +123,8 @@ impl PoolInfo {
     fn shape(&self) -> PoolShape {
         PoolShape {
             geometry: self.geometry,
-            partial_copies: self.data_type != KvDataType::Nvfp4,
+            partial_copies: self.data_type != KvDataType::Nvfp4
+                && self.cache_type != CacheType::RecurrentState,
         }
     }
 }
@@ -208,6 +214,11 @@ impl PoolModel {
                     "layer {i}: num_kv_heads and size_per_head must be positive"
                 )));
             }
+            if l.data_type == KvDataType::Nvfp4 && l.cache_type == CacheType::RecurrentState {
+                return Err(invalid(format!(
+                    "layer {i}: a recurrent state cannot be NVFP4"
+                )));
+            }
             if l.data_type == KvDataType::Nvfp4 && l.size_per_head % NVFP4_SCALE_BLOCK != 0 {
                 return Err(invalid(format!(
                     "layer {i}: an NVFP4 head size must be a multiple of {NVFP4_SCALE_BLOCK}, \
@@ -267,7 +278,12 @@ impl PoolModel {
                         kv_factor: cache_type.kv_factor(),
                         num_kv_heads: heads,
                         size_per_head: units,
-                        tokens_per_block,
+                        // A state snapshot has no token dimension.
+                        tokens_per_block: if cache_type == CacheType::RecurrentState {
+                            1
+                        } else {
+                            tokens_per_block
+                        },
                         bytes_per_element: data_type.container_bytes(default_bytes_per_element),
                     },
                     scales_of: None,
@@ -380,39 +396,50 @@ impl PoolModel {
         )
     }
 
+    /// Whether window `window_index` holds recurrent-state pools.
+    pub fn window_has_recurrent_state(&self, window_index: usize) -> bool {
+        self.pools
+            .iter()
+            .any(|p| p.window_index == window_index && p.cache_type == CacheType::RecurrentState)
+    }
+
     /// Number of windows the model covers.
     pub fn num_windows(&self) -> usize {
         self.num_windows
     }
 }
 
-/// Bytes one token takes in each window, summed over the window's pools (block scales
-/// included): the `cache_size_per_token` of `crate::sizing::max_num_blocks` and
+/// Bytes one token takes in each window: the bytes of one block over all the window's pools
+/// (block scales and recurrent-state snapshots included) divided by `tokens_per_block`,
+/// rounded up (exact for attention pools; a snapshot's bytes are spread over its block's
+/// tokens). The `cache_size_per_token` of `crate::sizing::max_num_blocks` and
 /// `window_size_to_share`. Returns `(window_size, bytes)` ascending by window.
 pub fn window_bytes_per_token(
     layers: &[LayerSpec],
     default_bytes_per_element: usize,
+    tokens_per_block: usize,
 ) -> KvResult<Vec<(usize, usize)>> {
+    if tokens_per_block == 0 {
+        return Err(invalid("tokens_per_block must be positive".into()));
+    }
     let mut windows: Vec<usize> = layers.iter().map(|l| l.window_size).collect();
     windows.sort_unstable();
     windows.dedup();
-    let model = PoolModel::from_layers(layers, &windows, 1, default_bytes_per_element)?;
+    let model = PoolModel::from_layers(
+        layers,
+        &windows,
+        tokens_per_block,
+        default_bytes_per_element,
+    )?;
     windows
         .iter()
         .enumerate()
         .map(|(w, &size)| {
             let bytes = model
-                .window_pools(w)
-                .try_fold(0usize, |sum, (_, p)| {
-                    let g = &p.geometry;
-                    g.num_layers
-                        .checked_mul(g.kv_factor)?
-                        .checked_mul(g.num_kv_heads)?
-                        .checked_mul(g.size_per_head.checked_mul(g.bytes_per_element)?)
-                        .and_then(|b| sum.checked_add(b))
-                })
-                .ok_or_else(|| invalid(format!("the bytes per token of window {size} overflow")))?;
-            Ok((size, bytes))
+                .window_layout(w)
+                .checked_row_bytes()
+                .ok_or_else(|| invalid(format!("the bytes per block of window {size} overflow")))?;
+            Ok((size, bytes.div_ceil(tokens_per_block)))
         })
         .collect()
 }
@@ -466,7 +493,7 @@ mod tests {
         assert_eq!(m.pools().len(), 1);
         assert_eq!(m.pools()[0].bytes_per_token(), 61 * 576 * 2);
         assert_eq!(
-            window_bytes_per_token(&layers, 2).unwrap(),
+            window_bytes_per_token(&layers, 2, 64).unwrap(),
             vec![(8192, 70_272)]
         );
     }
@@ -486,7 +513,7 @@ mod tests {
         assert_eq!(scales.scales_of, Some(0));
         // Per token: 3 layers x K|V x 4 heads x (64 data bytes + 8 scale bytes).
         assert_eq!(
-            window_bytes_per_token(&layers, 2).unwrap(),
+            window_bytes_per_token(&layers, 2, 16).unwrap(),
             vec![(64, 3 * 2 * 4 * 72)]
         );
         assert!(!m.window_layout(0).pools()[0].partial_copies);

@@ -24,6 +24,13 @@ pub enum kvb_cache_type_t {
     /// Cross-attention K and V: the encoder's output per request. A manager's layers are all
     /// cross or all self; a cross manager never reuses blocks across requests.
     KVB_CACHE_TYPE_CROSS = 2,
+    /// A recurrent layer's state (Mamba, linear attention): `num_kv_heads × size_per_head`
+    /// elements per block and no token dimension. Each block's row is the state snapshot after
+    /// the block's last token, which the engine writes when the block becomes full; the
+    /// window of such layers reuses exact full blocks only, in multiples of
+    /// `recurrent_snapshot_interval_tokens`, so a reused prefix ends on a snapshot: the engine
+    /// restores the state from the row of the last reused block.
+    KVB_CACHE_TYPE_RECURRENT_STATE = 3,
 }
 
 /// Element type of a layer's KV cache, which fixes the pool's element size.
@@ -89,7 +96,8 @@ pub struct kvb_pool_info_t {
     /// Bytes per head and token in this pool (NVFP4 data: `size_per_head / 2`; its scales:
     /// `size_per_head / 16`).
     pub bytes_per_head_token: i32,
-    /// Tokens per block (the manager's).
+    /// Tokens per row: the manager's tokens per block; 1 for a recurrent-state pool (a
+    /// snapshot has no token dimension).
     pub tokens_per_block: i32,
     /// For a block-scale pool, the index of its data pool; -1 otherwise.
     pub scales_of: i32,
@@ -109,6 +117,7 @@ fn cache_type_arg(v: i32) -> FfiResult<CacheType> {
         0 => CacheType::SelfKv,
         1 => CacheType::SelfKOnly,
         2 => CacheType::Cross,
+        3 => CacheType::RecurrentState,
         v => return Err(invalid(format!("unknown cache_type {v}"))),
     })
 }
@@ -349,14 +358,18 @@ pub extern "C" fn kvb_manager_register_model_pool(
 
 /// Bytes one token takes in each window of a model, over all its pools (block scales
 /// included): the `cache_size_per_token` that `kvb_calculate_window_size_to_share` and
-/// `kvb_calculate_max_num_blocks` take. Windows ascending; `*out_count` = the number of
+/// `kvb_calculate_max_num_blocks` take: a block's bytes over the window's pools divided by
+/// `tokens_per_block`, rounded up (exact for attention pools; a recurrent-state snapshot's
+/// bytes are spread over its block). Windows ascending; `*out_count` = the number of
 /// distinct windows; `KVB_STATUS_BUFFER_TOO_SMALL` when above `capacity`.
 /// `default_bytes_per_element` is the element size of layers of `KVB_KV_DATA_TYPE_DEFAULT`.
 #[no_mangle]
+#[allow(clippy::too_many_arguments)]
 pub extern "C" fn kvb_calculate_window_bytes_per_token(
     layers: *const kvb_layer_spec_t,
     num_layers: usize,
     default_bytes_per_element: i32,
+    tokens_per_block: i32,
     out_window_sizes: *mut i32,
     out_bytes_per_token: *mut u64,
     capacity: usize,
@@ -367,7 +380,9 @@ pub extern "C" fn kvb_calculate_window_bytes_per_token(
         let specs = layer_specs(layers, num_layers)?;
         let default = usize::try_from(default_bytes_per_element)
             .map_err(|_| invalid("default_bytes_per_element is negative".into()))?;
-        let windows = window_bytes_per_token(&specs, default)?;
+        let tpb = usize::try_from(tokens_per_block)
+            .map_err(|_| invalid("tokens_per_block is negative".into()))?;
+        let windows = window_bytes_per_token(&specs, default, tpb)?;
         let sizes: Vec<i32> = windows.iter().map(|&(w, _)| w as i32).collect();
         let bytes: Vec<u64> = windows.iter().map(|&(_, b)| b as u64).collect();
         if windows.len() <= capacity {

@@ -179,6 +179,10 @@ pub struct kvb_manager_config_t {
     pub layers: *const super::pools::kvb_layer_spec_t,
     /// Entries of `layers`.
     pub num_layers: usize,
+    /// Tokens between the recurrent-state snapshots prefix reuse restores (layers of
+    /// `KVB_CACHE_TYPE_RECURRENT_STATE`), a multiple of `tokens_per_block`; 0 (the default) =
+    /// every block. Added in version 2.
+    pub recurrent_snapshot_interval_tokens: i32,
 }
 
 /// `struct_size` of version 1 of `kvb_manager_config_t` (before `layers`), still accepted.
@@ -461,6 +465,7 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         max_draft_tokens: d.max_draft_tokens as i32,
         layers: std::ptr::null(),
         num_layers: 0,
+        recurrent_snapshot_interval_tokens: 0,
     }
 }
 
@@ -537,6 +542,10 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
     let layers = super::pools::layer_specs(c.layers, c.num_layers)?;
     Ok(ManagerConfig {
         layers,
+        recurrent_snapshot_interval_tokens: usize_field(
+            c.recurrent_snapshot_interval_tokens,
+            "recurrent_snapshot_interval_tokens",
+        )?,
         windows,
         tokens_per_block: usize_field(c.tokens_per_block, "tokens_per_block")?,
         max_beam_width: usize_field(c.max_beam_width, "max_beam_width")?,

@@ -83,6 +83,10 @@ pub struct ManagerConfig {
     /// Given, the windows' `num_layers`, `num_kv_heads` and `size_per_head` are not used.
     /// Cross-attention layers turn block reuse off.
     pub layers: Vec<LayerSpec>,
+    /// Tokens between the recurrent-state snapshots that prefix reuse restores, a multiple of
+    /// `tokens_per_block`; 0 (the default) = every block. A window with recurrent-state layers
+    /// reuses a multiple of this many tokens, in exact full blocks.
+    pub recurrent_snapshot_interval_tokens: usize,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -117,6 +121,7 @@ impl Default for ManagerConfig {
             num_extra_kv_tokens: 0,
             max_draft_tokens: 0,
             layers: Vec::new(),
+            recurrent_snapshot_interval_tokens: 0,
         }
     }
 }
@@ -349,6 +354,15 @@ impl KvCacheManager {
             resolve_auto_host_tiers(&mut cfg, HostMemoryFigures::read())?;
         }
         let model = pool_model(&cfg)?;
+        let interval = cfg.recurrent_snapshot_interval_tokens;
+        if !interval.is_multiple_of(cfg.tokens_per_block) {
+            return Err(KvError::InvalidConfig(format!(
+                "recurrent_snapshot_interval_tokens {interval} is not a multiple of \
+                 tokens_per_block {}",
+                cfg.tokens_per_block
+            )));
+        }
+        let snapshot_blocks = (interval / cfg.tokens_per_block).max(1);
         if model.is_cross() {
             // The encoder's output is a request's own: nothing to share across requests.
             cfg.enable_block_reuse = false;
@@ -394,6 +408,11 @@ impl KvCacheManager {
                 onboard_blocks: cfg.onboard_blocks,
                 offload_min_priority: cfg.secondary_offload_min_priority,
                 layout,
+                reuse_granularity_blocks: if model.window_has_recurrent_state(i) {
+                    snapshot_blocks
+                } else {
+                    0
+                },
             };
             windows.push(WindowBlockManager::new(wc, engine));
         }

@@ -63,6 +63,10 @@ pub struct WindowConfig {
     pub offload_min_priority: u8,
     /// The window's pools: what one block's bytes are.
     pub layout: BlockLayout,
+    /// 0: reuse to the token (partial reuse as configured). n > 0: the window holds recurrent
+    /// state snapshots, one per block at its end, valid once the block is full, of which every
+    /// n-th is kept: reuse takes exact full blocks only, a multiple of n of them.
+    pub reuse_granularity_blocks: usize,
 }
 
 impl WindowConfig {

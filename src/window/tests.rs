@@ -27,6 +27,7 @@ fn window(primary: usize, secondary: usize, window_size: usize) -> WindowBlockMa
             bytes_per_element: 1,
         }
         .into(),
+        reuse_granularity_blocks: 0,
     };
     WindowBlockManager::new(cfg, Box::new(NullEngine::default()))
 }
