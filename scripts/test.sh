@@ -75,13 +75,16 @@ step "python: pytest"
 step "python: the CUDA backend on the simulated driver (with NVRTC, without, and its fallback)"
 # The same module against cpp_tests/sim_cuda: the embedded CUBIN (sm_90); then with no NVRTC on
 # the loader path at all; then on sm_75, which no embedded CUBIN covers (NVRTC compiles it); and
-# sm_75 without NVRTC, which must be a clear error.
+# sm_75 without NVRTC, which must be a clear error. Then the reference engine on the CUDA backend
+# (its GPU pools through DLPack and driver copies; the oracle and the host run's counts).
 sim_py() { "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests/test_cuda_sim.py" "$@"; }
 (cd /tmp && export KVB_SIM_CUDA_LIBRARY="$sim_lib" KVB_SIM_CUDA_MODE=deferred &&
     sim_py -k 'not without_cubin' &&
     LD_LIBRARY_PATH= KVB_SIM_EXPECT_NVRTC=0 sim_py -k 'not without_cubin' &&
     KVB_SIM_CUDA_ARCH=75 sim_py -k 'not without_cubin' &&
-    LD_LIBRARY_PATH= KVB_SIM_EXPECT_NVRTC=0 KVB_SIM_CUDA_ARCH=75 sim_py -k without_cubin)
+    LD_LIBRARY_PATH= KVB_SIM_EXPECT_NVRTC=0 KVB_SIM_CUDA_ARCH=75 sim_py -k without_cubin &&
+    "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider -rs \
+        "$OLDPWD/python/tests/test_reference_engine.py" -k 'driver_copies')
 
 step "KV events on the wire: schema, transport, Dynamo indexer (scripts/events_wire_test.py)"
 .venv/bin/python scripts/events_wire_test.py build/examples/replay

@@ -6,6 +6,7 @@ one row per block of [layers of that window, K|V, kv heads, tokens per block, he
 `memory_index * 2 * layers` for K and `+ 1` for V, so seen as a flat array of
 [kv heads, tokens per block, head size] slabs, layer `l` of the window reads slab `e + 2 * l`:
 the addressing an attention kernel does. Nothing here looks at block ids or memory indices.
+How the slabs' memory is reached (numpy, torch on a GPU, CUDA driver copies) is storage.py's.
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 import kvblock
+from storage import HostSlabs
 
 
 class Pools:
     """The pools of every window and which window and slab each model layer uses."""
 
-    def __init__(self, manager: kvblock.KVCacheManager, cfg, max_len: int, tokens_per_block: int):
+    def __init__(self, manager: kvblock.KVCacheManager, cfg, max_len: int, tokens_per_block: int,
+                 storage=HostSlabs):
         self.tpb = tokens_per_block
         sizes = sorted({cfg.window_of(i, max_len) for i in range(cfg.num_layers)})
         self.pool_index = {w: i for i, w in enumerate(sizes)}  # offset-table pools: ascending size
         self.slabs = {}
         for w in sizes:
-            view = manager.pool_view(w)  # [blocks, layers, 2, heads, tpb, head]
-            self.slabs[w] = view.reshape(-1, *view.shape[3:])
+            self.slabs[w] = storage(manager.pool_view(w))  # of [blocks, layers, 2, heads, tpb, head]
         # model layer -> (window size, its index among that window's layers)
         self.layer_at = []
         seen = {w: 0 for w in sizes}
@@ -53,8 +55,8 @@ class SequenceKV:
         slabs = p.slabs[w]
         table = self.offsets[p.pool_index[w]]  # [K|V][blocks]
         blocks, slots = positions // p.tpb, positions % p.tpb
-        slabs[table[0, blocks] + 2 * local, :, slots, :] = k
-        slabs[table[1, blocks] + 2 * local, :, slots, :] = v
+        slabs.write(table[0, blocks] + 2 * local, slots, k)
+        slabs.write(table[1, blocks] + 2 * local, slots, v)
         # Attend to [lo, hi): everything before for full attention, the window for sliding layers
         # (older blocks may be detached and reused by others: never read them).
         hi = int(positions[-1]) + 1
@@ -67,10 +69,10 @@ class SequenceKV:
         return keys[cut], values[cut], np.arange(lo, hi)
 
 
-def gather(slabs: np.ndarray, entries: np.ndarray) -> np.ndarray:
+def gather(slabs, entries: np.ndarray) -> np.ndarray:
     """The slabs at `entries` as [tokens, heads, head size], in block order."""
     if entries.size and (entries.min() < 0 or entries.max() >= len(slabs)):
         raise IndexError(f"offset-table entry {int(entries.max())} is outside the GPU pool ({len(slabs)} slabs): "
                          "a block in the attention window is not in GPU memory")
-    g = slabs[entries]  # [blocks, heads, tpb, head]
+    g = slabs.gather(entries)  # [blocks, heads, tpb, head]
     return g.transpose(0, 2, 1, 3).reshape(-1, g.shape[1], g.shape[3])

@@ -3,6 +3,7 @@ generated token checked against the same model without a cache.
 
     .venv/bin/python examples/engine/run.py --svg engine.svg   # the full run, with its plot
     .venv/bin/python examples/engine/run.py --requests 120 --first 3700   # the pytest version
+    .venv/bin/python examples/engine/run.py --backend cuda-torch   # KV in GPU memory (torch)
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def run(first: int = 3000, count: int = 993, engine_config: EngineConfig | None 
         plot.write(svg, engine.trace)
     del engine.pools
     engine.m.close()
+    if engine.driver:
+        engine.driver.close()
     return counts, verdict, time.perf_counter() - t0
 
 
@@ -48,8 +51,13 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=993, help="requests (default 993: the rest of the trace)")
     ap.add_argument("--seed", type=int, default=0, help="weights seed")
     ap.add_argument("--svg", metavar="PATH", help="writes a plot of the hit rate and tier traffic over steps")
+    ap.add_argument("--backend", choices=("host", "cuda-torch", "cuda-driver"), default="host",
+                    help="where the KV lives: host memory (default), GPU pools through torch, or GPU "
+                         "pools through CUDA driver copies (no torch; KVB_SIM_CUDA_LIBRARY selects "
+                         "the simulated driver)")
     args = ap.parse_args()
-    counts, verdict, seconds = run(args.first, args.requests, seed=args.seed, svg=args.svg)
+    counts, verdict, seconds = run(args.first, args.requests, EngineConfig(backend=args.backend), seed=args.seed,
+                                   svg=args.svg)
     print(report.render(counts, verdict, seconds))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1
 

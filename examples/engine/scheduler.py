@@ -25,6 +25,7 @@ import numpy as np
 
 import kvblock
 import model
+import storage
 from pools import Pools
 
 
@@ -36,6 +37,10 @@ class EngineConfig:
     secondary_blocks: int = 120  # per window: the host tier
     max_running: int = 8
     token_budget: int = 48  # tokens per step (prefill chunks and decode tokens)
+    # Where the KV lives: "host" (numpy over the host backend's pools), "cuda-torch" (GPU pools as
+    # torch tensors, kvblock's copies on torch's current stream) or "cuda-driver" (GPU pools
+    # through CUDA driver copies, kvblock's copies on the legacy default stream).
+    backend: str = "host"
 
 
 def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerConfig:
@@ -44,15 +49,35 @@ def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerCo
     windows = [kvblock.WindowConfig(w, primary_blocks=e.primary_blocks, secondary_blocks=e.secondary_blocks,
                                     num_layers=n, num_kv_heads=cfg.num_kv_heads, size_per_head=cfg.head_size)
                for w, n in sorted(layers.items())]
-    return kvblock.ManagerConfig(windows, max_sequence_length=e.max_len, tokens_per_block=e.tokens_per_block,
-                                 bytes_per_element=4, copy_backend=kvblock.CopyBackend.HOST)
+    c = kvblock.ManagerConfig(windows, max_sequence_length=e.max_len, tokens_per_block=e.tokens_per_block,
+                              bytes_per_element=4, copy_backend=kvblock.CopyBackend.HOST)
+    if e.backend == "cuda-torch":
+        import torch
+
+        c.copy_backend = kvblock.CopyBackend.CUDA
+        c.cuda_device = torch.cuda.current_device()
+        c.cuda_stream = torch.cuda.current_stream().cuda_stream
+    elif e.backend == "cuda-driver":
+        c.copy_backend = kvblock.CopyBackend.CUDA  # stream 0: the legacy default stream
+    elif e.backend != "host":
+        raise ValueError(f"unknown backend {e.backend!r}")
+    return c
+
+
+def storage_of(e: EngineConfig, driver):
+    if e.backend == "cuda-torch":
+        return storage.TorchSlabs
+    if e.backend == "cuda-driver":
+        return lambda view: storage.DriverSlabs(view, driver.cu)
+    return storage.HostSlabs
 
 
 class Engine:
     def __init__(self, cfg: model.ModelConfig, weights, e: EngineConfig):
         self.cfg, self.w, self.e = cfg, weights, e
+        self.driver = storage.Driver() if e.backend == "cuda-driver" else None
         self.m = kvblock.KVCacheManager(manager_config(cfg, e))
-        self.pools = Pools(self.m, cfg, e.max_len, e.tokens_per_block)
+        self.pools = Pools(self.m, cfg, e.max_len, e.tokens_per_block, storage_of(e, self.driver))
         self.swa_windows = sorted({w for w in cfg.windows if w is not None})
         self.waiting: deque = deque()
         self.running: list = []  # admission order

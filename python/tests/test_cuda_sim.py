@@ -96,6 +96,47 @@ def test_offloaded_and_onboarded_bytes_on_the_simulated_driver(context, mode):
                 f"block {i} lost its bytes"
 
 
+def test_the_gpu_pool_view_is_a_dlpack_tensor_over_the_pool(context):
+    """pool_view of a GPU pool: an object with __dlpack__ / __dlpack_device__ on cuda:0, shaped
+    like the host view, at the pool's device address; rows written through it by driver copies are
+    the rows kvblock offloads."""
+    if not kernel_available():
+        pytest.skip("no kernel for sm_75 without NVRTC")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "engine"))
+    from storage import KDL_CUDA, dlpack_info
+
+    cu = context
+    with kvblock.KVCacheManager(sim_config()) as m:
+        view = m.pool_view(WINDOW)
+        assert view.__dlpack_device__() == (KDL_CUDA, 0)
+        info = dlpack_info(view)
+        base, _ = m.get_pool_pointer(WINDOW, kvblock.CacheLevel.PRIMARY)
+        assert info["address"] == base
+        assert info["shape"] == (4, 2, 2, 2, TPB, 32)
+        assert info["dtype"] == (2, 16, 1)  # float16 for bytes_per_element 2
+        assert m.live_pool_views == 1
+        host = m.pool_view(WINDOW, kvblock.CacheLevel.SECONDARY)  # pinned host memory: numpy
+        assert host.shape == (8, 2, 2, 2, TPB, 32)
+        m.add_sequence(1, prompt(8))
+        rows = [m.get_block_info(WINDOW, b).memory_index for b in m.get_cache_block_ids(1, WINDOW)]
+        m.sync_transfers()
+        for i, row in enumerate(rows):
+            write_row(cu, info["address"] + row * ROW_BYTES, 0x40 + i)
+        m.store_context_blocks(1, 8)
+        m.remove_sequence(1)
+        m.add_sequence(2, prompt(16, start=1000))  # evicts both blocks to the host tier
+        assert m.get_kv_cache_stats().offloaded_blocks == 2
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")  # the offload ran on the engine's stream
+        for i in range(2):
+            assert (host.view("uint8") == 0x40 + i).all(axis=tuple(range(1, 6))).any(), \
+                f"row {i} written through the DLPack view did not reach the host tier"
+        m.remove_sequence(2, store_for_reuse=False)
+        del view, host
+
+
 def test_the_loader_path_holds_nvrtc_only_where_the_run_says_so():
     """scripts/test.sh runs this file three times: with NVRTC (the device's CUBIN embedded), with
     no NVRTC on the loader path (KVB_SIM_EXPECT_NVRTC=0: the embedded CUBIN must suffice), and on

@@ -2,12 +2,19 @@
 kvblock's pools, every generated token equal to the same model without a cache, and every event
 the engine is built to exercise seen at least once (suspensions whose blocks went to the host tier
 and came back on resume included); and 40 requests without a host tier, where suspending cannot
-help and the engine preempts instead."""
+help and the engine preempts instead. The same run on the CUDA backend: its GPU pools viewed
+through DLPack and read with CUDA driver copies on the simulated driver (scripts/test.sh runs it
+there), or as torch tensors on a real GPU."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "examples" / "engine"
 sys.path.insert(0, str(ENGINE))
@@ -16,8 +23,13 @@ import run  # noqa: E402
 from scheduler import EngineConfig  # noqa: E402
 
 
+@functools.lru_cache(maxsize=None)
+def host_run():
+    return run.run(first=3700, count=120)
+
+
 def test_reference_engine_equals_the_uncached_model():
-    counts, verdict, _ = run.run(first=3700, count=120)
+    counts, verdict, _ = host_run()
     assert verdict.tokens > 0 and verdict.failures == 0
     assert verdict.equal == verdict.tokens, f"tokens equal: {verdict.equal}/{verdict.tokens}"
     assert verdict.max_rel_error <= 1e-4
@@ -36,3 +48,34 @@ def test_without_host_room_the_engine_preempts_instead_of_suspending():
     assert verdict.tokens > 0 and verdict.equal == verdict.tokens and verdict.failures == 0
     assert counts["preemptions (suspending could not help)"] > 0, counts
     assert counts["suspensions (KV kept, resumed later)"] == 0, counts
+
+
+def check_same_run_as_host(backend: str) -> None:
+    """The CUDA backend makes the same decisions as the host backend (the counts are equal) and
+    its bytes give the same tokens: every offload, onboard, partial copy and resume moved the
+    right rows, ordered before the next read."""
+    counts, verdict, _ = run.run(first=3700, count=120, engine_config=EngineConfig(backend=backend))
+    assert verdict.tokens > 0 and verdict.failures == 0
+    assert verdict.equal == verdict.tokens, f"tokens equal: {verdict.equal}/{verdict.tokens}"
+    host_counts, host_verdict, _ = host_run()
+    assert counts == host_counts
+    assert verdict.tokens == host_verdict.tokens
+
+
+@pytest.mark.skipif(not os.environ.get("KVB_SIM_CUDA_LIBRARY"),
+                    reason="KVB_SIM_CUDA_LIBRARY is not set (scripts/test.sh runs this on the simulated driver)")
+def test_on_the_cuda_backend_through_dlpack_and_driver_copies():
+    check_same_run_as_host("cuda-driver")
+
+
+def torch_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not torch_cuda(), reason="needs torch with a CUDA GPU")
+def test_on_a_gpu_with_torch():
+    check_same_run_as_host("cuda-torch")
