@@ -44,6 +44,7 @@ void init_manager(nb::module_& m) {
     init_manager_scheduling(cls);
     init_manager_iteration(cls);
     init_sizing(cls);
+    init_manager_pools(cls);
 }
 
 }  // namespace kvb_py

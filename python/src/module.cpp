@@ -14,6 +14,7 @@ NB_MODULE(_kvblock, m) {
         "kvblock: a KV-cache block manager for LLM inference (the C ABI, wrapped with nanobind).";
     kvb_py::init_enums(m);
     kvb_py::init_errors(m);
+    kvb_py::init_pool_model(m);
     kvb_py::init_config(m);
     kvb_py::init_request(m);
     kvb_py::init_results(m);

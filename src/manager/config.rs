@@ -189,6 +189,14 @@ fn check_pool_sizes(cfg: &ManagerConfig, model: &PoolModel) -> KvResult<()> {
         }
         total = match window_bytes.and_then(|b| total.checked_add(b)) {
             Some(t) if t <= isize::MAX as usize => t,
+            _ if !cfg.layers.is_empty() => {
+                return Err(KvError::InvalidConfig(format!(
+                    "the pools of window {} overflow the address space (the bytes of its \
+                     layers' pools x {} blocks)",
+                    spec.window_size,
+                    spec.primary_blocks.saturating_add(spec.secondary_blocks)
+                )))
+            }
             _ => {
                 return Err(KvError::InvalidConfig(format!(
                     "the pools of window {} overflow the address space (layers {} x 2 x heads \
