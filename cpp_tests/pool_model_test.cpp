@@ -504,3 +504,55 @@ TEST(PoolModelTest, HybridReuseEndsOnTheLastKeptSnapshot) {
     EXPECT_EQ(kvb_test::statusOf([] { kvb::Manager bad(hybridConfig(6)); }),
               KVB_STATUS_INVALID_CONFIG);
 }
+
+// Bad arguments of the pool calls are statuses, and change nothing.
+TEST(PoolModelTest, BadArgumentsAreStatuses) {
+    kvb::Config c = hostConfig(64);
+    c.addWindow(64, 4, 0);
+    c.addLayers(3, 64, KVB_CACHE_TYPE_SELF, 2, 32, KVB_KV_DATA_TYPE_NVFP4);
+    kvb::Manager m(c);
+    kvb_manager_t* h = m.get();
+    kvb_pool_info_t info;
+    ASSERT_EQ(kvb_pool_info_init(&info), KVB_OK);
+    EXPECT_EQ(kvb_manager_get_pool_info(h, 2, &info), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_manager_get_pool_info(h, -1, &info), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_manager_get_pool_info(h, 0, nullptr), KVB_STATUS_NULL_POINTER);
+    info.struct_size = 8;
+    EXPECT_EQ(kvb_manager_get_pool_info(h, 0, &info), KVB_STATUS_STRUCT_SIZE);
+
+    std::vector<int32_t> pools(2), index(2);
+    size_t n = 0;
+    EXPECT_EQ(kvb_manager_get_layer_to_pool_mapping(h, pools.data(), index.data(), 2, &n),
+              KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_EQ(n, 3u);
+    EXPECT_EQ(kvb_manager_get_layer_to_pool_mapping(h, nullptr, index.data(), 3, &n),
+              KVB_STATUS_NULL_POINTER);
+
+    uint8_t* base = nullptr;
+    size_t row = 0;
+    EXPECT_EQ(kvb_manager_get_model_pool_pointer(h, 0, 7, &base, &row),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_manager_get_model_pool_pointer(h, 0, KVB_CACHE_LEVEL_SECONDARY, &base, &row),
+              KVB_STATUS_UNSUPPORTED);  // no host tier
+    std::vector<uint8_t*> scales(1);
+    EXPECT_EQ(
+        kvb_manager_get_block_scale_pool_pointers(h, KVB_CACHE_LEVEL_PRIMARY, scales.data(), 0, &n),
+        KVB_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_EQ(n, 1u);
+    int dummy = 0;
+    EXPECT_EQ(kvb_manager_register_model_pool(h, 0, KVB_CACHE_LEVEL_PRIMARY, &dummy, sizeof dummy),
+              KVB_STATUS_UNSUPPORTED);  // the CUDA backend's only
+    EXPECT_EQ(kvb_test::statusOf([&] { m.registerPool(64, KVB_CACHE_LEVEL_PRIMARY, &dummy, 4); }),
+              KVB_STATUS_INVALID_ARGUMENT);  // two pools: register each by its index
+
+    std::vector<kvb_layer_spec_t> bad = {{64, KVB_CACHE_TYPE_SELF, 1, 16, 42}};
+    std::vector<int32_t> windows(1);
+    std::vector<uint64_t> bytes(1);
+    EXPECT_EQ(kvb_calculate_window_bytes_per_token(bad.data(), 1, 2, 32, windows.data(),
+                                                   bytes.data(), 1, &n),
+              KVB_STATUS_INVALID_CONFIG);  // unknown data type
+    EXPECT_EQ(kvb_calculate_window_bytes_per_token(nullptr, 1, 2, 32, windows.data(), bytes.data(),
+                                                   1, &n),
+              KVB_STATUS_NULL_POINTER);
+    m.checkInvariants();
+}

@@ -51,7 +51,9 @@ void init_pool_model(nb::module_& m) {
             .def_rw("window_size", &kvb_layer_spec_t::window_size)
             .def_prop_rw(
                 "cache_type",
-                [](const kvb_layer_spec_t& l) { return static_cast<kvb_cache_type_t>(l.cache_type); },
+                [](const kvb_layer_spec_t& l) {
+                    return static_cast<kvb_cache_type_t>(l.cache_type);
+                },
                 [](kvb_layer_spec_t& l, kvb_cache_type_t v) {
                     l.cache_type = static_cast<int32_t>(v);
                 })
@@ -59,7 +61,9 @@ void init_pool_model(nb::module_& m) {
             .def_rw("size_per_head", &kvb_layer_spec_t::size_per_head)
             .def_prop_rw(
                 "data_type",
-                [](const kvb_layer_spec_t& l) { return static_cast<kvb_kv_data_type_t>(l.data_type); },
+                [](const kvb_layer_spec_t& l) {
+                    return static_cast<kvb_kv_data_type_t>(l.data_type);
+                },
                 [](kvb_layer_spec_t& l, kvb_kv_data_type_t v) {
                     l.data_type = static_cast<int32_t>(v);
                 });
@@ -92,8 +96,8 @@ void init_pool_model(nb::module_& m) {
             .def_ro("bytes_per_token", &kvb_pool_info_t::bytes_per_token);
     add_repr(info, "PoolInfo",
              {"window_size", "cache_type", "data_type", "num_layers", "kv_factor", "num_kv_heads",
-              "size_per_head", "bytes_per_head_token", "tokens_per_block", "scales_of",
-              "row_bytes", "bytes_per_token"});
+              "size_per_head", "bytes_per_head_token", "tokens_per_block", "scales_of", "row_bytes",
+              "bytes_per_token"});
 
     m.def(
         "calculate_window_bytes_per_token",
@@ -101,8 +105,8 @@ void init_pool_model(nb::module_& m) {
            int32_t tokens_per_block) {
             size_t n = 0;
             kvb_status_t s = kvb_calculate_window_bytes_per_token(
-                layers.data(), layers.size(), default_bytes_per_element, tokens_per_block,
-                nullptr, nullptr, 0, &n);
+                layers.data(), layers.size(), default_bytes_per_element, tokens_per_block, nullptr,
+                nullptr, 0, &n);
             if (s != KVB_STATUS_BUFFER_TOO_SMALL) kvb::check(s);
             std::vector<int32_t> windows(n);
             std::vector<uint64_t> bytes(n);
@@ -135,7 +139,9 @@ void init_manager_pools(ManagerClass& cls) {
             "pool"_a, "The description of pool ``pool`` (:class:`PoolInfo`).")
         .def(
             "get_layer_to_pool_mapping",
-            [](const Manager& self) { return nogil([&] { return self.m.getLayerToPoolMapping(); }); },
+            [](const Manager& self) {
+                return nogil([&] { return self.m.getLayerToPoolMapping(); });
+            },
             "``[(pool, index in pool)]`` per layer (TensorRT-LLM ``getLayerToPoolMapping``).")
         .def(
             "get_block_scale_pool_pointers",
