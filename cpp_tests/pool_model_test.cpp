@@ -544,6 +544,8 @@ TEST(PoolModelTest, BadArgumentsAreStatuses) {
               KVB_STATUS_UNSUPPORTED);  // the CUDA backend's only
     EXPECT_EQ(kvb_test::statusOf([&] { m.registerPool(64, KVB_CACHE_LEVEL_PRIMARY, &dummy, 4); }),
               KVB_STATUS_INVALID_ARGUMENT);  // two pools: register each by its index
+    EXPECT_EQ(kvb_manager_get_pool_pointer(h, 64, KVB_CACHE_LEVEL_PRIMARY, &base, &row),
+              KVB_STATUS_INVALID_ARGUMENT);  // and address each by its index
 
     std::vector<kvb_layer_spec_t> bad = {{64, KVB_CACHE_TYPE_SELF, 1, 16, 42}};
     std::vector<int32_t> windows(1);

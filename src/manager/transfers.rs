@@ -196,6 +196,14 @@ impl KvCacheManager {
     /// Address of a window's (first) pool at `level` and its row size: host memory for the
     /// host backend, the device-visible address for the CUDA backend.
     pub fn pool_pointer(&mut self, window_size: usize, level: Level) -> KvResult<(*mut u8, usize)> {
+        let i = self.window_index(window_size)?;
+        let pools = self.pool_model.window_pools(i).count();
+        if pools != 1 {
+            return Err(KvError::InvalidArgument(format!(
+                "window {window_size} has {pools} pools: address each with \
+                 kvb_manager_get_model_pool_pointer"
+            )));
+        }
         let w = self.window_mut(window_size)?;
         let row_bytes = w.config().layout.first().map_or(0, |g| g.row_bytes());
         match w.engine_mut().pool_base(level, 0) {
