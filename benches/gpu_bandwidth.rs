@@ -175,8 +175,8 @@ fn main() {
         assert_eq!(geometry.row_bytes(), block);
         let mut engine = CudaCopyEngine::new(device.clone(), geometry, 2 * n, n, true)
             .expect("pools (lower BYTES_PER_OP if the GPU is small)");
-        let primary = engine.pool_base(Level::Primary).unwrap() as u64;
-        let host = engine.pool_base(Level::Secondary).unwrap() as u64;
+        let primary = engine.pool_base(Level::Primary, 0).unwrap() as u64;
+        let host = engine.pool_base(Level::Secondary, 0).unwrap() as u64;
         let (src, dst) = (
             scattered(n, block as u64),
             scattered(2 * n, !(block as u64)),

@@ -194,14 +194,15 @@ int run(const Options& o) {
     check(kvb_manager_check_invariants(manager.m), "kvb_manager_check_invariants");
     kvb_kv_cache_stats_t stats{};
     check(kvb_manager_get_kv_cache_stats(manager.m, &stats), "kvb_manager_get_kv_cache_stats");
-    // Every request finished and was released: every block must be free (cached or not) again.
-    if (stats.free_num_blocks != static_cast<uint64_t>(o.primary_blocks) ||
-        stats.free_secondary_blocks != static_cast<uint64_t>(o.secondary_blocks)) {
+    // Every request finished and was released: every block must be free (cached or not) again,
+    // in every window (a model preset may have several, each of the configured blocks).
+    if (stats.free_num_blocks != stats.num_primary_blocks ||
+        stats.free_secondary_blocks != stats.num_secondary_blocks) {
         throw std::runtime_error("blocks still held after every request finished: " +
                                  std::to_string(stats.free_num_blocks) + " of " +
-                                 std::to_string(o.primary_blocks) + " primary and " +
+                                 std::to_string(stats.num_primary_blocks) + " primary and " +
                                  std::to_string(stats.free_secondary_blocks) + " of " +
-                                 std::to_string(o.secondary_blocks) + " host blocks free");
+                                 std::to_string(stats.num_secondary_blocks) + " host blocks free");
     }
 
     const double wall = std::chrono::duration<double>(Clock::now() - wall_start).count();

@@ -55,6 +55,35 @@ typedef enum kvb_cache_level_t {
 } kvb_cache_level_t;
 
 /**
+ * What a layer caches per token (TensorRT-LLM `CacheType`).
+ */
+typedef enum kvb_cache_type_t {
+    /**
+     * Self-attention K and V (the default).
+     */
+    KVB_CACHE_TYPE_SELF = 0,
+    /**
+     * One row per token and no V half: MLA's compressed latent (e.g. DeepSeek-V3's 512 + 64
+     * elements), an indexer's K cache.
+     */
+    KVB_CACHE_TYPE_SELF_K_ONLY = 1,
+    /**
+     * Cross-attention K and V: the encoder's output per request. A manager's layers are all
+     * cross or all self; a cross manager never reuses blocks across requests.
+     */
+    KVB_CACHE_TYPE_CROSS = 2,
+    /**
+     * A recurrent layer's state (Mamba, linear attention): `num_kv_heads × size_per_head`
+     * elements per block and no token dimension. Each block's row is the state snapshot after
+     * the block's last token, which the engine writes when the block becomes full; the
+     * window of such layers reuses exact full blocks only, in multiples of
+     * `recurrent_snapshot_interval_tokens`, so a reused prefix ends on a snapshot: the engine
+     * restores the state from the row of the last reused block.
+     */
+    KVB_CACHE_TYPE_RECURRENT_STATE = 3,
+} kvb_cache_type_t;
+
+/**
  * What `kvb_manager_revert_allocate_context` did.
  */
 typedef enum kvb_context_revert_t {
@@ -153,6 +182,41 @@ typedef enum kvb_event_type_t {
      */
     KVB_EVENT_UPDATED = 3,
 } kvb_event_type_t;
+
+/**
+ * Element type of a layer's KV cache, which fixes the pool's element size.
+ */
+typedef enum kvb_kv_data_type_t {
+    /**
+     * The config's `bytes_per_element`.
+     */
+    KVB_KV_DATA_TYPE_DEFAULT = 0,
+    /**
+     * 4 bytes.
+     */
+    KVB_KV_DATA_TYPE_FP32 = 1,
+    /**
+     * 2 bytes.
+     */
+    KVB_KV_DATA_TYPE_FP16 = 2,
+    /**
+     * 2 bytes.
+     */
+    KVB_KV_DATA_TYPE_BF16 = 3,
+    /**
+     * 1 byte (E4M3 or E5M2: the manager only needs the size).
+     */
+    KVB_KV_DATA_TYPE_FP8 = 4,
+    /**
+     * 1 byte.
+     */
+    KVB_KV_DATA_TYPE_INT8 = 5,
+    /**
+     * NVFP4: two elements per byte, and a block-scale pool beside the data pool holding one
+     * FP8 scale per 16 elements. `size_per_head` must be a multiple of 16.
+     */
+    KVB_KV_DATA_TYPE_NVFP4 = 6,
+} kvb_kv_data_type_t;
 
 /**
  * When blocks are written to the remote store.
@@ -477,6 +541,32 @@ typedef struct kvb_remote_tier_config_t {
 } kvb_remote_tier_config_t;
 
 /**
+ * One attention layer of the model, in layer order (`kvb_manager_config_t::layers`).
+ */
+typedef struct kvb_layer_spec_t {
+    /**
+     * The layer's attention window: one of the config's windows.
+     */
+    int32_t window_size;
+    /**
+     * A `kvb_cache_type_t` value.
+     */
+    int32_t cache_type;
+    /**
+     * KV heads of the layer (1 for MLA); positive.
+     */
+    int32_t num_kv_heads;
+    /**
+     * Elements per head and token; positive.
+     */
+    int32_t size_per_head;
+    /**
+     * A `kvb_kv_data_type_t` value.
+     */
+    int32_t data_type;
+} kvb_layer_spec_t;
+
+/**
  * Manager configuration. Initialise with `kvb_manager_config_init`, then set fields.
  */
 typedef struct kvb_manager_config_t {
@@ -606,7 +696,92 @@ typedef struct kvb_manager_config_t {
      * remote tier.
      */
     const struct kvb_remote_tier_config_t *remote;
+    /**
+     * The model's layers in layer order (`num_layers` entries, copied; not kept after create),
+     * or null with 0 (the default): one pool per window of the window's `num_layers ×
+     * K|V × num_kv_heads × size_per_head` elements of `bytes_per_element`. Given, layers are
+     * grouped into pools per (window, cache type, KV heads, head size, data type), the
+     * windows' `num_layers`, `num_kv_heads` and `size_per_head` are not used, and every
+     * window needs a layer (`kvb_manager_get_pool_info`, `kvb_manager_get_layer_to_pool_mapping`).
+     * Added in version 2 of this struct: a caller built against version 1 (whose
+     * `struct_size` ends before this field) is served as before.
+     */
+    const struct kvb_layer_spec_t *layers;
+    /**
+     * Entries of `layers`.
+     */
+    size_t num_layers;
+    /**
+     * Tokens between the recurrent-state snapshots prefix reuse restores (layers of
+     * `KVB_CACHE_TYPE_RECURRENT_STATE`), a multiple of `tokens_per_block`; 0 (the default) =
+     * every block. Added in version 2.
+     */
+    int32_t recurrent_snapshot_interval_tokens;
 } kvb_manager_config_t;
+
+/**
+ * One pool of a manager (`kvb_manager_get_pool_info`). Pools are ordered as TensorRT-LLM
+ * orders them: the data pools of each window (ascending window size; inside a window
+ * ascending by KV heads, head size, data type, cache type), then the block-scale pools. A
+ * block owns row `memory_index` in every pool of its window.
+ */
+typedef struct kvb_pool_info_t {
+    /**
+     * `sizeof(kvb_pool_info_t)`, set by `kvb_pool_info_init`.
+     */
+    uint32_t struct_size;
+    /**
+     * The attention window of the pool's layers.
+     */
+    int32_t window_size;
+    /**
+     * A `kvb_cache_type_t` value.
+     */
+    int32_t cache_type;
+    /**
+     * A `kvb_kv_data_type_t` value (of the data, for a block-scale pool too).
+     */
+    int32_t data_type;
+    /**
+     * Layers in the pool.
+     */
+    int32_t num_layers;
+    /**
+     * 2 (K and V) or 1 (K only).
+     */
+    int32_t kv_factor;
+    /**
+     * KV heads of the pool's layers.
+     */
+    int32_t num_kv_heads;
+    /**
+     * Elements per head and token of the layers.
+     */
+    int32_t size_per_head;
+    /**
+     * Bytes per head and token in this pool (NVFP4 data: `size_per_head / 2`; its scales:
+     * `size_per_head / 16`).
+     */
+    int32_t bytes_per_head_token;
+    /**
+     * Tokens per row: the manager's tokens per block; 1 for a recurrent-state pool (a
+     * snapshot has no token dimension).
+     */
+    int32_t tokens_per_block;
+    /**
+     * For a block-scale pool, the index of its data pool; -1 otherwise.
+     */
+    int32_t scales_of;
+    /**
+     * Bytes of one block's row: `layers × kv_factor × heads × tokens × bytes_per_head_token`,
+     * laid out `[layer][K|V][head][token][bytes]`.
+     */
+    uint64_t row_bytes;
+    /**
+     * Bytes one token takes in this pool over its layers.
+     */
+    uint64_t bytes_per_token;
+} kvb_pool_info_t;
 
 /**
  * A multimodal item: a 32-byte digest of its content covering `length` prompt tokens from
@@ -1797,6 +1972,93 @@ enum kvb_status_t kvb_manager_destroy(struct kvb_manager_t *manager);
 enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager, int32_t *out);
 
 /**
+ * Zeroes `info` and sets its `struct_size`.
+ */
+enum kvb_status_t kvb_pool_info_init(struct kvb_pool_info_t *info);
+
+/**
+ * Number of pools (TensorRT-LLM `getNumPools`): with `include_block_scale_pools` false, the
+ * data pools, which are the first dimension of offset tables.
+ */
+enum kvb_status_t kvb_manager_get_num_pools(struct kvb_manager_t *manager,
+                                            bool include_block_scale_pools,
+                                            int32_t *out);
+
+/**
+ * Describes pool `pool` (`0 ≤ pool < kvb_manager_get_num_pools(.., true, ..)`) into `*out`,
+ * whose `struct_size` must be set (`kvb_pool_info_init`).
+ */
+enum kvb_status_t kvb_manager_get_pool_info(struct kvb_manager_t *manager,
+                                            int32_t pool,
+                                            struct kvb_pool_info_t *out);
+
+/**
+ * The pool of each layer and the layer's index in it (TensorRT-LLM `getLayerToPoolMapping`
+ * and `getPoolLayerIdx`): `out_pools[l]`, `out_layer_in_pool[l]` for layer l, in the order of
+ * the config's `layers` (without layers: the windows' layers, window after window).
+ * `*out_count` = the number of layers; `KVB_STATUS_BUFFER_TOO_SMALL` when above `capacity`.
+ */
+enum kvb_status_t kvb_manager_get_layer_to_pool_mapping(struct kvb_manager_t *manager,
+                                                        int32_t *out_pools,
+                                                        int32_t *out_layer_in_pool,
+                                                        size_t capacity,
+                                                        size_t *out_count);
+
+/**
+ * Address of pool `pool` at `cache_level` (a `kvb_cache_level_t`) and the bytes of one block's
+ * row in it, as `kvb_manager_get_pool_pointer` gives them for a window's single pool: a
+ * block's bytes in this pool start at `*out_base + memory_index × *out_row_bytes`.
+ * `KVB_STATUS_UNSUPPORTED` where the pool has no memory.
+ */
+enum kvb_status_t kvb_manager_get_model_pool_pointer(struct kvb_manager_t *manager,
+                                                     int32_t pool,
+                                                     int32_t cache_level,
+                                                     uint8_t **out_base,
+                                                     size_t *out_row_bytes);
+
+/**
+ * The block-scale pool of each data pool at `cache_level` (TensorRT-LLM
+ * `getBlockScalePoolPointers`): `out[d]` for data pool d, null where the pool has no scales
+ * (not NVFP4) or no memory. Block-scale pools share their data pool's offsets.
+ * `*out_count` = the number of data pools.
+ */
+enum kvb_status_t kvb_manager_get_block_scale_pool_pointers(struct kvb_manager_t *manager,
+                                                            int32_t cache_level,
+                                                            uint8_t **out,
+                                                            size_t capacity,
+                                                            size_t *out_count);
+
+/**
+ * Registers the engine's memory as pool `pool` at `cache_level` (as
+ * `kvb_manager_register_pool` does for a window of one pool): `bytes` must cover the pool's
+ * rows (`blocks × row_bytes` of `kvb_manager_get_pool_info`). Only with the CUDA backend and
+ * while the manager holds no data.
+ */
+enum kvb_status_t kvb_manager_register_model_pool(struct kvb_manager_t *manager,
+                                                  int32_t pool,
+                                                  int32_t cache_level,
+                                                  void *pointer,
+                                                  size_t bytes);
+
+/**
+ * Bytes one token takes in each window of a model, over all its pools (block scales
+ * included): the `cache_size_per_token` that `kvb_calculate_window_size_to_share` and
+ * `kvb_calculate_max_num_blocks` take: a block's bytes over the window's pools divided by
+ * `tokens_per_block`, rounded up (exact for attention pools; a recurrent-state snapshot's
+ * bytes are spread over its block). Windows ascending; `*out_count` = the number of
+ * distinct windows; `KVB_STATUS_BUFFER_TOO_SMALL` when above `capacity`.
+ * `default_bytes_per_element` is the element size of layers of `KVB_KV_DATA_TYPE_DEFAULT`.
+ */
+enum kvb_status_t kvb_calculate_window_bytes_per_token(const struct kvb_layer_spec_t *layers,
+                                                       size_t num_layers,
+                                                       int32_t default_bytes_per_element,
+                                                       int32_t tokens_per_block,
+                                                       int32_t *out_window_sizes,
+                                                       uint64_t *out_bytes_per_token,
+                                                       size_t capacity,
+                                                       size_t *out_count);
+
+/**
  * Writes the 32-byte content digest of one multimodal item (BLAKE3 of its `len` raw bytes at
  * `data`) to the 32 bytes at `out_digest`, ready for `kvb_multimodal_item_t::digest`. Two items
  * whose placeholder token ids are equal but whose bytes differ get different digests, so their
@@ -2491,7 +2753,9 @@ enum kvb_status_t kvb_manager_register_pool(struct kvb_manager_t *manager,
  * (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
  * usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
  * row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
- * pool has no memory (no backend, an empty level, a pool not registered yet).
+ * pool has no memory (no backend, an empty level, a pool not registered yet);
+ * `KVB_STATUS_INVALID_ARGUMENT` for a window of several pools (a config with layers: see
+ * `kvb_manager_get_model_pool_pointer`).
  */
 enum kvb_status_t kvb_manager_get_pool_pointer(struct kvb_manager_t *manager,
                                                int32_t window_size,

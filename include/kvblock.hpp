@@ -49,6 +49,8 @@ struct Config {
     bool hasRemote = false;
     kvb_remote_tier_config_t remote{};
     std::string remoteUrls, remoteModelId, remotePassword;
+    /// The model's layers in order (kvb_manager_config_t::layers); empty: one pool per window.
+    std::vector<kvb_layer_spec_t> layers;
 
     Config() { check(kvb_manager_config_init(&raw)); }
 
@@ -94,6 +96,16 @@ struct Config {
         windows.push_back(kvb_window_config_t{window_size, primary_blocks, 0, num_layers,
                                               num_kv_heads, size_per_head,
                                               /*auto_host_tier*/ true});
+        return *this;
+    }
+    /// Adds `count` layers of one shape (in layer order) to the model.
+    Config& addLayers(int32_t count, int32_t window_size, kvb_cache_type_t cache_type,
+                      int32_t num_kv_heads, int32_t size_per_head,
+                      kvb_kv_data_type_t data_type = KVB_KV_DATA_TYPE_DEFAULT) {
+        for (int32_t i = 0; i < count; ++i) {
+            layers.push_back(
+                kvb_layer_spec_t{window_size, cache_type, num_kv_heads, size_per_head, data_type});
+        }
         return *this;
     }
 };
@@ -247,6 +259,8 @@ class Manager {
                 config.remotePassword.empty() ? nullptr : config.remotePassword.c_str();
             raw.remote = &remote;
         }
+        raw.layers = config.layers.empty() ? nullptr : config.layers.data();
+        raw.num_layers = config.layers.size();
         check(kvb_manager_create(&raw, &handle_));
     }
     ~Manager() { kvb_manager_destroy(handle_); }
@@ -609,6 +623,55 @@ class Manager {
         check(kvb_manager_get_pool_pointer(handle_, window, static_cast<int32_t>(level), &base,
                                            &row));
         return {base, row};
+    }
+
+    /// Pools (TensorRT-LLM `getNumPools`); without block-scale pools: offset-table pools.
+    int32_t getNumPools(bool includeBlockScalePools = true) const {
+        int32_t n = 0;
+        check(kvb_manager_get_num_pools(handle_, includeBlockScalePools, &n));
+        return n;
+    }
+    /// The description of pool `pool`.
+    kvb_pool_info_t getPoolInfo(int32_t pool) const {
+        kvb_pool_info_t info;
+        check(kvb_pool_info_init(&info));
+        check(kvb_manager_get_pool_info(handle_, pool, &info));
+        return info;
+    }
+    /// (pool, index in the pool) of every layer (TensorRT-LLM `getLayerToPoolMapping`).
+    std::vector<std::pair<int32_t, int32_t>> getLayerToPoolMapping() const {
+        size_t n = 0;
+        kvb_status_t s = kvb_manager_get_layer_to_pool_mapping(handle_, nullptr, nullptr, 0, &n);
+        if (s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
+        std::vector<int32_t> pools(n), index(n);
+        check(kvb_manager_get_layer_to_pool_mapping(handle_, pools.data(), index.data(), n, &n));
+        std::vector<std::pair<int32_t, int32_t>> out;
+        for (size_t i = 0; i < n; ++i) out.emplace_back(pools[i], index[i]);
+        return out;
+    }
+    /// Base address of pool `pool` at `level` and the bytes of one block's row in it.
+    std::pair<uint8_t*, size_t> getModelPoolPointer(int32_t pool, kvb_cache_level_t level) const {
+        uint8_t* base = nullptr;
+        size_t row = 0;
+        check(kvb_manager_get_model_pool_pointer(handle_, pool, static_cast<int32_t>(level), &base,
+                                                 &row));
+        return {base, row};
+    }
+    /// The block-scale pool of each data pool at `level`, null where none
+    /// (TensorRT-LLM `getBlockScalePoolPointers`).
+    std::vector<uint8_t*> getBlockScalePoolPointers(kvb_cache_level_t level) const {
+        size_t n = 0;
+        kvb_status_t s = kvb_manager_get_block_scale_pool_pointers(
+            handle_, static_cast<int32_t>(level), nullptr, 0, &n);
+        if (s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
+        std::vector<uint8_t*> out(n);
+        check(kvb_manager_get_block_scale_pool_pointers(handle_, static_cast<int32_t>(level),
+                                                        out.data(), n, &n));
+        return out;
+    }
+    /// Registers the engine's memory as pool `pool` at `level` (CUDA backend).
+    void registerModelPool(int32_t pool, kvb_cache_level_t level, void* pointer, size_t bytes) {
+        check(kvb_manager_register_model_pool(handle_, pool, level, pointer, bytes));
     }
 
     /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): pending removals are

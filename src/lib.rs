@@ -12,6 +12,7 @@ pub mod ffi;
 pub mod key;
 pub mod manager;
 pub mod pool;
+pub mod pool_model;
 pub mod prefetch;
 pub mod premixed;
 pub mod publisher;

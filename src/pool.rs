@@ -68,6 +68,65 @@ impl PoolGeometry {
     }
 }
 
+/// One pool of a window as the copy engines see it: its geometry, and whether a partial copy
+/// may move only the first tokens of each slab (packed FP4 data and block scales are
+/// interleaved, so their blocks always move whole, as in TensorRT-LLM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolShape {
+    pub geometry: PoolGeometry,
+    pub partial_copies: bool,
+}
+
+/// The pools of one window. A block owns the same row index in every pool of its window, so
+/// moving a block moves that row of each pool: the pools together are the block's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockLayout {
+    pools: Vec<PoolShape>,
+}
+
+impl BlockLayout {
+    pub fn new(pools: Vec<PoolShape>) -> Self {
+        BlockLayout { pools }
+    }
+
+    pub fn pools(&self) -> &[PoolShape] {
+        &self.pools
+    }
+
+    /// The first pool's geometry (the only one of a uniform window).
+    pub fn first(&self) -> Option<&PoolGeometry> {
+        self.pools.first().map(|p| &p.geometry)
+    }
+
+    /// Bytes of one block over all pools.
+    pub fn row_bytes(&self) -> usize {
+        self.pools.iter().map(|p| p.geometry.row_bytes()).sum()
+    }
+
+    /// `row_bytes`, or `None` when any pool's sizes or their sum overflow.
+    pub fn checked_row_bytes(&self) -> Option<usize> {
+        self.pools.iter().try_fold(0usize, |sum, p| {
+            sum.checked_add(p.geometry.checked_row_bytes()?)
+        })
+    }
+}
+
+impl From<PoolGeometry> for BlockLayout {
+    /// A window of one pool whose blocks may be partially copied.
+    fn from(geometry: PoolGeometry) -> Self {
+        BlockLayout::new(vec![PoolShape {
+            geometry,
+            partial_copies: true,
+        }])
+    }
+}
+
+impl From<&BlockLayout> for BlockLayout {
+    fn from(layout: &BlockLayout) -> Self {
+        layout.clone()
+    }
+}
+
 /// A `MemRow` in 4 bytes: the level in the top bit, the row index below.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PackedRow(u32);

@@ -6,7 +6,7 @@
 //! every (layer, K|V, head) slab are copied (partial reuse).
 
 use crate::error::{KvError, KvResult};
-use crate::pool::{Level, MemRow, PoolGeometry};
+use crate::pool::{BlockLayout, Level, MemRow, PoolShape};
 
 /// One row copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +39,9 @@ pub trait CopyEngine: Send {
     }
     /// Waits until every submitted copy is visible to the engine's compute work.
     fn sync(&mut self) {}
-    /// Base address of the pool of `level`: host memory for the host backend, the
-    /// device-visible address for the CUDA backend.
-    fn pool_base(&mut self, _level: Level) -> Option<*mut u8> {
+    /// Base address of pool `pool` of the window (in `BlockLayout` order) at `level`: host
+    /// memory for the host backend, the device-visible address for the CUDA backend.
+    fn pool_base(&mut self, _level: Level, _pool: usize) -> Option<*mut u8> {
         None
     }
     /// A failure of an asynchronous backend (a launch that could not be enqueued). It is
@@ -49,8 +49,14 @@ pub trait CopyEngine: Send {
     fn failure(&self) -> Option<&str> {
         None
     }
-    /// Replaces the pool of `level` with the engine's own memory (`address`, `bytes` long).
-    fn register_pool(&mut self, _level: Level, _address: u64, _bytes: usize) -> Result<(), String> {
+    /// Replaces pool `pool` of `level` with the engine's own memory (`address`, `bytes` long).
+    fn register_pool(
+        &mut self,
+        _level: Level,
+        _pool: usize,
+        _address: u64,
+        _bytes: usize,
+    ) -> Result<(), String> {
         Err("only the CUDA backend takes pools registered by the engine".into())
     }
     /// Batched submissions executed so far (kernel launches for the CUDA backend).
@@ -62,12 +68,13 @@ pub trait CopyEngine: Send {
     fn host_rows_visible(&self) -> bool {
         false
     }
-    /// Copies the bytes of a host-tier row into `out` (every copy submitted before is
-    /// complete by then).
+    /// Copies the bytes of a host-tier block into `out`: its row in every pool of the window,
+    /// concatenated in pool order (every copy submitted before is complete by then).
     fn read_row(&mut self, _row: MemRow, _out: &mut [u8]) -> Result<(), String> {
         Err("this copy backend does not expose host rows".into())
     }
-    /// Writes `data` into a host-tier row.
+    /// Writes `data` (every pool's row, concatenated as `read_row` gives them) into a host-tier
+    /// block.
     fn write_row(&mut self, _row: MemRow, _data: &[u8]) -> Result<(), String> {
         Err("this copy backend does not expose host rows".into())
     }
@@ -101,11 +108,13 @@ impl CopyEngine for NullEngine {
 }
 
 /// Pools held as host byte buffers; copies are `memcpy`s. Used by tests to check that data really
-/// moves, and by host-only deployments.
+/// moves, and by host-only deployments. A window may have several pools (`BlockLayout`): a
+/// block's bytes are its row in each of them.
 #[derive(Debug)]
 pub struct HostMemoryEngine {
-    geometry: PoolGeometry,
-    pools: [Vec<u8>; 2],
+    layout: BlockLayout,
+    /// `[level][pool]`: the rows of every pool of the window at each level.
+    pools: [Vec<Vec<u8>>; 2],
 }
 
 /// A zeroed byte buffer of `bytes`, or `KvError::OutOfMemory` (instead of aborting the host
@@ -128,85 +137,136 @@ pub fn try_zeroed_buffer(bytes: usize, what: &str) -> KvResult<Vec<u8>> {
     Ok(unsafe { Vec::from_raw_parts(ptr, bytes, bytes) })
 }
 
+/// Byte ranges (offset in the row, length) that a copy of `num_tokens` tokens moves in a row of
+/// `shape`: the whole row, or the first `num_tokens` tokens of every (layer, K|V, head) slab.
+pub(crate) fn copy_runs(shape: &PoolShape, num_tokens: u32) -> (usize, usize, usize) {
+    let g = &shape.geometry;
+    let row_bytes = g.row_bytes();
+    if num_tokens == 0 || num_tokens as usize >= g.tokens_per_block || !shape.partial_copies {
+        (row_bytes, row_bytes, 1)
+    } else {
+        (
+            num_tokens as usize * g.token_bytes(),
+            g.head_slab_bytes(),
+            g.slabs_per_row(),
+        )
+    }
+}
+
 impl HostMemoryEngine {
     /// Host pools of `num_primary` and `num_secondary` rows; panics when they cannot be
     /// allocated (tests). The manager uses `try_new`.
-    pub fn new(geometry: PoolGeometry, num_primary: usize, num_secondary: usize) -> Self {
-        Self::try_new(geometry, num_primary, num_secondary).expect("host pools")
+    pub fn new(layout: impl Into<BlockLayout>, num_primary: usize, num_secondary: usize) -> Self {
+        Self::try_new(layout, num_primary, num_secondary).expect("host pools")
     }
 
-    /// Host pools of `num_primary` and `num_secondary` rows; `KvError::OutOfMemory` when their
-    /// size overflows or the allocator refuses.
+    /// Host pools of `num_primary` and `num_secondary` rows of every pool of `layout`;
+    /// `KvError::OutOfMemory` when their size overflows or the allocator refuses.
     pub fn try_new(
-        geometry: PoolGeometry,
+        layout: impl Into<BlockLayout>,
         num_primary: usize,
         num_secondary: usize,
     ) -> KvResult<Self> {
-        let bytes = |rows: usize| {
-            geometry
-                .checked_row_bytes()
-                .and_then(|r| r.checked_mul(rows))
-                .ok_or_else(|| KvError::OutOfMemory("the pool size overflows".into()))
-        };
-        Ok(HostMemoryEngine {
-            geometry,
-            pools: [
-                try_zeroed_buffer(bytes(num_primary)?, "primary pool")?,
-                try_zeroed_buffer(bytes(num_secondary)?, "secondary pool")?,
-            ],
-        })
+        let layout = layout.into();
+        let mut pools = [Vec::new(), Vec::new()];
+        for (level, rows) in [num_primary, num_secondary].into_iter().enumerate() {
+            for shape in layout.pools() {
+                let bytes = shape
+                    .geometry
+                    .checked_row_bytes()
+                    .and_then(|r| r.checked_mul(rows))
+                    .ok_or_else(|| KvError::OutOfMemory("the pool size overflows".into()))?;
+                let what = if level == 0 {
+                    "primary pool"
+                } else {
+                    "secondary pool"
+                };
+                pools[level].push(try_zeroed_buffer(bytes, what)?);
+            }
+        }
+        Ok(HostMemoryEngine { layout, pools })
     }
 
+    pub fn layout(&self) -> &BlockLayout {
+        &self.layout
+    }
+
+    /// Bytes of a block's row in the first pool (the only one of a uniform window).
     pub fn row_bytes(&self) -> usize {
-        self.geometry.row_bytes()
+        self.layout.first().map_or(0, |g| g.row_bytes())
     }
 
+    /// The row of the first pool (the only one of a uniform window).
     pub fn row(&self, row: MemRow) -> &[u8] {
-        let n = self.row_bytes();
-        let start = row.index as usize * n;
-        &self.pools[row.level as usize][start..start + n]
+        self.pool_row(0, row)
     }
 
     pub fn row_mut(&mut self, row: MemRow) -> &mut [u8] {
-        let n = self.row_bytes();
+        self.pool_row_mut(0, row)
+    }
+
+    /// `row` in pool `pool` of the window.
+    pub fn pool_row(&self, pool: usize, row: MemRow) -> &[u8] {
+        let n = self.layout.pools()[pool].geometry.row_bytes();
         let start = row.index as usize * n;
-        &mut self.pools[row.level as usize][start..start + n]
+        &self.pools[row.level as usize][pool][start..start + n]
+    }
+
+    pub fn pool_row_mut(&mut self, pool: usize, row: MemRow) -> &mut [u8] {
+        let n = self.layout.pools()[pool].geometry.row_bytes();
+        let start = row.index as usize * n;
+        &mut self.pools[row.level as usize][pool][start..start + n]
+    }
+
+    /// All bytes of the block in `row`: its row in every pool of the window, in pool order.
+    /// The one place that enumerates them (tiers that store a block's bytes use it).
+    pub fn block_rows(&self, row: MemRow) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.layout.pools().len()).map(move |p| self.pool_row(p, row))
+    }
+
+    /// `block_rows`, writable.
+    pub fn block_rows_mut(&mut self, row: MemRow) -> impl Iterator<Item = &mut [u8]> + '_ {
+        let start_of = |p: usize| {
+            let n = self.layout.pools()[p].geometry.row_bytes();
+            (row.index as usize * n, n)
+        };
+        let spans: Vec<(usize, usize)> = (0..self.layout.pools().len()).map(start_of).collect();
+        self.pools[row.level as usize]
+            .iter_mut()
+            .zip(spans)
+            .map(|(pool, (start, n))| &mut pool[start..start + n])
     }
 
     fn copy_one(&mut self, c: &RowCopy) {
-        let row_bytes = self.row_bytes();
-        if c.src == c.dst || row_bytes == 0 {
+        if c.src == c.dst {
             return;
         }
-        let src_start = c.src.index as usize * row_bytes;
-        let dst_start = c.dst.index as usize * row_bytes;
-        let tpb = self.geometry.tokens_per_block as u32;
-        let (ranges, len): (Vec<usize>, usize) = if c.num_tokens == 0 || c.num_tokens >= tpb {
-            (vec![0], row_bytes)
-        } else {
-            let slab = self.geometry.head_slab_bytes();
-            (
-                (0..self.geometry.slabs_per_row())
-                    .map(|s| s * slab)
-                    .collect(),
-                c.num_tokens as usize * self.geometry.token_bytes(),
-            )
-        };
-        if c.src.level == c.dst.level {
-            let pool = &mut self.pools[c.src.level as usize];
-            for off in ranges {
-                pool.copy_within(src_start + off..src_start + off + len, dst_start + off);
+        for (p, shape) in self.layout.pools().iter().enumerate() {
+            let (len, stride, runs) = copy_runs(shape, c.num_tokens);
+            let row_bytes = shape.geometry.row_bytes();
+            if row_bytes == 0 {
+                continue;
             }
-        } else {
-            let [primary, secondary] = &mut self.pools;
-            let (src_pool, dst_pool) = if c.src.level == Level::Primary {
-                (&*primary, secondary)
+            let src_start = c.src.index as usize * row_bytes;
+            let dst_start = c.dst.index as usize * row_bytes;
+            if c.src.level == c.dst.level {
+                let pool = &mut self.pools[c.src.level as usize][p];
+                for r in 0..runs {
+                    let off = r * stride;
+                    pool.copy_within(src_start + off..src_start + off + len, dst_start + off);
+                }
             } else {
-                (&*secondary, primary)
-            };
-            for off in ranges {
-                dst_pool[dst_start + off..dst_start + off + len]
-                    .copy_from_slice(&src_pool[src_start + off..src_start + off + len]);
+                let [primary, secondary] = &mut self.pools;
+                let (src_pool, dst_pool) = if c.src.level == Level::Primary {
+                    (&primary[p], &mut secondary[p])
+                } else {
+                    (&secondary[p], &mut primary[p])
+                };
+                for r in 0..runs {
+                    let off = r * stride;
+                    dst_pool[dst_start + off..dst_start + off + len]
+                        .copy_from_slice(&src_pool[src_start + off..src_start + off + len]);
+                }
             }
         }
     }
@@ -224,18 +284,29 @@ impl CopyEngine for HostMemoryEngine {
         true
     }
 
+    /// The block's bytes in every pool of the window, concatenated in pool order.
     fn read_row(&mut self, row: MemRow, out: &mut [u8]) -> Result<(), String> {
-        out.copy_from_slice(self.row(row));
+        let mut at = 0;
+        for part in self.block_rows(row) {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
         Ok(())
     }
 
+    /// Writes `data` (every pool's row, concatenated as `read_row` gives them) into a block.
     fn write_row(&mut self, row: MemRow, data: &[u8]) -> Result<(), String> {
-        self.row_mut(row).copy_from_slice(data);
+        let mut at = 0;
+        for part in self.block_rows_mut(row) {
+            let n = part.len();
+            part.copy_from_slice(&data[at..at + n]);
+            at += n;
+        }
         Ok(())
     }
 
-    fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
-        let pool = &mut self.pools[level as usize];
+    fn pool_base(&mut self, level: Level, pool: usize) -> Option<*mut u8> {
+        let pool = self.pools[level as usize].get_mut(pool)?;
         if pool.is_empty() {
             None
         } else {
@@ -247,6 +318,7 @@ impl CopyEngine for HostMemoryEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::PoolGeometry;
 
     fn geometry() -> PoolGeometry {
         PoolGeometry {
@@ -310,5 +382,55 @@ mod tests {
             },
         ]);
         assert_eq!(e.row(row(Level::Secondary, 0)), &[7u8; 16]);
+    }
+
+    #[test]
+    fn every_pool_of_a_block_moves_together() {
+        // A K-only pool (partial copies) beside a pool whose blocks always move whole.
+        let k_only = PoolGeometry {
+            num_layers: 1,
+            kv_factor: 1,
+            ..geometry()
+        };
+        let layout = BlockLayout::new(vec![
+            PoolShape {
+                geometry: k_only,
+                partial_copies: true,
+            },
+            PoolShape {
+                geometry: geometry(),
+                partial_copies: false,
+            },
+        ]);
+        let mut e = HostMemoryEngine::new(&layout, 2, 1);
+        for (p, r) in e.block_rows_mut(row(Level::Primary, 0)).enumerate() {
+            for (i, b) in r.iter_mut().enumerate() {
+                *b = (10 * p + i + 1) as u8;
+            }
+        }
+        let _ = e.submit(&[
+            RowCopy {
+                src: row(Level::Primary, 0),
+                dst: row(Level::Secondary, 0),
+                num_tokens: 0,
+            },
+            RowCopy {
+                src: row(Level::Secondary, 0),
+                dst: row(Level::Primary, 1),
+                num_tokens: 2,
+            },
+        ]);
+        let offloaded: Vec<Vec<u8>> = e
+            .block_rows(row(Level::Secondary, 0))
+            .map(<[u8]>::to_vec)
+            .collect();
+        let original: Vec<Vec<u8>> = e
+            .block_rows(row(Level::Primary, 0))
+            .map(<[u8]>::to_vec)
+            .collect();
+        assert_eq!(offloaded, original);
+        // Partial: the first 2 of 4 tokens of the K-only pool, the whole row of the other.
+        assert_eq!(e.pool_row(0, row(Level::Primary, 1)), &[1, 2, 0, 0]);
+        assert_eq!(e.pool_row(1, row(Level::Primary, 1)), &original[1][..]);
     }
 }

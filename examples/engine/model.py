@@ -29,6 +29,11 @@ class ModelConfig:
     # sees, itself included (Mistral / Gemma style sliding window). Two sizes, two kvblock windows.
     windows: tuple = (None, 32, None, 32)
     seed: int = 0
+    # Multi-head latent attention (DeepSeek style) when > 0: a layer caches one row per token, a
+    # compressed latent of `mla_latent` plus a shared rotary key of `mla_rope` (kvblock's K-only
+    # pools); keys and values are expanded from the latent per head. 0: grouped-query attention.
+    mla_latent: int = 0
+    mla_rope: int = 16
 
     def window_of(self, layer: int, max_len: int) -> int:
         w = self.windows[layer]
@@ -52,6 +57,22 @@ def init_weights(cfg: ModelConfig) -> Weights:
 
     w = Weights(embed=rng.standard_normal((cfg.vocab, cfg.hidden)).astype(np.float32))
     for _ in range(cfg.num_layers):
+        if cfg.mla_latent:
+            nope = cfg.head_size - cfg.mla_rope
+            w.layers.append(dict(
+                attn_norm=(1 + 0.1 * rng.standard_normal(cfg.hidden)).astype(np.float32),
+                wq=lin(cfg.hidden, cfg.num_heads * cfg.head_size),
+                w_dkv=lin(cfg.hidden, cfg.mla_latent),
+                w_kr=lin(cfg.hidden, cfg.mla_rope),
+                w_uk=lin(cfg.mla_latent, cfg.num_heads * nope),
+                w_uv=lin(cfg.mla_latent, cfg.num_heads * cfg.head_size),
+                wo=lin(cfg.num_heads * cfg.head_size, cfg.hidden),
+                ffn_norm=(1 + 0.1 * rng.standard_normal(cfg.hidden)).astype(np.float32),
+                w_gate=lin(cfg.hidden, cfg.ffn),
+                w_up=lin(cfg.hidden, cfg.ffn),
+                w_down=lin(cfg.ffn, cfg.hidden),
+            ))
+            continue
         w.layers.append(dict(
             attn_norm=(1 + 0.1 * rng.standard_normal(cfg.hidden)).astype(np.float32),
             wq=lin(cfg.hidden, cfg.num_heads * cfg.head_size),
@@ -103,6 +124,27 @@ def attention(q, k, v, q_pos, k_pos, window: int | None) -> np.ndarray:
     return out.transpose(2, 0, 1, 3).reshape(n, num_heads * d)
 
 
+def mla_attention(cfg: ModelConfig, lw: dict, h: np.ndarray, positions: np.ndarray, layer: int,
+                  kv) -> np.ndarray:
+    """Latent attention: the cached row of a token is [latent, rotary key] (one "head", K only);
+    each head's key is its expansion of the latent and the shared rotary key, its value the
+    latent's other expansion."""
+    n, heads, d, r = len(h), cfg.num_heads, cfg.head_size, cfg.mla_rope
+    nope = d - r
+    q = (h @ lw["wq"]).reshape(n, heads, d)
+    q = np.concatenate([q[..., :nope], rope(q[..., nope:], positions, cfg.rope_theta)], axis=-1)
+    latent = h @ lw["w_dkv"]
+    k_rope = rope((h @ lw["w_kr"]).reshape(n, 1, r), positions, cfg.rope_theta)
+    row = np.concatenate([latent[:, None, :], k_rope], axis=-1)  # [n, 1, latent + rope]
+    rows, _, key_pos = kv.attend(layer, row, None, positions)
+    m = len(rows)
+    c, kr = rows[:, 0, :cfg.mla_latent], rows[:, :, cfg.mla_latent:]
+    keys = np.concatenate([(c @ lw["w_uk"]).reshape(m, heads, nope), np.broadcast_to(kr, (m, heads, r))],
+                          axis=-1)
+    values = (c @ lw["w_uv"]).reshape(m, heads, d)
+    return attention(q, keys, values, positions, key_pos, cfg.windows[layer])
+
+
 def forward(cfg: ModelConfig, w: Weights, tokens: np.ndarray, positions: np.ndarray, kv,
             all_logits: bool = False) -> np.ndarray:
     """Logits of the last token (or of every token) of a run of consecutive positions.
@@ -113,6 +155,12 @@ def forward(cfg: ModelConfig, w: Weights, tokens: np.ndarray, positions: np.ndar
     n = len(tokens)
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw["attn_norm"], cfg.eps)
+        if cfg.mla_latent:
+            x = x + mla_attention(cfg, lw, h, positions, i, kv) @ lw["wo"]
+            h = rms_norm(x, lw["ffn_norm"], cfg.eps)
+            gate = h @ lw["w_gate"]
+            x = x + ((gate / (1 + np.exp(-gate))) * (h @ lw["w_up"])) @ lw["w_down"]
+            continue
         q = rope((h @ lw["wq"]).reshape(n, cfg.num_heads, cfg.head_size), positions, cfg.rope_theta)
         k = rope((h @ lw["wk"]).reshape(n, cfg.num_kv_heads, cfg.head_size), positions, cfg.rope_theta)
         v = (h @ lw["wv"]).reshape(n, cfg.num_kv_heads, cfg.head_size)

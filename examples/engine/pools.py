@@ -42,6 +42,52 @@ class Pools:
         return SequenceKV(self, offsets)
 
 
+class ModelPools:
+    """The pools of a manager configured with its layers (an MLA model's K-only latent pools):
+    which pool and index in it each layer has (`get_layer_to_pool_mapping`), and the pools as
+    slabs (`model_pool_view`, float32). Offset-table entry `e` of a block in a pool of
+    `kv_factor` rows per layer: layer `l` of the pool reads slab `e + kv_factor * l` (K), and V
+    the next one where the pool has V."""
+
+    def __init__(self, manager: kvblock.KVCacheManager, cfg, max_len: int, tokens_per_block: int,
+                 storage=HostSlabs):
+        self.tpb = tokens_per_block
+        self.layer_at = manager.get_layer_to_pool_mapping()
+        self.info = [manager.get_pool_info(p) for p in range(manager.get_num_pools(False))]
+        self.slabs = [storage(manager.model_pool_view(p).view(np.float32)) for p in range(len(self.info))]
+        self.pool_index = {i.window_size: p for p, i in enumerate(self.info)}  # the windows
+        self.windows = [cfg.windows[i] for i in range(cfg.num_layers)]
+
+    def sequence(self, offsets: np.ndarray) -> "ModelSequenceKV":
+        return ModelSequenceKV(self, offsets)
+
+
+class ModelSequenceKV:
+    """`kv` for model.forward over ModelPools: K-only layers store and return their rows only."""
+
+    def __init__(self, pools: ModelPools, offsets: np.ndarray):
+        self.p = pools
+        self.offsets = offsets
+
+    def attend(self, layer: int, k: np.ndarray, v, positions: np.ndarray):
+        p = self.p
+        pool, local = p.layer_at[layer]
+        slabs, kv_factor = p.slabs[pool], p.info[pool].kv_factor
+        table = self.offsets[pool]  # [K|V][blocks]; a K-only pool lists the same entry twice
+        blocks, slots = positions // p.tpb, positions % p.tpb
+        slabs.write(table[0, blocks] + kv_factor * local, slots, k)
+        if v is not None:
+            slabs.write(table[0, blocks] + kv_factor * local + 1, slots, v)
+        hi = int(positions[-1]) + 1
+        window = p.windows[layer]
+        lo = 0 if window is None else max(0, int(positions[0]) - window + 1)
+        first, last = lo // p.tpb, (hi - 1) // p.tpb + 1
+        cut = slice(lo - first * p.tpb, hi - first * p.tpb)
+        keys = gather(slabs, table[0, first:last] + kv_factor * local)[cut]
+        values = None if v is None else gather(slabs, table[0, first:last] + kv_factor * local + 1)[cut]
+        return keys, values, np.arange(lo, hi)
+
+
 class SequenceKV:
     """`kv` for model.forward: writes a run's K and V at their slots, gathers what it attends to."""
 

@@ -25,10 +25,10 @@ from scheduler import Engine, EngineConfig  # noqa: E402
 
 
 def run(first: int = 3000, count: int = 993, engine_config: EngineConfig | None = None, seed: int = 0,
-        svg: str | None = None):
+        svg: str | None = None, mla: bool = False):
     """Runs the engine and the oracle (and writes the plot to `svg`); returns (counts, verdict, seconds)."""
     t0 = time.perf_counter()
-    cfg = model.ModelConfig(seed=seed)
+    cfg = model.ModelConfig(seed=seed, mla_latent=48 if mla else 0)
     weights = model.init_weights(cfg)
     engine = Engine(cfg, weights, engine_config or EngineConfig())
     reqs = workload.load(first, count, cfg.vocab)
@@ -58,9 +58,12 @@ def main() -> int:
                          "the simulated driver)")
     ap.add_argument("--remote", metavar="URL", help="share prefixes through a Redis / Valkey server (redis://...)")
     ap.add_argument("--remote-password", default="", help="the server's password")
+    ap.add_argument("--mla", action="store_true",
+                    help="multi-head latent attention: one K-only latent row per token (kvblock's "
+                         "K-only pools) instead of grouped-query K and V")
     args = ap.parse_args()
     e = EngineConfig(backend=args.backend, remote=args.remote, remote_password=args.remote_password)
-    counts, verdict, seconds = run(args.first, args.requests, e, seed=args.seed, svg=args.svg)
+    counts, verdict, seconds = run(args.first, args.requests, e, seed=args.seed, svg=args.svg, mla=args.mla)
     print(report.render(counts, verdict, seconds))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1
 

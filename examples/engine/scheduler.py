@@ -27,7 +27,7 @@ import numpy as np
 import kvblock
 import model
 import storage
-from pools import Pools
+from pools import ModelPools, Pools
 
 
 @dataclass
@@ -56,6 +56,11 @@ def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerCo
                for w, n in sorted(layers.items())]
     c = kvblock.ManagerConfig(windows, max_sequence_length=e.max_len, tokens_per_block=e.tokens_per_block,
                               bytes_per_element=4, copy_backend=kvblock.CopyBackend.HOST)
+    if cfg.mla_latent:
+        # One K-only row per token and layer: the latent and the rotary key, float32.
+        c.layers = [kvblock.LayerSpec(cfg.window_of(i, e.max_len), kvblock.CacheType.SELF_K_ONLY, 1,
+                                      cfg.mla_latent + cfg.mla_rope, kvblock.KvDataType.FP32)
+                    for i in range(cfg.num_layers)]
     if e.backend == "cuda-torch":
         import torch
 
@@ -85,7 +90,8 @@ class Engine:
         self.cfg, self.w, self.e = cfg, weights, e
         self.driver = storage.Driver() if e.backend == "cuda-driver" else None
         self.m = kvblock.KVCacheManager(manager_config(cfg, e))
-        self.pools = Pools(self.m, cfg, e.max_len, e.tokens_per_block, storage_of(e, self.driver))
+        pools = ModelPools if cfg.mla_latent else Pools
+        self.pools = pools(self.m, cfg, e.max_len, e.tokens_per_block, storage_of(e, self.driver))
         self.swa_windows = sorted({w for w in cfg.windows if w is not None})
         self.waiting: deque = deque()
         self.running: list = []  # admission order

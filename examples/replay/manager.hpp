@@ -23,6 +23,28 @@ struct ManagerHandle {
 /// pinned host memory) when --block-bytes > 0. The CUDA backend copies on the legacy default
 /// stream, standing in for the engine's.
 inline void create_manager(ManagerHandle& h, const Options& o, int32_t max_sequence_length) {
+    if (o.model != "uniform") {
+        // A model preset: its layers decide the pools; every window gets the configured blocks.
+        std::vector<kvb_layer_spec_t> layers;
+        std::vector<kvb_window_config_t> windows;
+        model_windows(model_preset(o.model), max_sequence_length, o.primary_blocks,
+                      o.secondary_blocks, layers, windows);
+        kvb_manager_config_t config;
+        check(kvb_manager_config_init(&config), "kvb_manager_config_init");
+        config.windows = windows.data();
+        config.num_windows = windows.size();
+        config.layers = layers.data();
+        config.num_layers = layers.size();
+        config.tokens_per_block = o.tokens_per_block;
+        config.max_beam_width = 1;
+        config.max_sequence_length = max_sequence_length;
+        config.enable_partial_reuse = o.partial_reuse;
+        config.copy_backend = o.copy_backend;
+        config.max_kv_event_entries = o.events ? kEventEntries : 0;
+        config.stall_pass_threshold = o.stall_passes;
+        check(kvb_manager_create(&config, &h.m), "kvb_manager_create");
+        return;
+    }
     const bool real_pools = o.block_bytes > 0;
     kvb_window_config_t window{};
     window.window_size = max_sequence_length;

@@ -3,6 +3,7 @@
 #define KVBLOCK_REPLAY_OPTIONS_HPP
 
 #include "common.hpp"
+#include "models.hpp"
 
 namespace replay {
 
@@ -26,8 +27,9 @@ struct Options {
     bool partial_reuse = true;
     bool realtime = false;
     int64_t block_bytes = 0;
-    int copy_backend = -1;  // -1: host when block_bytes > 0, else none
-    int events = -1;        // -1: the loop's default (engine on, peer off)
+    int copy_backend = -1;          // -1: host when block_bytes > 0, else none
+    std::string model = "uniform";  // a preset of models.hpp
+    int events = -1;                // -1: the loop's default (engine on, peer off)
     std::string json;
     std::string svg;
     bool svg_set = false;
@@ -72,6 +74,11 @@ inline void usage(std::FILE* out) {
         "                          max-utilization (suspend and resume)\n"
         "  --stall-passes N        max-utilization: stalled passes before giving up (1000)\n"
         "  --no-partial-reuse      reuse full blocks (and exact partial matches) only\n"
+        "  --model NAME            the pools of a model's layers: uniform (default: one pool of\n"
+        "                          --block-bytes), llama-gqa, deepseek-v3-mla (latent + indexer,\n"
+        "                          K only), gemma-vswa (1024-token sliding + global windows, each\n"
+        "                          of --primary-blocks), hybrid-mamba (attention + recurrent\n"
+        "                          state snapshots); real pools of a model with --copy-backend\n"
         "  --realtime              engine: requests arrive at their timestamps\n"
         "  --block-bytes N         bytes of KV per block in real pools; 0 = bookkeeping only\n"
         "                          (default 0); must be a multiple of 2 x tokens per block\n"
@@ -177,7 +184,10 @@ inline Options parse_options(int argc, char** argv) {
                                          v + "'");
         } else if (arg == "--stall-passes")
             o.stall_passes = static_cast<int32_t>(parse_int(arg, next(), 1, INT32_MAX));
-        else if (arg == "--no-partial-reuse")
+        else if (arg == "--model") {
+            o.model = next();
+            model_preset(o.model);  // an unknown name fails here
+        } else if (arg == "--no-partial-reuse")
             o.partial_reuse = false;
         else if (arg == "--realtime")
             o.realtime = true;
@@ -274,7 +284,9 @@ inline Options parse_options(int argc, char** argv) {
         throw std::runtime_error("--block-bytes is too large");
     if (o.copy_backend < 0)
         o.copy_backend = o.block_bytes > 0 ? KVB_COPY_BACKEND_HOST : KVB_COPY_BACKEND_NONE;
-    if ((o.copy_backend == KVB_COPY_BACKEND_NONE) != (o.block_bytes == 0)) {
+    if (o.model != "uniform" && o.block_bytes > 0)
+        throw std::runtime_error("--block-bytes applies to the uniform model only");
+    if (o.model == "uniform" && (o.copy_backend == KVB_COPY_BACKEND_NONE) != (o.block_bytes == 0)) {
         throw std::runtime_error(
             "--block-bytes > 0 goes with --copy-backend host or cuda, and only with them");
     }

@@ -59,6 +59,7 @@ inline void print_summary(const Report& r) {
     if (r.o.loop == Loop::Engine) extras += ", token budget " + std::to_string(r.o.token_budget);
     if (!r.o.partial_reuse) extras += ", no partial reuse";
     if (r.o.realtime) extras += ", realtime";
+    if (r.o.model != "uniform") extras += ", model " + r.o.model;
     if (r.o.block_bytes > 0) {
         extras += ", " + std::to_string(r.o.block_bytes) + " bytes per block in " +
                   (r.o.copy_backend == KVB_COPY_BACKEND_CUDA ? "GPU" : "host") + " pools";
@@ -69,6 +70,26 @@ inline void print_summary(const Report& r) {
         "max output %d, max sequence %d tokens%s\n",
         r.num_requests, r.o.tokens_per_block, r.o.primary_blocks, r.o.secondary_blocks,
         r.o.max_running, r.o.max_output, r.max_sequence_length, extras.c_str());
+    if (r.o.model != "uniform") {
+        // The preset's pools: bytes one token takes in each window.
+        std::vector<kvb_layer_spec_t> layers;
+        std::vector<kvb_window_config_t> windows;
+        model_windows(model_preset(r.o.model), r.max_sequence_length, 0, 0, layers, windows);
+        std::vector<int32_t> sizes(windows.size());
+        std::vector<uint64_t> bytes(windows.size());
+        size_t n = 0;
+        std::string per_window;
+        if (kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), 2,
+                                                 r.o.tokens_per_block, sizes.data(), bytes.data(),
+                                                 sizes.size(), &n) == KVB_OK) {
+            for (size_t i = 0; i < n; ++i) {
+                per_window += (i ? ", " : "") + std::to_string(bytes[i]) + " in window " +
+                              std::to_string(sizes[i]);
+            }
+        }
+        std::printf("  model        %s: %zu layers; bytes per token %s\n", r.o.model.c_str(),
+                    layers.size(), per_window.c_str());
+    }
     std::printf(
         "  steps        %llu (%llu admissions, %llu admission attempts that did not fit, %llu "
         "preemptions)\n",
@@ -152,6 +173,7 @@ inline void write_json(const Report& r, const std::string& path) {
     w.begin_object("config")
         .str("trace", r.o.trace)
         .str("loop", r.loop_name())
+        .str("model", r.o.model)
         .str("scheduler",
              r.o.scheduler == Scheduler::MaxUtilization ? "max-utilization" : "preempt")
         .num("requests", static_cast<uint64_t>(r.num_requests))

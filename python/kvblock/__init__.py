@@ -19,6 +19,11 @@ The classes wrap libkvblock's C ABI (bundled beside this package); see
 
 from ._kvblock import (
     Admission,
+    CacheType,
+    KvDataType,
+    LayerSpec,
+    PoolInfo,
+    calculate_window_bytes_per_token,
     BatchEstimate,
     BeamWidthExceededError,
     BlockInfo,
@@ -80,6 +85,11 @@ __version__ = "{}.{}.{}".format(*version())
 
 __all__ = [
     "Admission",
+    "CacheType",
+    "KvDataType",
+    "LayerSpec",
+    "PoolInfo",
+    "calculate_window_bytes_per_token",
     "BatchEstimate",
     "BeamWidthExceededError",
     "BlockInfo",

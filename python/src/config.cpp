@@ -24,7 +24,8 @@ namespace {
     X(max_utilization_for_resume, double)      \
     X(stall_pass_threshold, int32_t)           \
     X(num_extra_kv_tokens, int32_t)            \
-    X(max_draft_tokens, int32_t)
+    X(max_draft_tokens, int32_t)               \
+    X(recurrent_snapshot_interval_tokens, int32_t)
 
 std::optional<int32_t> get_dp_rank(const kvb::Config& c) {
     return c.raw.attention_dp_rank < 0 ? std::nullopt
@@ -52,6 +53,8 @@ void apply_config_kwargs(kvb::Config& c, const nb::kwargs& kwargs) {
                 static_cast<int32_t>(nb::cast<kvb_cuda_transfer_mode_t>(value));
         } else if (k == "cuda_stream") {
             c.raw.cuda_stream = reinterpret_cast<void*>(nb::cast<uintptr_t>(value));
+        } else if (k == "layers") {
+            c.layers = nb::cast<std::vector<kvb_layer_spec_t>>(value);
         } else if (k == "attention_dp_rank") {
             set_dp_rank(c, nb::cast<std::optional<int32_t>>(value));
         } else {
@@ -71,7 +74,9 @@ library's default (``kvb_manager_config_init``; ``repr(ManagerConfig())`` shows 
 ``manual_clock``, ``max_kv_event_entries`` (0 = events off), ``attention_dp_rank`` (None = none);
 for ``CopyBackend.CUDA``: ``cuda_device``, ``cuda_stream`` (the engine's stream as an integer, e.g.
 ``torch.cuda.current_stream().cuda_stream``), ``cuda_transfer_mode`` (:class:`CudaTransferMode`),
-``cuda_allocate_pools`` (False: register the engine's own memory with ``register_pool``).)";
+``cuda_allocate_pools`` (False: register the engine's own memory with ``register_pool``);
+``layers`` (a list of :class:`LayerSpec`: the pools follow the model's layers, see
+:meth:`KVCacheManager.get_pool_info`), ``recurrent_snapshot_interval_tokens``.)";
 
 }  // namespace
 
@@ -120,7 +125,10 @@ void init_config(nb::module_& m) {
                 "windows"_a = std::vector<kvb_window_config_t>(), "kwargs"_a,
                 "Library defaults, then ``windows`` and the named fields.")
             .def_rw("windows", &kvb::Config::windows,
-                    "The windows (a copy; assign a list to change).");
+                    "The windows (a copy; assign a list to change).")
+            .def_rw("layers", &kvb::Config::layers,
+                    "The model's layers (:class:`LayerSpec`, a copy; assign a list to change); "
+                    "empty: one pool per window from its sizes.");
 #define X(name, type)                                           \
     config.def_prop_rw(                                         \
         #name, [](const kvb::Config& c) { return c.raw.name; }, \

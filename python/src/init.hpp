@@ -8,6 +8,7 @@ namespace kvb_py {
 
 void init_enums(nb::module_& m);
 void init_errors(nb::module_& m);
+void init_pool_model(nb::module_& m);
 void init_config(nb::module_& m);
 void init_request(nb::module_& m);
 void init_results(nb::module_& m);

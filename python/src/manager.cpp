@@ -47,6 +47,7 @@ void init_manager(nb::module_& m) {
     init_manager_reuse_tree(m, cls);
     init_sizing(cls);
     init_manager_disk(cls);
+    init_manager_pools(cls);
 }
 
 }  // namespace kvb_py

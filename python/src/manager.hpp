@@ -60,6 +60,9 @@ using ManagerClass = nb::class_<Manager>;
 /// Zero-copy view of a pool (pool_view.cpp).
 nb::object pool_view(nb::handle self_obj, int32_t window, kvb_cache_level_t level);
 extern const char* const kPoolViewDoc;
+/// A zero-copy view of pool memory at `base` owned by the manager object (pool_view.cpp).
+nb::object wrap_pool_memory(nb::handle self_obj, void* base, const std::vector<size_t>& shape,
+                            nb::dlpack::dtype dtype, kvb_cache_level_t level);
 
 // The KVCacheManager methods, one file per subsystem (manager_*.cpp).
 void init_manager_admission(ManagerClass& cls);
@@ -72,5 +75,6 @@ void init_manager_iteration(ManagerClass& cls);
 void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls);
 void init_sizing(ManagerClass& cls);
 void init_manager_disk(ManagerClass& cls);
+void init_manager_pools(ManagerClass& cls);
 
 }  // namespace kvb_py

@@ -15,6 +15,7 @@ NB_MODULE(_kvblock, m) {
     kvb_py::init_enums(m);
     kvb_py::init_errors(m);
     kvb_py::init_remote(m);
+    kvb_py::init_pool_model(m);
     kvb_py::init_config(m);
     kvb_py::init_request(m);
     kvb_py::init_results(m);

@@ -49,6 +49,10 @@ nb::object pool_view(nb::handle self_obj, int32_t window, kvb_cache_level_t leve
     for (const auto& c : self.config.windows)
         if (c.window_size == window) w = &c;
     if (w == nullptr) invalid_argument("pool_view: no window of size " + std::to_string(window));
+    if (!self.config.layers.empty()) {
+        invalid_argument(
+            "pool_view: this manager's pools come from its layers: use model_pool_view");
+    }
     auto [base, row] = nogil([&] { return self.m.getPoolPointer(window, level); });
     const int64_t blocks = level == KVB_CACHE_LEVEL_PRIMARY
                                ? w->primary_blocks
@@ -68,6 +72,13 @@ nb::object pool_view(nb::handle self_obj, int32_t window, kvb_cache_level_t leve
         throw kvb::Error(KVB_STATUS_INTERNAL, "pool_view: row bytes " + std::to_string(row) +
                                                   " differ from the configured geometry");
     }
+    return wrap_pool_memory(self_obj, base, shape, dtype, level);
+}
+
+/// A view of `base` shaped `shape`, owned by the manager object (see pool_view).
+nb::object wrap_pool_memory(nb::handle self_obj, void* base, const std::vector<size_t>& shape,
+                            nb::dlpack::dtype dtype, kvb_cache_level_t level) {
+    Manager& self = *nb::inst_ptr<Manager>(self_obj);
     const bool gpu =
         self.config.raw.copy_backend == KVB_COPY_BACKEND_CUDA && level == KVB_CACHE_LEVEL_PRIMARY;
     auto* owner = new ViewOwner{self_obj.ptr()};

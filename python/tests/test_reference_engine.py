@@ -41,6 +41,17 @@ def test_reference_engine_equals_the_uncached_model():
         assert counts[event] > 0, f"{event}: {counts}"
 
 
+def test_the_mla_engine_equals_the_uncached_model():
+    """Multi-head latent attention: one K-only latent row per token and layer in kvblock's K-only
+    pools (read through the layer map and the offset tables), reused, offloaded and onboarded."""
+    counts, verdict, _ = run.run(first=3700, count=30, mla=True)
+    assert verdict.tokens > 0 and verdict.failures == 0
+    assert verdict.equal == verdict.tokens, f"tokens equal: {verdict.equal}/{verdict.tokens}"
+    for event in ("offloads (to the host tier)", "onboards (from the host tier)",
+                  "prompt tokens reused (not recomputed)"):
+        assert counts[event] > 0, f"{event}: {counts}"
+
+
 def test_without_host_room_the_engine_preempts_instead_of_suspending():
     """No host tier: suspending cannot move a block, so the engine falls back to preemption (the
     request is released with its computed blocks stored and re-admitted, reusing them)."""

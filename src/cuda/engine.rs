@@ -19,7 +19,7 @@ use super::device::CudaDevice;
 use super::driver::{check, guarded, ContextGuard, CudaError, CudaResult};
 use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
 use crate::error::KvError;
-use crate::pool::{Level, PoolGeometry};
+use crate::pool::{BlockLayout, Level};
 use crate::transfer::{CopyEngine, CopyFailure, RowCopy};
 
 const THREADS_PER_CTA: u32 = 256;
@@ -61,9 +61,12 @@ struct DescriptorBuffer {
 /// Copy engine of one window on the GPU.
 pub struct CudaCopyEngine {
     device: Arc<CudaDevice>,
-    geometry: PoolGeometry,
+    layout: BlockLayout,
     rows: [usize; 2],
-    pools: [Pool; 2],
+    /// `[pool][level]`: the memory of every pool of the window.
+    pools: Vec<[Pool; 2]>,
+    /// Scratch: the addresses of every pool, rebuilt per launch.
+    addresses: Vec<PoolAddresses>,
     plan: CopyPlan,
     buffers: Vec<DescriptorBuffer>,
     /// Next buffer to try first (round robin keeps the oldest launch next in line).
@@ -78,33 +81,45 @@ pub struct CudaCopyEngine {
 unsafe impl Send for CudaCopyEngine {}
 
 impl CudaCopyEngine {
-    /// An engine for a window of `num_primary` + `num_secondary` rows of `geometry`; allocates
-    /// both pools when `allocate_pools`, else leaves them to `register_pool`. A driver function
-    /// missing from the loaded library is an `Unavailable` error naming it.
+    /// An engine for a window of `num_primary` + `num_secondary` rows of every pool of
+    /// `layout`; allocates the pools of both levels when `allocate_pools`, else leaves them to
+    /// `register_pool`. A driver function missing from the loaded library is an `Unavailable`
+    /// error naming it.
     pub fn new(
         device: Arc<CudaDevice>,
-        geometry: PoolGeometry,
+        layout: impl Into<BlockLayout>,
         num_primary: usize,
         num_secondary: usize,
         allocate_pools: bool,
     ) -> CudaResult<CudaCopyEngine> {
         guarded("creating the CUDA copy engine", || {
-            Self::new_unguarded(device, geometry, num_primary, num_secondary, allocate_pools)
+            Self::new_unguarded(
+                device,
+                layout.into(),
+                num_primary,
+                num_secondary,
+                allocate_pools,
+            )
         })
     }
 
     fn new_unguarded(
         device: Arc<CudaDevice>,
-        geometry: PoolGeometry,
+        layout: BlockLayout,
         num_primary: usize,
         num_secondary: usize,
         allocate_pools: bool,
     ) -> CudaResult<CudaCopyEngine> {
         let mut engine = CudaCopyEngine {
             device,
-            geometry,
+            pools: layout
+                .pools()
+                .iter()
+                .map(|_| [Pool::Missing, Pool::Missing])
+                .collect(),
+            addresses: Vec::new(),
+            layout,
             rows: [num_primary, num_secondary],
-            pools: [Pool::Missing, Pool::Missing],
             plan: CopyPlan::default(),
             buffers: Vec::new(),
             next_buffer: 0,
@@ -122,34 +137,43 @@ impl CudaCopyEngine {
         Ok(engine)
     }
 
-    fn pool_bytes(&self, level: Level) -> usize {
-        self.rows[level as usize] * self.geometry.row_bytes()
+    fn pool_bytes(&self, level: Level, pool: usize) -> usize {
+        self.rows[level as usize] * self.layout.pools()[pool].geometry.row_bytes()
     }
 
     fn allocate_pools(&mut self) -> CudaResult<()> {
         let _ctx = ContextGuard::enter(self.device.context())?;
-        let primary = self.pool_bytes(Level::Primary);
-        if primary > 0 {
-            let mut p: CUdeviceptr = 0;
-            // SAFETY: out-pointer to a local.
-            check(
-                unsafe { sys::cuMemAlloc_v2(&mut p, primary) },
-                "cuMemAlloc (primary pool)",
-            )
-            .map_err(|e| CudaError::Call(format!("{e} ({primary} bytes)")))?;
-            self.pools[0] = Pool::Device(p);
-        }
-        let secondary = self.pool_bytes(Level::Secondary);
-        if secondary > 0 {
-            let (host, device) = alloc_mapped_host(secondary)
-                .map_err(|e| CudaError::Call(format!("{e} (secondary pool, {secondary} bytes)")))?;
-            self.pools[1] = Pool::Host(host, device);
+        for pool in 0..self.pools.len() {
+            let primary = self.pool_bytes(Level::Primary, pool);
+            if primary > 0 {
+                let mut p: CUdeviceptr = 0;
+                // SAFETY: out-pointer to a local.
+                check(
+                    unsafe { sys::cuMemAlloc_v2(&mut p, primary) },
+                    "cuMemAlloc (primary pool)",
+                )
+                .map_err(|e| CudaError::Call(format!("{e} ({primary} bytes)")))?;
+                self.pools[pool][0] = Pool::Device(p);
+            }
+            let secondary = self.pool_bytes(Level::Secondary, pool);
+            if secondary > 0 {
+                let (host, device) = alloc_mapped_host(secondary).map_err(|e| {
+                    CudaError::Call(format!("{e} (secondary pool, {secondary} bytes)"))
+                })?;
+                self.pools[pool][1] = Pool::Host(host, device);
+            }
         }
         Ok(())
     }
 
     fn pools_present(&self) -> bool {
-        (0..2).all(|l| self.rows[l] == 0 || self.pools[l].address().is_some())
+        self.pools.iter().enumerate().all(|(p, levels)| {
+            (0..2).all(|l| {
+                self.rows[l] == 0
+                    || self.layout.pools()[p].geometry.row_bytes() == 0
+                    || levels[l].address().is_some()
+            })
+        })
     }
 
     fn launch(&mut self, copies: &[RowCopy]) -> CudaResult<()> {
@@ -158,11 +182,14 @@ impl CudaCopyEngine {
                 "a pool of this window is not registered yet (cuda_allocate_pools is false)".into(),
             ));
         }
-        let pools = PoolAddresses([
-            self.pools[0].address().unwrap_or(0),
-            self.pools[1].address().unwrap_or(0),
-        ]);
-        self.plan.build(copies, &self.geometry, pools);
+        self.addresses.clear();
+        self.addresses.extend(self.pools.iter().map(|levels| {
+            PoolAddresses([
+                levels[0].address().unwrap_or(0),
+                levels[1].address().unwrap_or(0),
+            ])
+        }));
+        self.plan.build(copies, &self.layout, &self.addresses);
         let count = self.plan.descriptors.len();
         if count == 0 {
             return Ok(());
@@ -292,10 +319,10 @@ impl CudaCopyEngine {
         }
     }
 
-    fn free_pool(&mut self, level: Level) {
+    fn free_pool(&mut self, level: Level, pool: usize) {
         // SAFETY: frees memory this engine allocated, once (the pool is reset to Missing).
         unsafe {
-            match std::mem::replace(&mut self.pools[level as usize], Pool::Missing) {
+            match std::mem::replace(&mut self.pools[pool][level as usize], Pool::Missing) {
                 Pool::Device(p) => {
                     sys::cuMemFree_v2(p);
                 }
@@ -307,23 +334,35 @@ impl CudaCopyEngine {
         }
     }
 
-    /// Replaces the pool of `level` with the engine's memory at `address` (`bytes` long): GPU
-    /// memory for the primary level, pinned host memory for the secondary one. Waits for this
-    /// window's copies in flight, then frees kvblock's own pool of that level.
-    pub fn register(&mut self, level: Level, address: u64, bytes: usize) -> CudaResult<()> {
-        let needed = self.pool_bytes(level);
+    /// Replaces pool `pool` (in `BlockLayout` order) of `level` with the engine's memory at
+    /// `address` (`bytes` long): GPU memory for the primary level, pinned host memory for the
+    /// secondary one. Waits for this window's copies in flight, then frees kvblock's own pool.
+    pub fn register(
+        &mut self,
+        level: Level,
+        pool: usize,
+        address: u64,
+        bytes: usize,
+    ) -> CudaResult<()> {
+        if pool >= self.pools.len() {
+            return Err(CudaError::Call(format!(
+                "pool {pool} of a window with {} pools",
+                self.pools.len()
+            )));
+        }
+        let needed = self.pool_bytes(level, pool);
         if bytes < needed {
             return Err(CudaError::Call(format!(
                 "the pool needs {needed} bytes ({} rows of {} bytes), {bytes} given",
                 self.rows[level as usize],
-                self.geometry.row_bytes()
+                self.layout.pools()[pool].geometry.row_bytes()
             )));
         }
         let _ctx = ContextGuard::enter(self.device.context())?;
         let device_address = device_visible(level, address)?;
         self.wait_idle();
-        self.free_pool(level);
-        self.pools[level as usize] = Pool::Registered(device_address);
+        self.free_pool(level, pool);
+        self.pools[pool][level as usize] = Pool::Registered(device_address);
         Ok(())
     }
 }
@@ -460,16 +499,24 @@ impl CopyEngine for CudaCopyEngine {
         }
     }
 
-    fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
-        self.pools[level as usize].address().map(|a| a as *mut u8)
+    fn pool_base(&mut self, level: Level, pool: usize) -> Option<*mut u8> {
+        self.pools.get(pool)?[level as usize]
+            .address()
+            .map(|a| a as *mut u8)
     }
 
     fn failure(&self) -> Option<&str> {
         self.failure.as_deref()
     }
 
-    fn register_pool(&mut self, level: Level, address: u64, bytes: usize) -> Result<(), String> {
-        self.register(level, address, bytes)
+    fn register_pool(
+        &mut self,
+        level: Level,
+        pool: usize,
+        address: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        self.register(level, pool, address, bytes)
             .map_err(|e| e.to_string())
     }
 
@@ -495,7 +542,9 @@ impl Drop for CudaCopyEngine {
         for b in std::mem::take(&mut self.buffers) {
             free_buffer(b);
         }
-        self.free_pool(Level::Primary);
-        self.free_pool(Level::Secondary);
+        for pool in 0..self.pools.len() {
+            self.free_pool(Level::Primary, pool);
+            self.free_pool(Level::Secondary, pool);
+        }
     }
 }

@@ -10,7 +10,8 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
-use crate::pool::{MemRow, PoolGeometry};
+use crate::pool::{BlockLayout, MemRow, PoolShape};
+use crate::transfer::copy_runs;
 use crate::transfer::RowCopy;
 
 /// One copy as the kernel reads it; the layout of `kvb_copy_descriptor` in
@@ -53,16 +54,16 @@ fn row_key(row: MemRow) -> u64 {
 }
 
 impl CopyPlan {
-    /// Rebuilds the plan for `copies` (reusing the buffers of the last plan). Copies with the
+    /// Rebuilds the plan for `copies` (reusing the buffers of the last plan): one descriptor
+    /// per copy and pool of `layout` (`pools[p]` holds pool p's addresses). Copies with the
     /// same source and destination, and copies of empty rows, are dropped.
-    pub fn build(&mut self, copies: &[RowCopy], geometry: &PoolGeometry, pools: PoolAddresses) {
+    pub fn build(&mut self, copies: &[RowCopy], layout: &BlockLayout, pools: &[PoolAddresses]) {
         self.descriptors.clear();
         self.waves.clear();
         self.written.clear();
         self.read.clear();
         self.max_copy_bytes = 0;
-        let row_bytes = geometry.row_bytes() as u64;
-        if row_bytes == 0 {
+        if layout.row_bytes() == 0 {
             return;
         }
         let mut wave_start = 0;
@@ -82,11 +83,16 @@ impl CopyPlan {
             }
             self.read.insert(src);
             self.written.insert(dst);
-            let d = describe(c, geometry, pools);
-            self.max_copy_bytes = self
-                .max_copy_bytes
-                .max(d.chunk_bytes * u64::from(d.num_chunks));
-            self.descriptors.push(d);
+            for (shape, &addresses) in layout.pools().iter().zip(pools) {
+                if shape.geometry.row_bytes() == 0 {
+                    continue;
+                }
+                let d = describe(c, shape, addresses);
+                self.max_copy_bytes = self
+                    .max_copy_bytes
+                    .max(d.chunk_bytes * u64::from(d.num_chunks));
+                self.descriptors.push(d);
+            }
         }
         if wave_start < self.descriptors.len() {
             self.waves.push(wave_start..self.descriptors.len());
@@ -99,21 +105,13 @@ impl CopyPlan {
     }
 }
 
-/// The descriptor of one row copy: a whole row is one run; a partial copy takes the first
-/// `num_tokens` tokens of every (layer, K|V, head) slab.
-pub fn describe(c: &RowCopy, geometry: &PoolGeometry, pools: PoolAddresses) -> CopyDescriptor {
-    let row_bytes = geometry.row_bytes() as u64;
+/// The descriptor of one row copy in one pool: a whole row is one run; a partial copy takes the
+/// first `num_tokens` tokens of every (layer, K|V, head) slab (pools that allow it).
+pub fn describe(c: &RowCopy, shape: &PoolShape, pools: PoolAddresses) -> CopyDescriptor {
+    let row_bytes = shape.geometry.row_bytes() as u64;
     let address = |row: MemRow| pools.0[row.level as usize] + u64::from(row.index) * row_bytes;
-    let tpb = geometry.tokens_per_block as u32;
-    let (chunk_bytes, chunk_stride, num_chunks) = if c.num_tokens == 0 || c.num_tokens >= tpb {
-        (row_bytes, row_bytes, 1)
-    } else {
-        (
-            u64::from(c.num_tokens) * geometry.token_bytes() as u64,
-            geometry.head_slab_bytes() as u64,
-            geometry.slabs_per_row() as u32,
-        )
-    };
+    let (chunk_bytes, chunk_stride, num_chunks) = copy_runs(shape, c.num_tokens);
+    let (chunk_bytes, chunk_stride) = (chunk_bytes as u64, chunk_stride as u64);
     let (src, dst) = (address(c.src), address(c.dst));
     let aligned = (src | dst | chunk_bytes | chunk_stride) % 16 == 0;
     CopyDescriptor {
@@ -121,7 +119,7 @@ pub fn describe(c: &RowCopy, geometry: &PoolGeometry, pools: PoolAddresses) -> C
         dst,
         chunk_bytes,
         chunk_stride,
-        num_chunks,
+        num_chunks: num_chunks as u32,
         flags: if aligned { VECTOR_ALIGNED } else { 0 },
     }
 }
@@ -129,7 +127,7 @@ pub fn describe(c: &RowCopy, geometry: &PoolGeometry, pools: PoolAddresses) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::Level;
+    use crate::pool::{Level, PoolGeometry};
 
     fn geometry() -> PoolGeometry {
         PoolGeometry {
@@ -139,6 +137,13 @@ mod tests {
             size_per_head: 8,
             tokens_per_block: 4,
             bytes_per_element: 2,
+        }
+    }
+
+    fn whole(geometry: PoolGeometry) -> PoolShape {
+        PoolShape {
+            geometry,
+            partial_copies: true,
         }
     }
 
@@ -171,7 +176,7 @@ mod tests {
         let g = geometry();
         let d = describe(
             &copy(row(Level::Secondary, 3), row(Level::Primary, 5), 0),
-            &g,
+            &whole(g),
             POOLS,
         );
         let row_bytes = g.row_bytes() as u64; // 2 layers × K|V × 2 heads × 4 tokens × 8 × 2 bytes
@@ -187,7 +192,7 @@ mod tests {
         let g = geometry();
         let d = describe(
             &copy(row(Level::Primary, 0), row(Level::Primary, 1), 3),
-            &g,
+            &whole(g),
             POOLS,
         );
         assert_eq!(d.num_chunks as usize, g.slabs_per_row()); // 8 slabs
@@ -197,7 +202,7 @@ mod tests {
         // A partial copy of a whole block's worth of tokens is a whole-row copy.
         let full = describe(
             &copy(row(Level::Primary, 0), row(Level::Primary, 1), 4),
-            &g,
+            &whole(g),
             POOLS,
         );
         assert_eq!(full.num_chunks, 1);
@@ -212,7 +217,7 @@ mod tests {
         g.bytes_per_element = 1; // 24-byte rows
         let d = describe(
             &copy(row(Level::Primary, 1), row(Level::Secondary, 0), 0),
-            &g,
+            &whole(g),
             POOLS,
         );
         assert_eq!(d.flags, 0);
@@ -226,7 +231,7 @@ mod tests {
             copy(row(Level::Secondary, 1), row(Level::Primary, 1), 0),
             copy(row(Level::Primary, 2), row(Level::Secondary, 2), 0),
         ];
-        plan.build(&copies, &geometry(), POOLS);
+        plan.build(&copies, &geometry().into(), &[POOLS]);
         assert_eq!(plan.descriptors.len(), 3);
         assert_eq!(plan.waves, vec![0..3]);
         assert_eq!(plan.slices_per_copy(), 1);
@@ -241,7 +246,7 @@ mod tests {
             copy(row(Level::Secondary, 7), row(Level::Primary, 4), 0),
             copy(row(Level::Secondary, 8), row(Level::Primary, 5), 0),
         ];
-        plan.build(&copies, &geometry(), POOLS);
+        plan.build(&copies, &geometry().into(), &[POOLS]);
         assert_eq!(plan.waves, vec![0..1, 1..3]);
     }
 
@@ -253,7 +258,7 @@ mod tests {
             copy(row(Level::Primary, 0), row(Level::Primary, 1), 2), // reads what the first wrote
             copy(row(Level::Secondary, 3), row(Level::Primary, 1), 0), // rewrites row 1
         ];
-        plan.build(&copies, &geometry(), POOLS);
+        plan.build(&copies, &geometry().into(), &[POOLS]);
         assert_eq!(plan.waves, vec![0..1, 1..2, 2..3]);
     }
 
@@ -261,12 +266,12 @@ mod tests {
     fn self_copies_are_dropped_and_plans_reuse_their_buffers() {
         let mut plan = CopyPlan::default();
         let same = copy(row(Level::Primary, 2), row(Level::Primary, 2), 0);
-        plan.build(&[same], &geometry(), POOLS);
+        plan.build(&[same], &geometry().into(), &[POOLS]);
         assert!(plan.descriptors.is_empty() && plan.waves.is_empty());
         plan.build(
             &[copy(row(Level::Primary, 2), row(Level::Primary, 3), 0)],
-            &geometry(),
-            POOLS,
+            &geometry().into(),
+            &[POOLS],
         );
         assert_eq!(plan.waves, vec![0..1]);
     }
@@ -279,10 +284,44 @@ mod tests {
         let mut plan = CopyPlan::default();
         plan.build(
             &[copy(row(Level::Secondary, 0), row(Level::Primary, 0), 0)],
-            &g,
-            POOLS,
+            &g.into(),
+            &[POOLS],
         );
         assert_eq!(plan.max_copy_bytes, 256 * 1024);
         assert_eq!(plan.slices_per_copy(), 16);
+    }
+
+    #[test]
+    fn every_pool_of_a_block_gets_a_descriptor() {
+        // A K-only pool (partial copies allowed) and an NVFP4-like pool that moves whole.
+        let k_only = PoolGeometry {
+            kv_factor: 1,
+            ..geometry()
+        };
+        let packed = PoolShape {
+            geometry: geometry(),
+            partial_copies: false,
+        };
+        let layout = BlockLayout::new(vec![whole(k_only), packed]);
+        let other = PoolAddresses([0x2000_0000, 0x8000_0000]);
+        let mut plan = CopyPlan::default();
+        plan.build(
+            &[copy(row(Level::Primary, 1), row(Level::Primary, 2), 3)],
+            &layout,
+            &[POOLS, other],
+        );
+        assert_eq!(plan.descriptors.len(), 2);
+        assert_eq!(plan.waves, vec![0..2]);
+        let (a, b) = (plan.descriptors[0], plan.descriptors[1]);
+        assert_eq!(a.src, 0x1000_0000 + k_only.row_bytes() as u64);
+        assert_eq!(
+            (a.num_chunks as usize, a.chunk_bytes),
+            (k_only.slabs_per_row(), 48)
+        );
+        assert_eq!(b.dst, 0x2000_0000 + 2 * geometry().row_bytes() as u64);
+        assert_eq!(
+            (b.num_chunks, b.chunk_bytes),
+            (1, geometry().row_bytes() as u64)
+        );
     }
 }

@@ -5,7 +5,9 @@ use super::handle::{
     FfiError,
 };
 use super::status::kvb_status_t;
-use super::types::{kvb_manager_config_t, manager_config, manager_config_default};
+use super::types::{
+    kvb_manager_config_t, manager_config, manager_config_default, read_manager_config,
+};
 use crate::manager::KvCacheManager;
 
 /// Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
@@ -29,7 +31,7 @@ pub extern "C" fn kvb_manager_create(
     guard(|| {
         require_out(out, "out")?;
         write_out(out, std::ptr::null_mut(), "out")?;
-        let c = super::disk::read_manager_config(config, manager_config_default())?;
+        let c = read_manager_config(config)?;
         let cfg = manager_config(&c)?;
         let m = KvCacheManager::new(cfg)?;
         write_out(out, new_handle(m), "out")

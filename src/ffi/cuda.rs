@@ -72,7 +72,9 @@ pub extern "C" fn kvb_manager_register_pool(
 /// (GPU memory for the primary level, the device-mapped pinned host pool for the secondary one),
 /// usable by the engine's kernels. Row r starts at `*out_base + r * *out_row_bytes`; a block's
 /// row is its `memory_index` (`kvb_manager_get_block_info`). `KVB_STATUS_UNSUPPORTED` where the
-/// pool has no memory (no backend, an empty level, a pool not registered yet).
+/// pool has no memory (no backend, an empty level, a pool not registered yet);
+/// `KVB_STATUS_INVALID_ARGUMENT` for a window of several pools (a config with layers: see
+/// `kvb_manager_get_model_pool_pointer`).
 #[no_mangle]
 pub extern "C" fn kvb_manager_get_pool_pointer(
     manager: *mut kvb_manager_t,

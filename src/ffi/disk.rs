@@ -15,7 +15,7 @@ use super::handle::{
     FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_manager_config_t, kvb_request_t, request, CRequest};
+use super::types::{check_struct_size, kvb_request_t, request, CRequest};
 use crate::manager::DiskTierConfig;
 use crate::tier::{TierStats, WritePolicy};
 
@@ -219,44 +219,6 @@ pub(crate) fn disk_config(c: *const kvb_disk_tier_config_t) -> FfiResult<DiskTie
         max_writes_queued: count(c.max_writes_queued, "max_writes_queued")?,
         max_reads_in_flight: count(c.max_reads_in_flight, "max_reads_in_flight")?,
     })
-}
-
-/// `struct_size` of `kvb_manager_config_t` before it had `disk` (still accepted: the disk
-/// tier is then off).
-pub(crate) const MANAGER_CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_manager_config_t, disk);
-
-/// Reads the caller's manager config: the whole struct, or the version before `disk`.
-pub(crate) fn read_manager_config(
-    config: *const kvb_manager_config_t,
-    default: kvb_manager_config_t,
-) -> FfiResult<kvb_manager_config_t> {
-    if config.is_null() {
-        return Err(null_error("config"));
-    }
-    // SAFETY: every version of the struct starts with `struct_size`.
-    let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
-    // The versions before `disk` and before `remote`: the fields they lack keep their
-    // defaults (null: no such tier).
-    if size == MANAGER_CONFIG_V1_SIZE || size == super::remote::MANAGER_CONFIG_V2_SIZE {
-        let mut c = default;
-        // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout of
-        // plain data and pointers.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                config.cast::<u8>(),
-                (&mut c as *mut kvb_manager_config_t).cast::<u8>(),
-                size,
-            )
-        };
-        c.struct_size = std::mem::size_of::<kvb_manager_config_t>() as u32;
-        if size == MANAGER_CONFIG_V1_SIZE {
-            c.disk = std::ptr::null();
-        }
-        c.remote = std::ptr::null();
-        return Ok(c);
-    }
-    // SAFETY: a full-size config from the caller (its size is checked on conversion).
-    Ok(unsafe { config.read() })
 }
 
 fn requests<'a>(ptr: *const kvb_request_t, n: usize) -> FfiResult<Vec<CRequest<'a>>> {

@@ -15,6 +15,8 @@ pub mod status;
 pub mod version;
 // Manager configuration, creation and destruction.
 pub mod config;
+// The pool model: layers, pools, the layer map, pool addresses, bytes per token.
+pub mod pools;
 // Content digests of requests' multimodal items.
 pub mod multimodal;
 // Admission of requests, single and batched, and the batch estimate.

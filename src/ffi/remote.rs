@@ -19,7 +19,7 @@ use super::handle::{
     FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_manager_config_t, kvb_request_t, request, CRequest};
+use super::types::{check_struct_size, kvb_request_t, request, CRequest};
 use crate::manager::RemoteTierConfig;
 use crate::remote::{RedisConfig, RemoteLimits, RemoteStats};
 use crate::window::RemoteWritePolicy;
@@ -312,10 +312,6 @@ pub(crate) fn remote_config(c: *const kvb_remote_tier_config_t) -> FfiResult<Rem
         },
     })
 }
-
-/// `struct_size` of `kvb_manager_config_t` before it had `remote` (still accepted: the remote
-/// tier is then off).
-pub(crate) const MANAGER_CONFIG_V2_SIZE: usize = std::mem::offset_of!(kvb_manager_config_t, remote);
 
 fn requests<'a>(ptr: *const kvb_request_t, n: usize) -> FfiResult<Vec<CRequest<'a>>> {
     if n > 0 && ptr.is_null() {

@@ -8,7 +8,8 @@ use crate::cuda::CudaConfig;
 use crate::error::{KvError, KvResult};
 use crate::events::{EventDelivery, EventQueue};
 use crate::eviction::DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY;
-use crate::pool::PoolGeometry;
+use crate::pool::BlockLayout;
+use crate::pool_model::{LayerSpec, PoolModel};
 use crate::premixed::PremixedMap;
 use crate::sizing::HostMemoryFigures;
 use crate::transfer::CopyEngine;
@@ -80,6 +81,16 @@ pub struct ManagerConfig {
     pub disk: super::DiskTierConfig,
     /// The shared remote tier (off unless it names a store).
     pub remote: super::RemoteTierConfig,
+    /// The model's layers (`crate::pool_model`): their windows, cache types, KV heads, head
+    /// sizes and data types decide the pools. Empty (the default): one pool per window of its
+    /// `num_layers × K|V × num_kv_heads × size_per_head` elements of `bytes_per_element`.
+    /// Given, the windows' `num_layers`, `num_kv_heads` and `size_per_head` are not used.
+    /// Cross-attention layers turn block reuse off.
+    pub layers: Vec<LayerSpec>,
+    /// Tokens between the recurrent-state snapshots that prefix reuse restores, a multiple of
+    /// `tokens_per_block`; 0 (the default) = every block. A window with recurrent-state layers
+    /// reuses a multiple of this many tokens, in exact full blocks.
+    pub recurrent_snapshot_interval_tokens: usize,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -115,6 +126,8 @@ impl Default for ManagerConfig {
             max_draft_tokens: 0,
             disk: super::DiskTierConfig::default(),
             remote: super::RemoteTierConfig::default(),
+            layers: Vec::new(),
+            recurrent_snapshot_interval_tokens: 0,
         }
     }
 }
@@ -127,17 +140,28 @@ fn positive(v: usize, what: &str) -> KvResult<()> {
     }
 }
 
-/// The pool geometry of a window: one row per block of `layers × K|V × heads × tokens per block
-/// × head size` elements.
-fn pool_geometry(cfg: &ManagerConfig, spec: &WindowSpec) -> PoolGeometry {
-    PoolGeometry {
-        num_layers: spec.num_layers,
-        kv_factor: 2,
-        num_kv_heads: spec.num_kv_heads,
-        size_per_head: spec.size_per_head,
-        tokens_per_block: cfg.tokens_per_block,
-        bytes_per_element: cfg.bytes_per_element,
+/// The pools of a config whose windows are sorted: from its layers, or one pool per window of
+/// `layers × K|V × heads × tokens per block × head size` elements.
+pub(crate) fn pool_model(cfg: &ManagerConfig) -> KvResult<PoolModel> {
+    if cfg.layers.is_empty() {
+        let windows: Vec<_> = cfg
+            .windows
+            .iter()
+            .map(|w| (w.window_size, w.num_layers, w.num_kv_heads, w.size_per_head))
+            .collect();
+        return Ok(PoolModel::uniform(
+            &windows,
+            cfg.tokens_per_block,
+            cfg.bytes_per_element,
+        ));
     }
+    let sizes: Vec<usize> = cfg.windows.iter().map(|w| w.window_size).collect();
+    PoolModel::from_layers(
+        &cfg.layers,
+        &sizes,
+        cfg.tokens_per_block,
+        cfg.bytes_per_element,
+    )
 }
 
 /// An upper bound of the bytes each block costs in the window's bookkeeping.
@@ -146,11 +170,10 @@ const BOOKKEEPING_BYTES_PER_BLOCK: usize = 256;
 /// Pool sizes come from products of the caller's numbers: each must fit, and all pools
 /// together must stay below `isize::MAX` bytes (the most one process can address), so that no
 /// size, offset or statistic derived from them wraps.
-fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
+fn check_pool_sizes(cfg: &ManagerConfig, model: &PoolModel) -> KvResult<()> {
     let mut total: usize = 0;
-    for spec in &cfg.windows {
-        let geometry = pool_geometry(cfg, spec);
-        let window_bytes = geometry.checked_row_bytes().and_then(|row| {
+    for (i, spec) in cfg.windows.iter().enumerate() {
+        let window_bytes = model.window_layout(i).checked_row_bytes().and_then(|row| {
             let blocks = spec.primary_blocks.checked_add(spec.secondary_blocks)?;
             row.checked_mul(blocks)
         });
@@ -172,6 +195,14 @@ fn check_pool_sizes(cfg: &ManagerConfig) -> KvResult<()> {
         }
         total = match window_bytes.and_then(|b| total.checked_add(b)) {
             Some(t) if t <= isize::MAX as usize => t,
+            _ if !cfg.layers.is_empty() => {
+                return Err(KvError::InvalidConfig(format!(
+                    "the pools of window {} overflow the address space (the bytes of its \
+                     layers' pools x {} blocks)",
+                    spec.window_size,
+                    spec.primary_blocks.saturating_add(spec.secondary_blocks)
+                )))
+            }
             _ => {
                 return Err(KvError::InvalidConfig(format!(
                     "the pools of window {} overflow the address space (layers {} x 2 x heads \
@@ -198,13 +229,20 @@ pub(crate) fn resolve_auto_host_tiers(
     cfg: &mut ManagerConfig,
     figures: HostMemoryFigures,
 ) -> KvResult<()> {
-    let row_bytes = |cfg: &ManagerConfig, spec: &WindowSpec| {
-        pool_geometry(cfg, spec)
-            .checked_row_bytes()
-            .map_or(0, |r| r as u64)
-    };
+    let model = pool_model(cfg)?;
+    let rows: Vec<u64> = (0..cfg.windows.len())
+        .map(|i| {
+            model
+                .window_layout(i)
+                .checked_row_bytes()
+                .map_or(0, |r| r as u64)
+        })
+        .collect();
     let mut total_gpu_bytes: f64 = 0.0;
-    for spec in cfg.windows.iter().filter(|w| w.auto_host_tier) {
+    for (i, spec) in cfg.windows.iter().enumerate() {
+        if !spec.auto_host_tier {
+            continue;
+        }
         if spec.secondary_blocks != 0 {
             return Err(KvError::InvalidConfig(format!(
                 "window {} asks for an automatic host tier and gives secondary_blocks {}: \
@@ -212,7 +250,7 @@ pub(crate) fn resolve_auto_host_tiers(
                 spec.window_size, spec.secondary_blocks
             )));
         }
-        total_gpu_bytes += row_bytes(cfg, spec) as f64 * spec.primary_blocks as f64;
+        total_gpu_bytes += rows[i] as f64 * spec.primary_blocks as f64;
     }
     // A budget split by shares (floating point: the products may exceed any integer type, and
     // a byte more or less does not matter here). Unknown (0) and unlimited figures stay so.
@@ -225,9 +263,9 @@ pub(crate) fn resolve_auto_host_tiers(
     let chosen: Vec<Option<usize>> = cfg
         .windows
         .iter()
-        .map(|spec| {
+        .zip(&rows)
+        .map(|(spec, &row)| {
             spec.auto_host_tier.then(|| {
-                let row = row_bytes(cfg, spec);
                 let gpu_bytes = row as f64 * spec.primary_blocks as f64;
                 crate::sizing::auto_host_tier_blocks(
                     spec.primary_blocks,
@@ -274,7 +312,7 @@ fn max_blocks_per_seq(
 /// Makes the copy engine of a window instead of the config's backend (`None` = the backend's
 /// own): fault-injection and other test backends.
 pub type EngineFactory<'a> =
-    dyn FnMut(&WindowSpec, PoolGeometry) -> Option<KvResult<Box<dyn CopyEngine>>> + 'a;
+    dyn FnMut(&WindowSpec, &BlockLayout) -> Option<KvResult<Box<dyn CopyEngine>>> + 'a;
 
 impl KvCacheManager {
     /// Creates a manager; validates the config.
@@ -329,21 +367,36 @@ impl KvCacheManager {
         if cfg.windows.iter().any(|w| w.auto_host_tier) {
             resolve_auto_host_tiers(&mut cfg, HostMemoryFigures::read())?;
         }
-        check_pool_sizes(&cfg)?;
+        let model = pool_model(&cfg)?;
+        let interval = cfg.recurrent_snapshot_interval_tokens;
+        if !interval.is_multiple_of(cfg.tokens_per_block) {
+            return Err(KvError::InvalidConfig(format!(
+                "recurrent_snapshot_interval_tokens {interval} is not a multiple of \
+                 tokens_per_block {}",
+                cfg.tokens_per_block
+            )));
+        }
+        let snapshot_blocks = (interval / cfg.tokens_per_block).max(1);
+        if model.is_cross() {
+            // The encoder's output is a request's own: nothing to share across requests.
+            cfg.enable_block_reuse = false;
+        }
+        check_pool_sizes(&cfg, &model)?;
         let cuda = transfers::open_device(cfg.copy_backend, &cfg.cuda)?;
         let mut windows = Vec::with_capacity(cfg.windows.len());
-        for spec in &cfg.windows {
+        for (i, spec) in cfg.windows.iter().enumerate() {
             positive(spec.window_size, "window_size")?;
             positive(spec.primary_blocks, "primary_blocks")?;
-            let geometry = pool_geometry(&cfg, spec);
-            let engine = match engines(spec, geometry) {
+            let layout = model.window_layout(i);
+            let engine = match engines(spec, &layout) {
                 Some(engine) => engine?,
                 None => transfers::window_engine(
                     cfg.copy_backend,
                     cuda.as_ref(),
                     cfg.cuda.allocate_pools,
                     spec,
-                    geometry,
+                    &layout,
+                    !cfg.layers.is_empty(),
                 )?,
             };
             // The window's own limit, then the slots past the maximum length that extra KV
@@ -368,7 +421,12 @@ impl KvCacheManager {
                 copy_on_partial_reuse: cfg.copy_on_partial_reuse,
                 onboard_blocks: cfg.onboard_blocks,
                 offload_min_priority: cfg.secondary_offload_min_priority,
-                geometry,
+                layout,
+                reuse_granularity_blocks: if model.window_has_recurrent_state(i) {
+                    snapshot_blocks
+                } else {
+                    0
+                },
             };
             windows.push(WindowBlockManager::new(wc, engine));
         }
@@ -392,7 +450,7 @@ impl KvCacheManager {
             q
         });
         let unregistered_pools =
-            transfers::pools_to_register(cfg.copy_backend, &cfg.cuda, &cfg.windows);
+            transfers::pools_to_register(cfg.copy_backend, &cfg.cuda, &cfg.windows, &model);
         Ok(KvCacheManager {
             cfg,
             windows,
@@ -404,6 +462,7 @@ impl KvCacheManager {
             delivery,
             cuda,
             unregistered_pools,
+            pool_model: model,
             stall: super::stall::StallDetector::default(),
             iteration_baseline: Vec::new(),
             disk_io,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{absorb, KvCacheManager, RequestRef};
 use crate::error::{KvError, KvResult};
-use crate::pool::PoolGeometry;
+use crate::pool::BlockLayout;
 use crate::tier::io::IoPool;
 use crate::tier::{DiskTier, SlotLayout, TierLimits, TierStats, WritePolicy};
 use crate::window::{DiskPrefetch, WindowBlockManager, WindowDisk};
@@ -59,20 +59,26 @@ pub fn disk_file_name(window_size: usize) -> String {
     format!("kvblock-window-{window_size}.slots")
 }
 
-/// The slot layout of a window pool.
-pub fn slot_layout(window_size: usize, g: &PoolGeometry) -> SlotLayout {
-    SlotLayout::new(
-        window_size,
-        g.tokens_per_block,
-        &[
+/// The slot layout of a window: the block's rows in every pool of the window, each pool's
+/// geometry in the fingerprint.
+pub fn slot_layout(window_size: usize, layout: &BlockLayout) -> SlotLayout {
+    let mut words = Vec::with_capacity(7 * layout.pools().len());
+    for p in layout.pools() {
+        let g = &p.geometry;
+        words.extend([
             g.num_layers,
             g.kv_factor,
             g.num_kv_heads,
             g.size_per_head,
             g.tokens_per_block,
             g.bytes_per_element,
-        ],
-    )
+        ]);
+        if layout.pools().len() > 1 {
+            words.push(usize::from(p.partial_copies));
+        }
+    }
+    let tokens_per_block = layout.first().map_or(0, |g| g.tokens_per_block);
+    SlotLayout::with_row_bytes(window_size, tokens_per_block, &words, layout.row_bytes())
 }
 
 fn invalid(msg: String) -> KvError {
@@ -207,7 +213,7 @@ pub(super) fn attach_disk_tiers(
         .map(|w| {
             (
                 w.window_size(),
-                slot_layout(w.window_size(), &w.config().geometry),
+                slot_layout(w.window_size(), &w.config().layout),
             )
         })
         .collect();

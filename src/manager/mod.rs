@@ -114,7 +114,9 @@ pub struct KvCacheManager {
     /// The GPU of the CUDA backend (shared with the windows' engines).
     cuda: Option<Arc<crate::cuda::CudaDevice>>,
     /// Pools the engine still has to register (CUDA backend without own allocation).
-    unregistered_pools: Vec<(usize, crate::pool::Level)>,
+    unregistered_pools: Vec<(usize, usize, crate::pool::Level)>,
+    /// The pools of the model and its layer map.
+    pool_model: crate::pool_model::PoolModel,
     /// Consecutive scheduling passes without progress (`stall`).
     stall: stall::StallDetector,
     /// Each window's counters at the previous `take_iteration_stats`.

@@ -91,7 +91,7 @@ pub(super) fn attach_remote_tiers(
     for w in windows.iter_mut() {
         let ns = Namespace::new(
             &cfg.model_id,
-            &slot_layout(w.window_size(), &w.config().geometry),
+            &slot_layout(w.window_size(), &w.config().layout),
         );
         let tier = RemoteTier::new(ns, store.clone(), workers.clone(), cfg.limits);
         w.attach_remote(WindowRemote::new(tier, cfg.write_policy));

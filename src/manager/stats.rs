@@ -48,7 +48,7 @@ impl KvCacheManager {
             s.offloaded_blocks += ws.offloaded;
             s.onboarded_blocks += ws.onboarded;
             s.evicted_blocks += ws.evicted_from_tree;
-            s.allocated_bytes += (c.geometry.row_bytes() * c.num_primary) as u64;
+            s.allocated_bytes += (c.layout.row_bytes() * c.num_primary) as u64;
         }
         s.used_num_blocks = s.max_num_blocks.saturating_sub(s.free_num_blocks);
         s.cache_hit_rate = RequestStats {

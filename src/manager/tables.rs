@@ -28,7 +28,8 @@ impl KvCacheManager {
     }
 
     /// `(max blocks per sequence over windows, number of pools)`: the last and first dimensions
-    /// of an offset table `[pools][slots][2][max_blocks]`.
+    /// of an offset table `[pools][slots][2][max_blocks]`. The pools are the model's data pools
+    /// (block-scale pools share their data pool's offsets), one per window without layers.
     pub fn offset_table_dimensions(&self) -> (usize, usize) {
         let max_blocks = self
             .windows
@@ -36,13 +37,16 @@ impl KvCacheManager {
             .map(|w| w.config().max_blocks_per_seq)
             .max()
             .unwrap_or(0);
-        (max_blocks, self.windows.len())
+        (max_blocks, self.pool_model.data_pools().len())
     }
 
     /// Writes a sequence's block offsets into `table`, laid out `[pool][slot][K|V][block]` with
-    /// `num_slots` slots, at slots `slot_offset..slot_offset + beam_width` (one pool per window,
-    /// ascending). The entry of block b is `memory_index(b) * 2 * layers + field`; unused entries
-    /// of the written rows are `NO_BLOCK_OFFSET`. Returns the most blocks of any beam.
+    /// `num_slots` slots, at slots `slot_offset..slot_offset + beam_width` (the model's data
+    /// pools in order; one pool per window, ascending, without layers). As in TensorRT-LLM, the
+    /// entry of block b in a pool of `L` layers is `memory_index(b) * L * kv_factor + field`,
+    /// where field is 0 for K and 1 for V (always 0 in a K-only pool, whose kv_factor is 1);
+    /// unused entries of the written rows are `NO_BLOCK_OFFSET`. Returns the most blocks of any
+    /// beam.
     pub fn copy_block_offsets(
         &self,
         table: &mut [i32],
@@ -67,8 +71,11 @@ impl KvCacheManager {
             )));
         }
         let mut max_count = 0;
-        for (pool, w) in self.windows.iter().enumerate() {
-            let layers = w.config().geometry.num_layers.max(1) as i64;
+        for (pool, info) in self.pool_model.data_pools().iter().enumerate() {
+            let w = &self.windows[info.window_index];
+            let g = &info.geometry;
+            let stride = (g.num_layers.max(1) * g.kv_factor) as i64;
+            let k_only = g.kv_factor == 1;
             for beam in 0..seq.beam_width {
                 let ids = w.block_ids(id, beam).unwrap_or(&[]);
                 // A sequence never lists more blocks than its table row holds (an invariant:
@@ -88,7 +95,8 @@ impl KvCacheManager {
                     row.fill(NO_BLOCK_OFFSET);
                     for (slot, &b) in row.iter_mut().zip(ids) {
                         let mem = i64::from(w.arena().row(b).index);
-                        *slot = (mem * layers * 2 + field as i64) as i32;
+                        let field = if k_only { 0 } else { field as i64 };
+                        *slot = (mem * stride + field) as i32;
                     }
                 }
             }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::{CopyBackend, KvCacheManager, WindowSpec};
 use crate::cuda::{CudaConfig, CudaCopyEngine, CudaDevice};
 use crate::error::{KvError, KvResult};
-use crate::pool::{Level, PoolGeometry};
+use crate::pool::{BlockLayout, Level};
+use crate::pool_model::{PoolInfo, PoolModel};
 use crate::transfer::{CopyEngine, HostMemoryEngine, NullEngine};
 
 /// The GPU of a CUDA manager, opened once and shared by its windows' engines.
@@ -22,20 +23,26 @@ pub(super) fn open_device(
 }
 
 /// The copy engine of one window; with the CUDA backend its pools are allocated here unless
-/// the engine registers its own.
+/// the engine registers its own. `from_layers`: the layout comes from the config's layers
+/// (already checked), not from the window's uniform sizes.
 pub(super) fn window_engine(
     backend: CopyBackend,
     device: Option<&Arc<CudaDevice>>,
     allocate_pools: bool,
     spec: &WindowSpec,
-    geometry: PoolGeometry,
+    layout: &BlockLayout,
+    from_layers: bool,
 ) -> KvResult<Box<dyn CopyEngine>> {
+    let bytes_per_element = layout.first().map_or(0, |g| g.bytes_per_element);
     let needs_geometry = |what: &str| {
+        if from_layers {
+            return Ok(());
+        }
         let fields = [
             (spec.num_layers, "num_layers"),
             (spec.num_kv_heads, "num_kv_heads"),
             (spec.size_per_head, "size_per_head"),
-            (geometry.bytes_per_element, "bytes_per_element"),
+            (bytes_per_element, "bytes_per_element"),
         ];
         match fields.iter().find(|(v, _)| *v == 0) {
             Some((_, name)) => Err(KvError::InvalidConfig(format!(
@@ -48,7 +55,7 @@ pub(super) fn window_engine(
         (CopyBackend::HostMemory, _) => {
             needs_geometry("host-memory")?;
             Box::new(HostMemoryEngine::try_new(
-                geometry,
+                layout,
                 spec.primary_blocks,
                 spec.secondary_blocks,
             )?)
@@ -57,7 +64,7 @@ pub(super) fn window_engine(
             needs_geometry("CUDA")?;
             Box::new(CudaCopyEngine::new(
                 device.clone(),
-                geometry,
+                layout,
                 spec.primary_blocks,
                 spec.secondary_blocks,
                 allocate_pools,
@@ -88,8 +95,8 @@ impl KvCacheManager {
         }
     }
 
-    /// Replaces the pool of (`window_size`, `level`) with the engine's memory. Only while the
-    /// manager holds no data: no sequence, no cached block.
+    /// Replaces the pool of (`window_size`, `level`) with the engine's memory (a window of one
+    /// pool). Only while the manager holds no data: no sequence, no cached block.
     pub fn register_pool(
         &mut self,
         window_size: usize,
@@ -97,8 +104,30 @@ impl KvCacheManager {
         address: u64,
         bytes: usize,
     ) -> KvResult<()> {
-        self.cuda_device("register_pool")?;
         let i = self.window_index(window_size)?;
+        let pools = self.pool_model.window_pools(i).count();
+        if pools != 1 {
+            return Err(KvError::InvalidArgument(format!(
+                "window {window_size} has {pools} pools: register each with \
+                 kvb_manager_register_pool_of"
+            )));
+        }
+        let pool = self.pool_model.pool_index(i, 0).unwrap_or(0);
+        self.register_model_pool(pool, level, address, bytes)
+    }
+
+    /// Replaces pool `pool` (an index of `pool_model().pools()`) at `level` with the engine's
+    /// memory. Only while the manager holds no data: no sequence, no cached block.
+    pub fn register_model_pool(
+        &mut self,
+        pool: usize,
+        level: Level,
+        address: u64,
+        bytes: usize,
+    ) -> KvResult<()> {
+        self.cuda_device("register_pool")?;
+        let info = *self.model_pool(pool)?;
+        let (i, window_size) = (info.window_index, info.window_size);
         if !self.sequences.is_empty() || self.windows.iter().any(|w| w.num_in_tree() > 0) {
             return Err(KvError::Unsupported(
                 "pools can be registered only while the manager holds no data (no sequence, \
@@ -108,19 +137,45 @@ impl KvCacheManager {
         }
         self.windows[i]
             .engine_mut()
-            .register_pool(level, address, bytes)
+            .register_pool(level, info.index_in_window, address, bytes)
             .map_err(KvError::Cuda)?;
         self.unregistered_pools
-            .retain(|&(w, l)| (w, l) != (window_size, level));
+            .retain(|&(w, p, l)| (w, p, l) != (window_size, info.index_in_window, level));
         Ok(())
+    }
+
+    /// The pools of the model and its layer → (pool, index in pool) map.
+    pub fn pool_model(&self) -> &PoolModel {
+        &self.pool_model
+    }
+
+    fn model_pool(&self, pool: usize) -> KvResult<&PoolInfo> {
+        self.pool_model.pools().get(pool).ok_or_else(|| {
+            KvError::InvalidArgument(format!(
+                "pool {pool} of a model with {} pools",
+                self.pool_model.pools().len()
+            ))
+        })
+    }
+
+    /// Address of pool `pool` (an index of `pool_model().pools()`) at `level` and the bytes of
+    /// one block's row in it.
+    pub fn model_pool_pointer(&mut self, pool: usize, level: Level) -> KvResult<(*mut u8, usize)> {
+        let info = *self.model_pool(pool)?;
+        let w = &mut self.windows[info.window_index];
+        let row_bytes = info.geometry.row_bytes();
+        match w.engine_mut().pool_base(level, info.index_in_window) {
+            Some(p) => Ok((p, row_bytes)),
+            None => Err(no_memory()),
+        }
     }
 
     /// Fails while a pool the engine must register is missing (admission would copy into it).
     pub(super) fn require_pools(&self) -> KvResult<()> {
         match self.unregistered_pools.first() {
             None => Ok(()),
-            Some((w, l)) => Err(KvError::Unsupported(format!(
-                "the {l:?} pool of window {w} is not registered yet (cuda_allocate_pools is \
+            Some((w, p, l)) => Err(KvError::Unsupported(format!(
+                "the {l:?} pool {p} of window {w} is not registered yet (cuda_allocate_pools is \
                  false): call kvb_manager_register_pool first"
             ))),
         }
@@ -138,20 +193,32 @@ impl KvCacheManager {
         self.windows.iter().map(|w| w.engine().launches()).sum()
     }
 
-    /// Address of a window's pool at `level` and its row size: host memory for the host
-    /// backend, the device-visible address for the CUDA backend.
+    /// Address of a window's (first) pool at `level` and its row size: host memory for the
+    /// host backend, the device-visible address for the CUDA backend.
     pub fn pool_pointer(&mut self, window_size: usize, level: Level) -> KvResult<(*mut u8, usize)> {
+        let i = self.window_index(window_size)?;
+        let pools = self.pool_model.window_pools(i).count();
+        if pools != 1 {
+            return Err(KvError::InvalidArgument(format!(
+                "window {window_size} has {pools} pools: address each with \
+                 kvb_manager_get_model_pool_pointer"
+            )));
+        }
         let w = self.window_mut(window_size)?;
-        let row_bytes = w.config().geometry.row_bytes();
-        match w.engine_mut().pool_base(level) {
+        let row_bytes = w.config().layout.first().map_or(0, |g| g.row_bytes());
+        match w.engine_mut().pool_base(level, 0) {
             Some(p) => Ok((p, row_bytes)),
-            None => Err(KvError::Unsupported(
-                "this pool has no memory (bookkeeping-only backend, an empty level, or a pool \
-                 not registered yet)"
-                    .into(),
-            )),
+            None => Err(no_memory()),
         }
     }
+}
+
+fn no_memory() -> KvError {
+    KvError::Unsupported(
+        "this pool has no memory (bookkeeping-only backend, an empty level, or a pool not \
+         registered yet)"
+            .into(),
+    )
 }
 
 /// The pools a CUDA manager that does not allocate them waits for.
@@ -159,17 +226,22 @@ pub(super) fn pools_to_register(
     backend: CopyBackend,
     cuda: &CudaConfig,
     windows: &[WindowSpec],
-) -> Vec<(usize, Level)> {
+    model: &PoolModel,
+) -> Vec<(usize, usize, Level)> {
     if backend != CopyBackend::Cuda || cuda.allocate_pools {
         return Vec::new();
     }
     windows
         .iter()
-        .flat_map(|w| {
-            [
-                (w.primary_blocks > 0).then_some((w.window_size, Level::Primary)),
-                (w.secondary_blocks > 0).then_some((w.window_size, Level::Secondary)),
-            ]
+        .enumerate()
+        .flat_map(|(i, w)| {
+            model.window_pools(i).flat_map(move |(_, p)| {
+                let p = p.index_in_window;
+                [
+                    (w.primary_blocks > 0).then_some((w.window_size, p, Level::Primary)),
+                    (w.secondary_blocks > 0).then_some((w.window_size, p, Level::Secondary)),
+                ]
+            })
         })
         .flatten()
         .collect()

@@ -89,7 +89,19 @@ pub struct SlotLayout {
 }
 
 impl SlotLayout {
+    /// A single pool's layout: its row is the product of its geometry words.
     pub fn new(window_size: usize, tokens_per_block: usize, geometry_words: &[usize]) -> Self {
+        let row_bytes = geometry_words.iter().product();
+        Self::with_row_bytes(window_size, tokens_per_block, geometry_words, row_bytes)
+    }
+
+    /// A layout whose row (every pool's row of a block) has `row_bytes` bytes.
+    pub fn with_row_bytes(
+        window_size: usize,
+        tokens_per_block: usize,
+        geometry_words: &[usize],
+        row_bytes: usize,
+    ) -> Self {
         let mut h = blake3::Hasher::new();
         h.update(b"kvblock-geometry-v1");
         h.update(&(window_size as u64).to_le_bytes());
@@ -97,7 +109,6 @@ impl SlotLayout {
         for w in geometry_words {
             h.update(&(*w as u64).to_le_bytes());
         }
-        let row_bytes = geometry_words.iter().product();
         SlotLayout {
             tokens_per_block,
             row_bytes,

@@ -127,8 +127,8 @@ impl WindowBlockManager {
         self.queues.take_free_low_water(level)
     }
 
-    /// Bytes of one block row (every layer of the window), for transfer byte counts.
+    /// Bytes of one block (its row in every pool of the window), for transfer byte counts.
     pub fn row_bytes(&self) -> usize {
-        self.cfg.geometry.row_bytes()
+        self.cfg.layout.row_bytes()
     }
 }

@@ -41,7 +41,7 @@ pub use verify::SeqLengths;
 use crate::events::WindowEvent;
 use crate::eviction::FreeQueues;
 use crate::key::{multimodal_keys_for_range, BlockKeyRef, MmKey, MultimodalItem};
-use crate::pool::{BlockArena, Level, PoolGeometry};
+use crate::pool::{BlockArena, BlockLayout, Level};
 use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
 use crate::tree::{ReuseTree, SlotKeyAttrs};
@@ -68,7 +68,12 @@ pub struct WindowConfig {
     pub copy_on_partial_reuse: bool,
     pub onboard_blocks: bool,
     pub offload_min_priority: u8,
-    pub geometry: PoolGeometry,
+    /// The window's pools: what one block's bytes are.
+    pub layout: BlockLayout,
+    /// 0: reuse to the token (partial reuse as configured). n > 0: the window holds recurrent
+    /// state snapshots, one per block at its end, valid once the block is full, of which every
+    /// n-th is kept: reuse takes exact full blocks only, a multiple of n of them.
+    pub reuse_granularity_blocks: usize,
 }
 
 impl WindowConfig {

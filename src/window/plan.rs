@@ -161,6 +161,11 @@ impl WindowBlockManager {
                 if room == 0 {
                     break;
                 }
+                // A recurrent-state snapshot holds the state after a whole block only.
+                let granular = self.cfg.reuse_granularity_blocks > 0;
+                if granular && (m.partial || m.num_tokens != tpb || room < tpb) {
+                    break;
+                }
                 let taken_over = self.claim_of(m.block).is_some_and(|c| c.taken_over);
                 let step = if !m.partial && m.num_tokens <= room && !taken_over {
                     PlannedReuse::Share { block: m.block }
@@ -213,6 +218,13 @@ impl WindowBlockManager {
                 parent = block;
             }
             self.mm_scratch = scratch;
+        }
+        let g = self.cfg.reuse_granularity_blocks;
+        if g > 1 && !plan.steps.len().is_multiple_of(g) {
+            // Snapshots are kept every g blocks: reuse up to the last one (a plan of fewer
+            // steps, whose counts the walk recomputes).
+            let cap = plan.steps.len() / g * g * tpb;
+            return self.plan_admission_into(src, input_length, beam_width, cap, plan);
         }
         new_blocks += num_shared - plan.steps.len();
         new_blocks += (num_context - num_shared) * beam_width;

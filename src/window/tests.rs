@@ -18,14 +18,16 @@ fn window(primary: usize, secondary: usize, window_size: usize) -> WindowBlockMa
         copy_on_partial_reuse: true,
         onboard_blocks: true,
         offload_min_priority: 30,
-        geometry: PoolGeometry {
+        layout: crate::pool::PoolGeometry {
             num_layers: 1,
             kv_factor: 2,
             num_kv_heads: 1,
             size_per_head: 1,
             tokens_per_block: TPB,
             bytes_per_element: 1,
-        },
+        }
+        .into(),
+        reuse_granularity_blocks: 0,
     };
     WindowBlockManager::new(cfg, Box::new(NullEngine::default()))
 }
@@ -179,4 +181,35 @@ fn offload_moves_only_cached_blocks() {
         plan.matched_tokens, 4,
         "the cached block is still reusable from the host"
     );
+}
+
+/// A window of recurrent-state snapshots kept every `granularity` blocks.
+fn snapshot_window(granularity: usize) -> WindowBlockManager {
+    let mut cfg = window(16, 0, 64).config().clone();
+    cfg.reuse_granularity_blocks = granularity;
+    WindowBlockManager::new(cfg, Box::new(NullEngine::default()))
+}
+
+#[test]
+fn snapshot_windows_reuse_exact_full_blocks_in_multiples_of_the_interval() {
+    let long: Vec<i32> = (0..14).collect(); // 3 full blocks + 2 tokens
+    for (granularity, whole, diverging, capped) in [(1, 12, 4, 4), (2, 8, 0, 0), (3, 12, 0, 0)] {
+        let mut w = snapshot_window(granularity);
+        admit(&mut w, 1, &long);
+        store_and_release(&mut w, 1, &long);
+        let plan = w.plan_admission(&src(&long), long.len(), 1, usize::MAX);
+        assert_eq!(plan.matched_tokens, whole, "granularity {granularity}");
+        assert!(plan
+            .steps
+            .iter()
+            .all(|s| matches!(s, PlannedReuse::Share { .. })));
+        // Diverging inside the second block: no partial copy, the first block only.
+        let mut other: Vec<i32> = (0..6).collect();
+        other.extend([90, 91, 92]);
+        let plan = w.plan_admission(&src(&other), other.len(), 1, usize::MAX);
+        assert_eq!(plan.matched_tokens, diverging, "granularity {granularity}");
+        // A cap inside a block ends the reuse at the block before.
+        let plan = w.plan_admission(&src(&long), long.len(), 1, 7);
+        assert_eq!(plan.matched_tokens, capped, "granularity {granularity}");
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kvblock::error::{KvError, KvResult};
-use kvblock::pool::{Level, PoolGeometry};
+use kvblock::pool::{BlockLayout, Level};
 use kvblock::transfer::{CopyEngine, CopyFailure, HostMemoryEngine, RowCopy};
 
 /// Which submission fails, shared by every window's engine of a manager.
@@ -47,12 +47,12 @@ pub struct FaultyEngine {
 impl FaultyEngine {
     pub fn new(
         plan: Arc<FaultPlan>,
-        geometry: PoolGeometry,
+        layout: impl Into<BlockLayout>,
         primary: usize,
         secondary: usize,
     ) -> KvResult<Self> {
         Ok(FaultyEngine {
-            inner: HostMemoryEngine::try_new(geometry, primary, secondary)?,
+            inner: HostMemoryEngine::try_new(layout, primary, secondary)?,
             plan,
         })
     }
@@ -84,7 +84,7 @@ impl CopyEngine for FaultyEngine {
         true
     }
 
-    fn pool_base(&mut self, level: Level) -> Option<*mut u8> {
-        self.inner.pool_base(level)
+    fn pool_base(&mut self, level: Level, pool: usize) -> Option<*mut u8> {
+        self.inner.pool_base(level, pool)
     }
 }

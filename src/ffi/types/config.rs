@@ -114,6 +114,59 @@ pub struct kvb_manager_config_t {
     /// Added after `disk`: a caller whose `struct_size` stops before this field gets no
     /// remote tier.
     pub remote: *const crate::ffi::remote::kvb_remote_tier_config_t,
+    /// The model's layers in layer order (`num_layers` entries, copied; not kept after create),
+    /// or null with 0 (the default): one pool per window of the window's `num_layers ×
+    /// K|V × num_kv_heads × size_per_head` elements of `bytes_per_element`. Given, layers are
+    /// grouped into pools per (window, cache type, KV heads, head size, data type), the
+    /// windows' `num_layers`, `num_kv_heads` and `size_per_head` are not used, and every
+    /// window needs a layer (`kvb_manager_get_pool_info`, `kvb_manager_get_layer_to_pool_mapping`).
+    /// Added in version 2 of this struct: a caller built against version 1 (whose
+    /// `struct_size` ends before this field) is served as before.
+    pub layers: *const crate::ffi::pools::kvb_layer_spec_t,
+    /// Entries of `layers`.
+    pub num_layers: usize,
+    /// Tokens between the recurrent-state snapshots prefix reuse restores (layers of
+    /// `KVB_CACHE_TYPE_RECURRENT_STATE`), a multiple of `tokens_per_block`; 0 (the default) =
+    /// every block. Added in version 2.
+    pub recurrent_snapshot_interval_tokens: i32,
+}
+
+/// The `struct_size` of each earlier version of `kvb_manager_config_t`, still accepted: the first
+/// (before `disk`), then before `remote`, then before `layers`. The fields such a caller lacks
+/// keep their defaults (no disk tier, no remote tier, one pool per window).
+pub(crate) const MANAGER_CONFIG_EARLIER_SIZES: [usize; 3] = [
+    std::mem::offset_of!(kvb_manager_config_t, disk),
+    std::mem::offset_of!(kvb_manager_config_t, remote),
+    std::mem::offset_of!(kvb_manager_config_t, layers),
+];
+
+/// Reads the caller's manager config: the whole struct, or an earlier version (its fields over
+/// the defaults of the later ones).
+pub(crate) fn read_manager_config(
+    config: *const kvb_manager_config_t,
+) -> FfiResult<kvb_manager_config_t> {
+    if config.is_null() {
+        return Err(crate::ffi::handle::null_error("config"));
+    }
+    // SAFETY: every version of the struct starts with its `struct_size`.
+    let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
+    if MANAGER_CONFIG_EARLIER_SIZES.contains(&size) {
+        let mut c = manager_config_default();
+        // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout of
+        // plain data and pointers; `c` is larger.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                config.cast::<u8>(),
+                (&mut c as *mut kvb_manager_config_t).cast::<u8>(),
+                size,
+            )
+        };
+        c.struct_size = std::mem::size_of::<kvb_manager_config_t>() as u32;
+        return Ok(c);
+    }
+    // SAFETY: a config of this version, or a size `manager_config` refuses (it checks
+    // `struct_size` first).
+    Ok(unsafe { config.read() })
 }
 
 fn usize_field(v: i32, what: &str) -> FfiResult<usize> {
@@ -154,6 +207,9 @@ pub(crate) fn manager_config_default() -> kvb_manager_config_t {
         max_draft_tokens: d.max_draft_tokens as i32,
         disk: std::ptr::null(),
         remote: std::ptr::null(),
+        layers: std::ptr::null(),
+        num_layers: 0,
+        recurrent_snapshot_interval_tokens: 0,
     }
 }
 
@@ -227,7 +283,13 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
             ),
         ));
     }
+    let layers = crate::ffi::pools::layer_specs(c.layers, c.num_layers)?;
     Ok(ManagerConfig {
+        layers,
+        recurrent_snapshot_interval_tokens: usize_field(
+            c.recurrent_snapshot_interval_tokens,
+            "recurrent_snapshot_interval_tokens",
+        )?,
         windows,
         tokens_per_block: usize_field(c.tokens_per_block, "tokens_per_block")?,
         max_beam_width: usize_field(c.max_beam_width, "max_beam_width")?,
