@@ -65,7 +65,7 @@ fn row_of(m: &mut KvCacheManager, block: u32) -> *mut u8 {
     let w = m.window_mut(WINDOW).unwrap();
     let row = w.arena().row(block);
     assert_eq!(row.level, Level::Primary);
-    let base = w.engine_mut().pool_base(Level::Primary).unwrap();
+    let base = w.engine_mut().pool_base(Level::Primary, 0).unwrap();
     // SAFETY: the host backend's primary pool holds `primary` rows of ROW bytes.
     unsafe { base.add(row.index as usize * ROW) }
 }

@@ -77,7 +77,7 @@ fn row_of(m: &mut KvCacheManager, block: u32) -> *mut u8 {
     let w = m.window_mut(WINDOW).unwrap();
     let row = w.arena().row(block);
     assert_eq!(row.level, Level::Primary);
-    let base = w.engine_mut().pool_base(Level::Primary).unwrap();
+    let base = w.engine_mut().pool_base(Level::Primary, 0).unwrap();
     // SAFETY: the host backend's primary pool holds `primary` rows of ROW bytes.
     unsafe { base.add(row.index as usize * ROW) }
 }
@@ -275,8 +275,8 @@ fn bad_values_in_the_store_are_refused_and_recomputed() {
     serve(&mut a, 1, &p);
     settle(&mut a);
     // Overwrite the third block's value with garbage of the right length.
-    let g = a.window(WINDOW).unwrap().config().geometry;
-    let ns = Namespace::new(MODEL, &kvblock::manager::slot_layout(WINDOW, &g));
+    let layout = a.window(WINDOW).unwrap().config().layout.clone();
+    let ns = Namespace::new(MODEL, &kvblock::manager::slot_layout(WINDOW, &layout));
     let mut parent = kvblock::tier::ROOT_DIGEST;
     let mut third = parent;
     for b in 0..3 {
