@@ -23,7 +23,22 @@ def counts(engine) -> dict:
         "preemptions (suspending could not help)": c["preemptions"],
         "sliding-window detaches": c["swa_detaches"],
         "prefix hit rate": round(s.cache_hit_rate, 3),
+        **disk_counts(engine),
         **remote_counts(engine),
+    }
+
+
+def disk_counts(engine) -> dict:
+    if not engine.m.has_disk_tier:
+        return {}
+    d = engine.m.get_disk_stats()
+    return {
+        "disk slots recovered at start (warm)": d.recovered,
+        "disk blocks written": d.writes,
+        "disk blocks read back (verified)": d.hits,
+        "disk write drops (queue full)": d.write_drops,
+        "disk verify failures": d.verify_failures,
+        "steps waiting for the disk tier": engine.counts["disk_wait_steps"],
     }
 
 

@@ -58,11 +58,15 @@ def main() -> int:
                          "the simulated driver)")
     ap.add_argument("--remote", metavar="URL", help="share prefixes through a Redis / Valkey server (redis://...)")
     ap.add_argument("--remote-password", default="", help="the server's password")
+    ap.add_argument("--disk-dir", metavar="DIR", help="a disk tier below the host tier in DIR (kept: a second "
+                                                      "run on the same DIR starts warm)")
+    ap.add_argument("--disk-bytes", type=int, default=4 << 20, help="disk tier bytes per window")
     ap.add_argument("--mla", action="store_true",
                     help="multi-head latent attention: one K-only latent row per token (kvblock's "
                          "K-only pools) instead of grouped-query K and V")
     args = ap.parse_args()
-    e = EngineConfig(backend=args.backend, remote=args.remote, remote_password=args.remote_password)
+    e = EngineConfig(backend=args.backend, remote=args.remote, remote_password=args.remote_password,
+                     disk_dir=args.disk_dir, disk_bytes=args.disk_bytes)
     counts, verdict, seconds = run(args.first, args.requests, e, seed=args.seed, svg=args.svg, mla=args.mla)
     print(report.render(counts, verdict, seconds))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1

@@ -46,6 +46,10 @@ class EngineConfig:
     # model share prefixes through (None: none), and the server's password.
     remote: str | None = None
     remote_password: str = ""
+    # A disk tier below the host tier in this directory (None: none), of this many bytes per
+    # window; blocks the host tier evicts are written there and read back for later prefixes.
+    disk_dir: str | None = None
+    disk_bytes: int = 4 << 20
 
 
 def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerConfig:
@@ -71,6 +75,8 @@ def manager_config(cfg: model.ModelConfig, e: EngineConfig) -> kvblock.ManagerCo
         c.copy_backend = kvblock.CopyBackend.CUDA  # stream 0: the legacy default stream
     elif e.backend != "host":
         raise ValueError(f"unknown backend {e.backend!r}")
+    if e.disk_dir:
+        c.with_disk_tier(e.disk_dir, e.disk_bytes)
     if e.remote:
         # The model identity: engines share KV only with the same weights (seed) and geometry.
         c.with_remote_tier(e.remote, f"reference-engine-seed{cfg.seed}", e.remote_password)
@@ -123,6 +129,22 @@ class Engine:
             return
         candidates = list(self.waiting)[:room]
         reqs = [kvblock.Request(r.rid, np.asarray(r.tokens, dtype=np.int32)) for r in candidates]
+        if self.e.disk_dir:
+            # The disk tier: finished reads become host blocks, the candidates' disk-resident
+            # prefixes start reading (never waits); admit the leading ones whose blocks are in.
+            self.m.disk_poll()
+            self.m.disk_prefetch(reqs)
+            ready = 0
+            for req in reqs:
+                if self.m.disk_blocks_in_flight(req) > 0:
+                    break
+                ready += 1
+            if ready == 0:
+                self.counts["disk_wait_steps"] += 1
+                if not self.running:
+                    time.sleep(0.0005)
+                return
+            candidates, reqs = candidates[:ready], reqs[:ready]
         if self.e.remote:
             # The remote tier: look up and fetch the candidates' prefixes (never waits); admit the
             # leading ones whose prefixes are in, the rest in a later step.

@@ -61,6 +61,21 @@ def test_without_host_room_the_engine_preempts_instead_of_suspending():
     assert counts["suspensions (KV kept, resumed later)"] == 0, counts
 
 
+def test_blocks_back_from_the_disk_tier_and_a_warm_restart_equal_the_uncached_model(tmp_path):
+    """A host tier of 16 blocks over a disk tier: evicted blocks are written to disk and read back
+    (verified) for later prefixes; a second engine on the same directory starts with the first
+    one's disk cache. Every token equals the model without a cache, in both runs."""
+    e = EngineConfig(secondary_blocks=16, disk_dir=str(tmp_path))
+    cold, verdict, _ = run.run(first=3700, count=60, engine_config=e)
+    assert verdict.tokens > 0 and verdict.equal == verdict.tokens and verdict.failures == 0
+    assert cold["disk blocks written"] > 0 and cold["disk blocks read back (verified)"] > 0
+    assert cold["disk slots recovered at start (warm)"] == 0 and cold["disk verify failures"] == 0
+    warm, verdict, _ = run.run(first=3700, count=60, engine_config=e)
+    assert verdict.tokens > 0 and verdict.equal == verdict.tokens and verdict.failures == 0
+    assert warm["disk slots recovered at start (warm)"] > 0
+    assert warm["disk blocks read back (verified)"] > 0 and warm["disk verify failures"] == 0
+
+
 def check_same_run_as_host(backend: str) -> None:
     """The CUDA backend makes the same decisions as the host backend (the counts are equal) and
     its bytes give the same tokens: every offload, onboard, partial copy and resume moved the
