@@ -213,10 +213,12 @@ fn a_second_manager_reuses_the_prefix_the_first_computed() {
 /// Runs in a child process (see the test below): computes and stores a prompt.
 #[test]
 fn child_writer() {
-    let Ok(url) = std::env::var("KVBLOCK_REMOTE_CHILD_URL") else {
+    let Ok(urls) = std::env::var("KVBLOCK_REMOTE_CHILD_URL") else {
         return;
     };
-    let mut a = manager(redis(vec![url], false));
+    let cluster = std::env::var("KVBLOCK_REMOTE_CHILD_CLUSTER").is_ok();
+    let urls = urls.split(',').map(str::to_owned).collect();
+    let mut a = manager(redis(urls, cluster));
     serve(&mut a, 1, &tokens(7, 25));
     let s = settle(&mut a);
     assert_eq!(s.writes, 6, "{s:?}");
@@ -235,6 +237,24 @@ fn two_processes_share_a_prefix_through_redis() {
         .unwrap();
     assert!(status.success());
     let mut b = manager(redis(vec![server.url()], false));
+    assert_eq!(reuse_from_store(&mut b, 1, &tokens(7, 25)), 24);
+    assert_eq!(b.remote_stats().hits, 6);
+}
+
+#[test]
+fn two_processes_share_a_prefix_through_a_redis_cluster() {
+    if !redis_server::installed() {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_writer", "--test-threads", "1"])
+        .env("KVBLOCK_REMOTE_CHILD_URL", cluster.urls().join(","))
+        .env("KVBLOCK_REMOTE_CHILD_CLUSTER", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut b = manager(redis(cluster.urls(), true));
     assert_eq!(reuse_from_store(&mut b, 1, &tokens(7, 25)), 24);
     assert_eq!(b.remote_stats().hits, 6);
 }
