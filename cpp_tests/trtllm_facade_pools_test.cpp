@@ -223,6 +223,19 @@ TEST(TrtllmFacade, CacheSizePerTokenSumsPerLayerHeads) {
               KVB_STATUS_INVALID_ARGUMENT);
 }
 
+// Row 59: layers per window, the window vector cycled; the groups feed row 58.
+TEST(TrtllmFacade, GroupLayersByWindowSizeCyclesTheWindows) {
+    auto groups = KVCacheManager::groupLayersByWindowSize(kWindows, 5);
+    ASSERT_EQ(groups.size(), 2u);
+    EXPECT_EQ(groups.at(kSliding), (std::vector<int32_t>{0, 2, 4}));
+    EXPECT_EQ(groups.at(kFull), (std::vector<int32_t>{1, 3}));
+    EXPECT_EQ(KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(
+                  kHeads, 16, groups.at(kFull), false, 2),
+              2 * 3 * 16);
+    EXPECT_EQ(statusOf([&] { (void)KVCacheManager::groupLayersByWindowSize({}, 2); }),
+              KVB_STATUS_INVALID_ARGUMENT);
+}
+
 // Row 61: blocks per window from memory budgets and per-layer heads.
 TEST(TrtllmFacade, MaxNumBlocksFromBudgetsAndPerLayerHeads) {
     // One window, two layers of 2 heads x 8 elements x 2 bytes, K and V: 128 bytes a token,

@@ -909,6 +909,17 @@ class KVCacheManager {
         return n;
     }
 
+    /// Layer indices per window size; layer l has `maxAttentionWindowVec[l % size]`.
+    [[nodiscard]] static std::map<SizeType32, std::vector<SizeType32>> groupLayersByWindowSize(
+        std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 numLayers) {
+        if (maxAttentionWindowVec.empty())
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "no attention windows");
+        std::map<SizeType32, std::vector<SizeType32>> out;
+        for (SizeType32 l = 0; l < numLayers; ++l)
+            out[maxAttentionWindowVec[static_cast<size_t>(l) % maxAttentionWindowVec.size()]]
+                .push_back(l);
+        return out;
+    }
     /// Elements one token takes in the layers `windowSizeLayers` (sum over them of
     /// `kvFactor x numKvHeadsPerLayer[l] x sizePerHead`), through
     /// kvb_calculate_window_bytes_per_token; TensorRT-LLM reads heads from its ModelConfig.
