@@ -623,9 +623,10 @@ TEST(TrtllmFacade, MaxSequenceLengthIncludesExtraAndDraftTokens) {
     EXPECT_EQ(statusOf([&] {
                   KVCacheManager bad(std::vector<int32_t>{1, 2}, 8, kTpb,
                                      KVCacheManager::BlocksPerWindow{{16, {10, 0}}}, 4, 1,
-                                     std::vector<int32_t>{16}, 2, 0, nullptr, 16);
+                                     std::vector<int32_t>{16}, 2, /*sinkTokenLength*/ 1, nullptr,
+                                     16);
               }),
-              KVB_STATUS_UNSUPPORTED);  // per-layer heads inside a window: the pool model
+              KVB_STATUS_UNSUPPORTED);  // sink tokens (per-layer heads: trtllm_facade_pools_test)
 }
 
 // Row getLatestEvents: no timeout waits for an event, but returns at once with events off.

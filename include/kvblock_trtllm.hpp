@@ -20,6 +20,7 @@
 #define KVBLOCK_TRTLLM_HPP
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -51,8 +52,9 @@ struct UniqueToken {
 };
 using VecUniqueTokens = std::vector<UniqueToken>;
 
-/// Cache types of TensorRT-LLM. kvblock serves kSELF; the others need the pool model
-/// (K-only and cross caches) and are refused at construction.
+/// Cache types of TensorRT-LLM, each a kvblock cache type of every layer (kvb_cache_type_t):
+/// kSELF K and V, kCROSS the encoder's K and V (a manager of its own, reuse off), kSELFKONLY
+/// one K row per token (MLA's latent).
 enum class CacheType { kSELF = 0, kCROSS = 1, kSELFKONLY = 2 };
 
 /// `std::nullopt`-or-reference argument (TensorRT-LLM `common::OptionalRef`).
@@ -269,6 +271,40 @@ struct KvblockOptions {
     SizeType32 maxDraftTokens = 0;
     kvb_copy_backend_t copyBackend = KVB_COPY_BACKEND_NONE;
     bool manualClock = false;
+    /// Element type of every layer (TensorRT-LLM's `DataType`): DEFAULT takes `dtypeBytes`;
+    /// FP8/INT8/NVFP4 quantize the cache (NVFP4 adds a block-scale pool per data pool).
+    kvb_kv_data_type_t kvDataType = KVB_KV_DATA_TYPE_DEFAULT;
+};
+
+/// Stand-in for a pool's `runtime::ITensor`: its base address at one cache level and its shape
+/// `[numBlocks][numLayers][kvFactor][bytesPerField]` (a block's row is `rowBytes`).
+struct PoolView {
+    uint8_t* data = nullptr;  // null where the pool has no memory at this level
+    SizeType32 poolIdx = 0;
+    SizeType32 windowSize = 0;
+    SizeType64 numBlocks = 0;
+    SizeType32 numLayers = 0;
+    SizeType32 kvFactor = 0;
+    /// Bytes of one layer's K (or V) in a block: heads x tokens x bytes per head and token.
+    SizeType64 bytesPerField = 0;
+    SizeType64 rowBytes = 0;
+};
+
+/// TensorRT-LLM `WindowSizeMetadata`: one window's blocks, pools and sequence limits.
+struct WindowSizeMetadata {
+    SizeType32 allottedPrimaryBlocks = 0;
+    SizeType32 allottedSecondaryBlocks = 0;
+    /// Index of the window's first data pool.
+    SizeType32 absolutePoolsOffset = 0;
+    /// Data pools of the window.
+    SizeType32 numPools = 0;
+    SizeType32 maxTokenNum = 0;
+    SizeType32 maxBlocksPerSeq = 0;
+    SizeType32 maxNumBlocks = 0;
+    /// kvblock has no temporary attention window (chunked context over a sliding window): 0.
+    SizeType32 temporaryAttentionWindow = 0;
+    SizeType32 windowSize = 0;
+    bool isSWA = false;
 };
 
 class KVCacheManager;
@@ -282,9 +318,20 @@ class BlockManager {
     [[nodiscard]] SizeType32 getLastWindowSize() const;
     [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const;
     [[nodiscard]] bool schedulingHasFreeBlocks(SizeType32 numRequired, SizeType32 windowSize) const;
-    [[nodiscard]] SizeType32 getNumPools() const;
-    /// kvblock has one pool per window, in ascending window order.
+    /// Pools; without block-scale pools: the data pools (kvblock has no indexer K cache pool,
+    /// so the second argument changes nothing).
+    [[nodiscard]] SizeType32 getNumPools(bool includeBlockScalePools = true,
+                                         bool includeIndexerKCachePools = true) const;
+    /// The window of pool `poolIdx` (pools are ordered by window, then by shape).
     [[nodiscard]] SizeType32 getPoolWindowSize(SizeType32 poolIdx) const;
+    /// The shape of every pool, block-scale pools last (kvblock's kvb_pool_info_t).
+    [[nodiscard]] std::vector<kvb_pool_info_t> getPoolConfigurations() const;
+    /// The pool of layer `layerIdx`.
+    [[nodiscard]] SizeType32 getLayerPoolIdx(SizeType32 layerIdx) const;
+    /// Pool `poolIdx` in GPU (primary) and host (secondary) memory.
+    [[nodiscard]] PoolView getPrimaryPool(SizeType32 poolIdx) const;
+    [[nodiscard]] PoolView getSecondaryPool(SizeType32 poolIdx) const;
+    [[nodiscard]] std::map<SizeType32, WindowSizeMetadata> getWindowSizesMetadata() const;
     [[nodiscard]] SizeType32 getNumSecondaryBlocks() const;
     [[nodiscard]] SizeType32 getNumFreeSecondaryBlocks() const;
     [[nodiscard]] kvb_block_info_t getBlockById(BlockIdType blockId, SizeType32 windowSize) const;
@@ -316,10 +363,10 @@ class KVCacheManager {
     using BlocksPerWindow = std::map<SizeType32, std::tuple<SizeType32, SizeType32>>;
 
     /// TensorRT-LLM's constructor. `dtypeBytes` stands for `DataType` (bytes per element);
-    /// layer l attends over `maxAttentionWindowVec[l % size]`; every layer of one window must
-    /// have the same KV heads (per-layer heads inside a window need kvblock's pool model);
-    /// `sinkTokenLength` must be 0 and `cacheType` kSELF, as kvblock supports. Pools are made by
-    /// allocatePools().
+    /// layer l attends over `maxAttentionWindowVec[l % size]` with `numKvHeadsPerLayer[l]` heads
+    /// and `cacheType`; layers are grouped into pools by window and shape as TensorRT-LLM groups
+    /// them (kvblock's pool model, `kvb_layer_spec_t`). `sinkTokenLength` must be 0. Pools are
+    /// made by allocatePools().
     KVCacheManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
                    SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
                    SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
@@ -331,30 +378,19 @@ class KVCacheManager {
                    std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                    bool enablePartialReuse = true, bool copyOnPartialReuse = true,
                    KvblockOptions const& options = {})
-        : enableBlockReuse_(enableBlockReuse), enablePartialReuse_(enablePartialReuse) {
+        : enableBlockReuse_(enableBlockReuse),
+          enablePartialReuse_(enablePartialReuse),
+          cacheType_(cacheType) {
         (void)maxNumSequences;  // kvblock bounds sequences by blocks only
         (void)chunkSize;        // the estimates take each request's chunk size
         if (sinkTokenLength != 0)
             throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
-        if (cacheType != CacheType::kSELF)
-            throw Error(KVB_STATUS_UNSUPPORTED, "only CacheType::kSELF is supported");
         if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
             throw Error(KVB_STATUS_INVALID_CONFIG, "no layers or no attention windows");
-        for (auto const& [window, blocks] : blocksPerWindow) {
-            SizeType32 layers = 0, heads = -1;
-            for (size_t l = 0; l < numKvHeadsPerLayer.size(); ++l) {
-                if (maxAttentionWindowVec[l % maxAttentionWindowVec.size()] != window) continue;
-                if (heads >= 0 && heads != numKvHeadsPerLayer[l])
-                    throw Error(KVB_STATUS_UNSUPPORTED,
-                                "layers of one window with different KV heads");
-                heads = numKvHeadsPerLayer[l];
-                ++layers;
-            }
-            if (layers == 0)
-                throw Error(KVB_STATUS_INVALID_CONFIG, "a window of blocksPerWindow has no layer");
-            config_.addWindow(window, std::get<0>(blocks), std::get<1>(blocks), layers, heads,
-                              sizePerHead);
-        }
+        for (auto const& [window, blocks] : blocksPerWindow)
+            config_.addWindow(window, std::get<0>(blocks), std::get<1>(blocks));
+        config_.layers = layerSpecs(numKvHeadsPerLayer, sizePerHead, maxAttentionWindowVec,
+                                    cacheType, options.kvDataType);
         auto& raw = config_.raw;
         raw.tokens_per_block = tokensPerBlock;
         raw.max_beam_width = maxBeamWidth;
@@ -383,6 +419,13 @@ class KVCacheManager {
         : config_(std::move(config)),
           enableBlockReuse_(config_.raw.enable_block_reuse),
           enablePartialReuse_(config_.raw.enable_partial_reuse) {
+        auto all = [&](kvb_cache_type_t t) {
+            return !config_.layers.empty() &&
+                   std::all_of(config_.layers.begin(), config_.layers.end(),
+                               [t](kvb_layer_spec_t const& l) { return l.cache_type == t; });
+        };
+        if (all(KVB_CACHE_TYPE_CROSS)) cacheType_ = CacheType::kCROSS;
+        if (all(KVB_CACHE_TYPE_SELF_K_ONLY)) cacheType_ = CacheType::kSELFKONLY;
         collectWindows();
     }
 
@@ -480,7 +523,7 @@ class KVCacheManager {
     }
     [[nodiscard]] OffsetTableDimensions getOffsetTableDimensions() const {
         auto [blocks, pools] = impl().getOffsetTableDimensions();
-        return {blocks, pools, CacheType::kSELF};
+        return {blocks, pools, cacheType_};
     }
     [[nodiscard]] SizeType32 getMaxBlocksPerSeq() const {
         return getOffsetTableDimensions().maxBlocksPerSeq;
@@ -489,11 +532,59 @@ class KVCacheManager {
     // --- configuration queries -----------------------------------------------------------
     [[nodiscard]] bool isEnableBlockReuse() const { return enableBlockReuse_; }
     [[nodiscard]] bool isEnablePartialReuse() const { return enablePartialReuse_; }
-    [[nodiscard]] bool isCrossKv() const { return false; }
-    [[nodiscard]] CacheType getCacheType() const { return CacheType::kSELF; }
+    [[nodiscard]] bool isCrossKv() const { return cacheType_ == CacheType::kCROSS; }
+    [[nodiscard]] CacheType getCacheType() const { return cacheType_; }
     [[nodiscard]] bool isVariableWindow() const { return windows_.size() > 1; }
     [[nodiscard]] std::vector<SizeType32> const& getWindowSizes() const { return windows_; }
     [[nodiscard]] BlockManager const& getBlockManager() const { return blockManager_; }
+
+    // --- pools (kvblock's pool model) ------------------------------------------------------
+    /// [data pool][primary, secondary] base addresses (TensorRT-LLM's `[numPools, 2]` tensor);
+    /// null where a pool has no memory at that level (no host tier, or an unregistered CUDA
+    /// pool).
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockPoolPointers() const {
+        SizeType32 n = getBlockManager().getNumPools(false);
+        std::vector<std::array<void*, 2>> out(static_cast<size_t>(n));
+        for (SizeType32 p = 0; p < n; ++p)
+            out[static_cast<size_t>(p)] = {poolBase(p, KVB_CACHE_LEVEL_PRIMARY),
+                                           poolBase(p, KVB_CACHE_LEVEL_SECONDARY)};
+        return out;
+    }
+    /// [data pool][primary, secondary] addresses of each data pool's block-scale pool (NVFP4),
+    /// null where the pool has none.
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockScalePoolPointers() const {
+        auto primary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
+        auto secondary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
+        std::vector<std::array<void*, 2>> out(primary.size());
+        for (size_t p = 0; p < out.size(); ++p)
+            out[p] = {primary[p], p < secondary.size() ? secondary[p] : nullptr};
+        return out;
+    }
+    /// [layer][pool, index of the layer in its pool] (TensorRT-LLM's `[numLayers, 2]` tensor).
+    [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const {
+        std::vector<std::array<SizeType32, 2>> out;
+        for (auto const& [pool, index] : impl().getLayerToPoolMapping())
+            out.push_back({pool, index});
+        return out;
+    }
+    /// The index of layer `layerIdx` in its pool.
+    [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const {
+        return getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[1];
+    }
+    /// Whether layer `layerIdx` is the first layer of its pool.
+    [[nodiscard]] bool isPoolLayerFirst(SizeType32 layerIdx) const {
+        return getPoolLayerIdx(layerIdx) == 0;
+    }
+    /// The primary pool when there is exactly one data pool (throws otherwise).
+    [[nodiscard]] PoolView getUniquePrimaryPool() const {
+        if (getBlockManager().getNumPools(false) != 1)
+            throw Error(KVB_STATUS_UNSUPPORTED, "getUniquePrimaryPool needs exactly one pool");
+        return getBlockManager().getPrimaryPool(0);
+    }
+    /// The primary pool holding layer `layerIdx`.
+    [[nodiscard]] PoolView getPrimaryPool(SizeType32 layerIdx) const {
+        return getBlockManager().getPrimaryPool(getBlockManager().getLayerPoolIdx(layerIdx));
+    }
 
     // --- admission -----------------------------------------------------------------------
     /// Admits every request (id, input length, beam width) with its engine request, claiming
@@ -818,6 +909,82 @@ class KVCacheManager {
         return n;
     }
 
+    /// Layer indices per window size; layer l has `maxAttentionWindowVec[l % size]`.
+    [[nodiscard]] static std::map<SizeType32, std::vector<SizeType32>> groupLayersByWindowSize(
+        std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 numLayers) {
+        if (maxAttentionWindowVec.empty())
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "no attention windows");
+        std::map<SizeType32, std::vector<SizeType32>> out;
+        for (SizeType32 l = 0; l < numLayers; ++l)
+            out[maxAttentionWindowVec[static_cast<size_t>(l) % maxAttentionWindowVec.size()]]
+                .push_back(l);
+        return out;
+    }
+    /// Elements one token takes in the layers `windowSizeLayers` (sum over them of
+    /// `kvFactor x numKvHeadsPerLayer[l] x sizePerHead`), through
+    /// kvb_calculate_window_bytes_per_token; TensorRT-LLM reads heads from its ModelConfig.
+    [[nodiscard]] static SizeType32 calculateCacheSizePerTokenForSingleWindowSize(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& windowSizeLayers, bool isCrossAttention,
+        SizeType32 kvFactor) {
+        if (kvFactor != 1 && kvFactor != 2)
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "kvFactor must be 1 or 2");
+        if (windowSizeLayers.empty()) return 0;
+        kvb_cache_type_t type = kvFactor == 1      ? KVB_CACHE_TYPE_SELF_K_ONLY
+                                : isCrossAttention ? KVB_CACHE_TYPE_CROSS
+                                                   : KVB_CACHE_TYPE_SELF;
+        std::vector<kvb_layer_spec_t> layers;
+        for (SizeType32 l : windowSizeLayers)
+            layers.push_back(kvb_layer_spec_t{1, type,
+                                              numKvHeadsPerLayer.at(static_cast<size_t>(l)),
+                                              sizePerHead, KVB_KV_DATA_TYPE_DEFAULT});
+        // One byte per element and one token per block: the byte count is the element count.
+        int32_t window = 0;
+        uint64_t bytes = 0;
+        size_t n = 0;
+        check(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), 1, 1, &window,
+                                                   &bytes, 1, &n));
+        return static_cast<SizeType32>(bytes);
+    }
+    /// Primary and secondary blocks per window that the memory budgets allow (TensorRT-LLM's
+    /// `calculateMaxNumBlocks` on one rank): bytes per token of each window over its layers
+    /// (kvb_calculate_window_bytes_per_token, block scales included), the budget split by
+    /// `window x bytes per token` (kvb_calculate_window_size_to_share), then
+    /// kvb_calculate_max_num_blocks. `maxTokens` caps a single window's primary tokens.
+    [[nodiscard]] static BlocksPerWindow calculateMaxNumBlocks(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 dtypeBytes,
+        SizeType32 tokensPerBlock, uint64_t allottedPrimaryMemBytes,
+        uint64_t allottedSecondaryMemBytes, std::size_t extraCostMemory = 0,
+        CacheType cacheType = CacheType::kSELF,
+        kvb_kv_data_type_t kvDataType = KVB_KV_DATA_TYPE_DEFAULT,
+        std::optional<SizeType64> maxTokens = std::nullopt) {
+        auto layers = layerSpecs(numKvHeadsPerLayer, sizePerHead, maxAttentionWindowVec, cacheType,
+                                 kvDataType);
+        std::vector<int32_t> windows(layers.size());
+        std::vector<uint64_t> bytes(layers.size());
+        size_t n = 0;
+        check(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), dtypeBytes,
+                                                   tokensPerBlock, windows.data(), bytes.data(),
+                                                   windows.size(), &n));
+        windows.resize(n);
+        bytes.resize(n);
+        std::vector<int32_t> perToken(bytes.begin(), bytes.end());
+        std::vector<double> shares(n);
+        check(
+            kvb_calculate_window_size_to_share(windows.data(), perToken.data(), n, shares.data()));
+        std::vector<uint64_t> primary(n), secondary(n);
+        check(kvb_calculate_max_num_blocks(bytes.data(), shares.data(), n, allottedPrimaryMemBytes,
+                                           allottedSecondaryMemBytes, extraCostMemory,
+                                           maxTokens.value_or(-1), tokensPerBlock, primary.data(),
+                                           secondary.data()));
+        BlocksPerWindow out;
+        for (size_t i = 0; i < n; ++i)
+            out[windows[i]] = {static_cast<SizeType32>(primary[i]),
+                               static_cast<SizeType32>(secondary[i])};
+        return out;
+    }
+
     [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
         kvb_sequence_lengths_t l{};
         kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
@@ -832,6 +999,35 @@ class KVCacheManager {
     static void requireNoSink(SizeType32 sinkTokenLength) {
         if (sinkTokenLength != 0)
             throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
+    }
+
+    /// Layer l: window `maxAttentionWindowVec[l % size]`, `numKvHeadsPerLayer[l]` heads.
+    static std::vector<kvb_layer_spec_t> layerSpecs(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& maxAttentionWindowVec, CacheType cacheType,
+        kvb_kv_data_type_t kvDataType) {
+        if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
+            throw Error(KVB_STATUS_INVALID_CONFIG, "no layers or no attention windows");
+        kvb_cache_type_t type = cacheType == CacheType::kCROSS       ? KVB_CACHE_TYPE_CROSS
+                                : cacheType == CacheType::kSELFKONLY ? KVB_CACHE_TYPE_SELF_K_ONLY
+                                                                     : KVB_CACHE_TYPE_SELF;
+        std::vector<kvb_layer_spec_t> layers;
+        for (size_t l = 0; l < numKvHeadsPerLayer.size(); ++l)
+            layers.push_back(
+                kvb_layer_spec_t{maxAttentionWindowVec[l % maxAttentionWindowVec.size()], type,
+                                 numKvHeadsPerLayer[l], sizePerHead, kvDataType});
+        return layers;
+    }
+
+    /// Base of data pool `pool` at `level`; null where it has no memory there.
+    void* poolBase(SizeType32 pool, kvb_cache_level_t level) const {
+        uint8_t* base = nullptr;
+        size_t rowBytes = 0;
+        kvb_status_t s = kvb_manager_get_model_pool_pointer(
+            impl().get(), pool, static_cast<int32_t>(level), &base, &rowBytes);
+        if (s == KVB_STATUS_UNSUPPORTED) return nullptr;
+        check(s);
+        return base;
     }
 
     void collectWindows() {
@@ -904,6 +1100,7 @@ class KVCacheManager {
     Config config_;
     bool enableBlockReuse_ = false;
     bool enablePartialReuse_ = false;
+    CacheType cacheType_ = CacheType::kSELF;
     std::vector<SizeType32> windows_;
     mutable std::optional<Manager> manager_;
     BlockManager blockManager_{*this};
@@ -931,11 +1128,66 @@ inline bool BlockManager::schedulingHasFreeBlocks(SizeType32 numRequired,
                                                   SizeType32 windowSize) const {
     return owner_.impl().schedulingHasFreeBlocks(numRequired, windowSize);
 }
-inline SizeType32 BlockManager::getNumPools() const {
-    return owner_.getNumPools();
+inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools, bool) const {
+    return owner_.impl().getNumPools(includeBlockScalePools);
 }
 inline SizeType32 BlockManager::getPoolWindowSize(SizeType32 poolIdx) const {
-    return owner_.windows_.at(static_cast<size_t>(poolIdx));
+    return owner_.impl().getPoolInfo(poolIdx).window_size;
+}
+inline std::vector<kvb_pool_info_t> BlockManager::getPoolConfigurations() const {
+    std::vector<kvb_pool_info_t> out;
+    for (SizeType32 p = 0; p < getNumPools(); ++p) out.push_back(owner_.impl().getPoolInfo(p));
+    return out;
+}
+inline SizeType32 BlockManager::getLayerPoolIdx(SizeType32 layerIdx) const {
+    return owner_.getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[0];
+}
+inline PoolView BlockManager::getPrimaryPool(SizeType32 poolIdx) const {
+    kvb_pool_info_t info = owner_.impl().getPoolInfo(poolIdx);
+    PoolView v;
+    v.data = static_cast<uint8_t*>(owner_.poolBase(poolIdx, KVB_CACHE_LEVEL_PRIMARY));
+    v.poolIdx = poolIdx;
+    v.windowSize = info.window_size;
+    auto const& windows = owner_.config_.windows;
+    auto w = std::find_if(windows.begin(), windows.end(), [&](kvb_window_config_t const& c) {
+        return c.window_size == info.window_size;
+    });
+    v.numBlocks = w == windows.end() ? 0 : w->primary_blocks;
+    v.numLayers = info.num_layers;
+    v.kvFactor = info.kv_factor;
+    v.bytesPerField = static_cast<SizeType64>(info.num_kv_heads) * info.tokens_per_block *
+                      info.bytes_per_head_token;
+    v.rowBytes = static_cast<SizeType64>(info.row_bytes);
+    return v;
+}
+inline PoolView BlockManager::getSecondaryPool(SizeType32 poolIdx) const {
+    PoolView v = getPrimaryPool(poolIdx);
+    v.data = static_cast<uint8_t*>(owner_.poolBase(poolIdx, KVB_CACHE_LEVEL_SECONDARY));
+    v.numBlocks = owner_.impl().getHostTierBlocks(v.windowSize);
+    return v;
+}
+inline std::map<SizeType32, WindowSizeMetadata> BlockManager::getWindowSizesMetadata() const {
+    std::map<SizeType32, WindowSizeMetadata> out;
+    auto const& raw = owner_.config_.raw;
+    SizeType32 maxTokens = raw.max_sequence_length + raw.num_extra_kv_tokens + raw.max_draft_tokens;
+    for (SizeType32 p = 0; p < getNumPools(false); ++p) {
+        SizeType32 window = getPoolWindowSize(p);
+        auto [it, first] = out.try_emplace(window);
+        WindowSizeMetadata& m = it->second;
+        ++m.numPools;
+        if (!first) continue;
+        PoolView primary = getPrimaryPool(p);
+        m.allottedPrimaryBlocks = static_cast<SizeType32>(primary.numBlocks);
+        m.allottedSecondaryBlocks =
+            static_cast<SizeType32>(owner_.impl().getHostTierBlocks(window));
+        m.maxNumBlocks = m.allottedPrimaryBlocks + m.allottedSecondaryBlocks;
+        m.absolutePoolsOffset = p;
+        m.maxTokenNum = maxTokens;
+        m.maxBlocksPerSeq = owner_.impl().getMaxBlocksPerSeq(window);
+        m.windowSize = window;
+        m.isSWA = window < maxTokens;
+    }
+    return out;
 }
 inline SizeType32 BlockManager::getNumSecondaryBlocks() const {
     return static_cast<SizeType32>(owner_.impl().getKvCacheStats().num_secondary_blocks);

@@ -1,0 +1,271 @@
+// The TensorRT-LLM facade over kvblock's pool model: per-layer KV heads, K-only, cross and
+// quantized caches, pool pointers, layer maps and sizing helpers (docs/trtllm-parity.md rows
+// 1, 25-27, 48, 51-52, 58, 61, 82, 84, 86-89), each checked against kvblock's own pool calls on
+// the same manager.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+
+#include "kvblock_trtllm.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using kvb::trtllm::CacheType;
+using kvb::trtllm::KVCacheManager;
+using kvb_test::statusOf;
+
+constexpr int32_t kTpb = 4;
+constexpr int32_t kSliding = 8;
+constexpr int32_t kFull = 64;
+// Layers alternate sliding and full windows; heads per layer differ inside each window.
+const std::vector<int32_t> kHeads{4, 2, 4, 1, 2};
+const std::vector<int32_t> kWindows{kSliding, kFull};
+
+std::unique_ptr<KVCacheManager> makeFacade(std::vector<int32_t> heads, int32_t sizePerHead,
+                                           CacheType cacheType = CacheType::kSELF,
+                                           kvb_kv_data_type_t dataType = KVB_KV_DATA_TYPE_DEFAULT,
+                                           bool reuse = true) {
+    kvb::trtllm::KvblockOptions options;
+    options.copyBackend = KVB_COPY_BACKEND_HOST;
+    options.kvDataType = dataType;
+    auto m = std::make_unique<KVCacheManager>(
+        heads, sizePerHead, kTpb,
+        KVCacheManager::BlocksPerWindow{{kSliding, {6, 2}}, {kFull, {12, 4}}}, 8, 1, kWindows, 2, 0,
+        nullptr, kFull, 0, reuse, cacheType, std::nullopt, nullptr, true, true, options);
+    m->allocatePools(false);
+    return m;
+}
+
+std::unique_ptr<KVCacheManager> makeMixedHeads() {
+    return makeFacade(kHeads, 16);
+}
+
+// Row 1: per-layer heads inside a window are accepted and grouped into pools as kvblock's own
+// layer specs group them.
+TEST(TrtllmFacade, PerLayerHeadsGroupIntoPoolsAsKvblockDoes) {
+    auto f = makeMixedHeads();
+    kvb::Config c;
+    c.addWindow(kSliding, 6, 2).addWindow(kFull, 12, 4);
+    for (size_t l = 0; l < kHeads.size(); ++l)
+        c.addLayers(1, kWindows[l % 2], KVB_CACHE_TYPE_SELF, kHeads[l], 16);
+    c.raw.tokens_per_block = kTpb;
+    c.raw.max_sequence_length = kFull;
+    c.raw.bytes_per_element = 2;
+    kvb::Manager twin(c);
+    auto const& bm = f->getBlockManager();
+    // Sliding window: heads 2 and 4; full window: heads 1 and 2.
+    ASSERT_EQ(bm.getNumPools(), 4);
+    EXPECT_EQ(bm.getNumPools(), twin.getNumPools());
+    auto configs = bm.getPoolConfigurations();
+    ASSERT_EQ(configs.size(), 4u);
+    for (int32_t p = 0; p < 4; ++p) {
+        kvb_pool_info_t mine = configs[static_cast<size_t>(p)], theirs = twin.getPoolInfo(p);
+        EXPECT_EQ(mine.window_size, theirs.window_size);
+        EXPECT_EQ(mine.num_kv_heads, theirs.num_kv_heads);
+        EXPECT_EQ(mine.num_layers, theirs.num_layers);
+        EXPECT_EQ(mine.row_bytes, theirs.row_bytes);
+        EXPECT_EQ(bm.getPoolWindowSize(p), theirs.window_size);
+    }
+    EXPECT_EQ(bm.getPoolWindowSize(1), kSliding);
+    EXPECT_EQ(bm.getPoolWindowSize(2), kFull);
+    auto mapping = f->getLayerToPoolMapping();
+    auto expected = twin.getLayerToPoolMapping();
+    ASSERT_EQ(mapping.size(), kHeads.size());
+    for (int32_t l = 0; l < static_cast<int32_t>(kHeads.size()); ++l) {
+        auto const& e = expected[static_cast<size_t>(l)];
+        EXPECT_EQ(mapping[static_cast<size_t>(l)][0], e.first);
+        EXPECT_EQ(mapping[static_cast<size_t>(l)][1], e.second);
+        EXPECT_EQ(bm.getLayerPoolIdx(l), e.first);
+        EXPECT_EQ(f->getPoolLayerIdx(l), e.second);
+        EXPECT_EQ(f->isPoolLayerFirst(l), e.second == 0);
+    }
+    // Layers 0 and 2 (4 heads, sliding) share a pool; layer 2 is its second layer.
+    EXPECT_EQ(bm.getLayerPoolIdx(0), bm.getLayerPoolIdx(2));
+    EXPECT_TRUE(f->isPoolLayerFirst(0));
+    EXPECT_FALSE(f->isPoolLayerFirst(2));
+    EXPECT_THROW((void)f->getPoolLayerIdx(5), std::out_of_range);
+}
+
+// Rows 25, 48, 49, 86: pool pointers and views are kvblock's model pool pointers.
+TEST(TrtllmFacade, PoolPointersAndViewsAreKvblockModelPools) {
+    auto f = makeMixedHeads();
+    auto const& bm = f->getBlockManager();
+    auto pointers = f->getBlockPoolPointers();
+    ASSERT_EQ(pointers.size(), 4u);
+    for (int32_t p = 0; p < 4; ++p) {
+        auto [primary, rowBytes] = f->impl().getModelPoolPointer(p, KVB_CACHE_LEVEL_PRIMARY);
+        auto secondary = f->impl().getModelPoolPointer(p, KVB_CACHE_LEVEL_SECONDARY).first;
+        ASSERT_NE(primary, nullptr);
+        EXPECT_EQ(pointers[static_cast<size_t>(p)][0], primary);
+        EXPECT_EQ(pointers[static_cast<size_t>(p)][1], secondary);
+        auto view = bm.getPrimaryPool(p);
+        EXPECT_EQ(view.data, primary);
+        EXPECT_EQ(static_cast<size_t>(view.rowBytes), rowBytes);
+        EXPECT_EQ(view.rowBytes, view.numLayers * view.kvFactor * view.bytesPerField);
+        EXPECT_EQ(view.numBlocks, view.windowSize == kSliding ? 6 : 12);
+        auto host = bm.getSecondaryPool(p);
+        EXPECT_EQ(host.data, secondary);
+        EXPECT_EQ(host.numBlocks, view.windowSize == kSliding ? 2 : 4);
+    }
+    // getPrimaryPool(layer) is the pool holding the layer.
+    for (int32_t l = 0; l < static_cast<int32_t>(kHeads.size()); ++l)
+        EXPECT_EQ(f->getPrimaryPool(l).data, bm.getPrimaryPool(bm.getLayerPoolIdx(l)).data);
+    EXPECT_EQ(statusOf([&] { (void)f->getUniquePrimaryPool(); }), KVB_STATUS_UNSUPPORTED);
+    auto single = makeFacade({2, 2}, 8);
+    // Two windows make two pools even with equal heads; one window makes one.
+    EXPECT_EQ(single->getBlockManager().getNumPools(), 2);
+    kvb::trtllm::KvblockOptions options;
+    options.copyBackend = KVB_COPY_BACKEND_HOST;
+    KVCacheManager one({2, 2}, 8, kTpb, KVCacheManager::BlocksPerWindow{{kFull, {10, 0}}}, 8, 1,
+                       {kFull}, 2, 0, nullptr, kFull, 0, true, CacheType::kSELF, std::nullopt,
+                       nullptr, true, true, options);
+    one.allocatePools();
+    auto unique = one.getUniquePrimaryPool();
+    EXPECT_EQ(unique.data, one.impl().getModelPoolPointer(0, KVB_CACHE_LEVEL_PRIMARY).first);
+    EXPECT_EQ(unique.numLayers, 2);
+    EXPECT_EQ(unique.kvFactor, 2);
+    EXPECT_EQ(unique.bytesPerField, 2 * kTpb * 8 * 2);
+    // No host tier: the secondary pointer is null.
+    EXPECT_EQ(one.getBlockPoolPointers().at(0)[1], nullptr);
+}
+
+// Rows 26, 89: an NVFP4 cache has a block-scale pool per data pool.
+TEST(TrtllmFacade, Nvfp4CacheHasBlockScalePools) {
+    auto f = makeFacade(kHeads, 16, CacheType::kSELF, KVB_KV_DATA_TYPE_NVFP4);
+    auto const& bm = f->getBlockManager();
+    EXPECT_EQ(bm.getNumPools(false), 4);
+    EXPECT_EQ(bm.getNumPools(true), 8);
+    EXPECT_EQ(bm.getPoolConfigurations().size(), 8u);
+    auto scales = f->getBlockScalePoolPointers();
+    auto primary = f->impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
+    auto secondary = f->impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
+    ASSERT_EQ(scales.size(), 4u);
+    for (size_t p = 0; p < scales.size(); ++p) {
+        EXPECT_NE(scales[p][0], nullptr);
+        EXPECT_EQ(scales[p][0], primary[p]);
+        EXPECT_EQ(scales[p][1], secondary[p]);
+    }
+    // Without NVFP4 every entry is null.
+    auto plain = makeMixedHeads();
+    for (auto const& s : plain->getBlockScalePoolPointers()) {
+        EXPECT_EQ(s[0], nullptr);
+        EXPECT_EQ(s[1], nullptr);
+    }
+}
+
+// Rows 1, 14, 39, 40: K-only and cross cache types reach kvblock's cache types.
+TEST(TrtllmFacade, KOnlyAndCrossCacheTypes) {
+    auto konly = makeFacade({1, 1}, 576, CacheType::kSELFKONLY);
+    EXPECT_EQ(konly->getCacheType(), CacheType::kSELFKONLY);
+    EXPECT_EQ(konly->getOffsetTableDimensions().cacheType, CacheType::kSELFKONLY);
+    EXPECT_FALSE(konly->isCrossKv());
+    for (auto const& p : konly->getBlockManager().getPoolConfigurations()) {
+        EXPECT_EQ(p.kv_factor, 1);
+        EXPECT_EQ(p.cache_type, KVB_CACHE_TYPE_SELF_K_ONLY);
+    }
+    auto cross = makeFacade({2, 2}, 8, CacheType::kCROSS, KVB_KV_DATA_TYPE_DEFAULT,
+                            /*reuse*/ false);
+    EXPECT_TRUE(cross->isCrossKv());
+    EXPECT_EQ(cross->getCacheType(), CacheType::kCROSS);
+    for (auto const& p : cross->getBlockManager().getPoolConfigurations())
+        EXPECT_EQ(p.cache_type, KVB_CACHE_TYPE_CROSS);
+    // The Config constructor reads the cache type from the layers.
+    kvb::Config c;
+    c.addWindow(kFull, 8, 0).addLayers(2, kFull, KVB_CACHE_TYPE_SELF_K_ONLY, 1, 64);
+    c.raw.tokens_per_block = kTpb;
+    c.raw.max_sequence_length = kFull;
+    c.raw.bytes_per_element = 2;
+    KVCacheManager fromConfig(c);
+    EXPECT_EQ(fromConfig.getCacheType(), CacheType::kSELFKONLY);
+}
+
+// Row 82: window metadata from kvblock's per-window queries.
+TEST(TrtllmFacade, WindowSizesMetadataFollowsThePools) {
+    auto f = makeMixedHeads();
+    auto meta = f->getBlockManager().getWindowSizesMetadata();
+    ASSERT_EQ(meta.size(), 2u);
+    auto const& s = meta.at(kSliding);
+    auto const& l = meta.at(kFull);
+    EXPECT_EQ(s.windowSize, kSliding);
+    EXPECT_EQ(s.allottedPrimaryBlocks, 6);
+    EXPECT_EQ(s.allottedSecondaryBlocks, f->impl().getHostTierBlocks(kSliding));
+    EXPECT_EQ(s.maxNumBlocks, s.allottedPrimaryBlocks + s.allottedSecondaryBlocks);
+    EXPECT_EQ(s.absolutePoolsOffset, 0);
+    EXPECT_EQ(s.numPools, 2);
+    EXPECT_EQ(s.maxBlocksPerSeq, f->impl().getMaxBlocksPerSeq(kSliding));
+    EXPECT_TRUE(s.isSWA);
+    EXPECT_EQ(l.absolutePoolsOffset, 2);
+    EXPECT_EQ(l.numPools, 2);
+    EXPECT_EQ(l.allottedPrimaryBlocks, 12);
+    EXPECT_EQ(l.maxBlocksPerSeq, f->impl().getMaxBlocksPerSeq(kFull));
+    EXPECT_FALSE(l.isSWA);
+    EXPECT_EQ(l.maxTokenNum, kFull);
+}
+
+// Row 58: elements per token over a window's layers, with their own heads.
+TEST(TrtllmFacade, CacheSizePerTokenSumsPerLayerHeads) {
+    // Layers 0, 2, 4: 4 + 4 + 2 heads of 16 elements.
+    EXPECT_EQ(KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(kHeads, 16, {0, 2, 4},
+                                                                            false, 2),
+              2 * 10 * 16);
+    EXPECT_EQ(KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(kHeads, 16, {0, 2, 4},
+                                                                            false, 1),
+              10 * 16);
+    EXPECT_EQ(
+        KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(kHeads, 16, {1, 3}, true, 2),
+        2 * 3 * 16);
+    EXPECT_EQ(statusOf([&] {
+                  (void)KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(
+                      kHeads, 16, {0}, false, 3);
+              }),
+              KVB_STATUS_INVALID_ARGUMENT);
+}
+
+// Row 59: layers per window, the window vector cycled; the groups feed row 58.
+TEST(TrtllmFacade, GroupLayersByWindowSizeCyclesTheWindows) {
+    auto groups = KVCacheManager::groupLayersByWindowSize(kWindows, 5);
+    ASSERT_EQ(groups.size(), 2u);
+    EXPECT_EQ(groups.at(kSliding), (std::vector<int32_t>{0, 2, 4}));
+    EXPECT_EQ(groups.at(kFull), (std::vector<int32_t>{1, 3}));
+    EXPECT_EQ(KVCacheManager::calculateCacheSizePerTokenForSingleWindowSize(
+                  kHeads, 16, groups.at(kFull), false, 2),
+              2 * 3 * 16);
+    EXPECT_EQ(statusOf([&] { (void)KVCacheManager::groupLayersByWindowSize({}, 2); }),
+              KVB_STATUS_INVALID_ARGUMENT);
+}
+
+// Row 61: blocks per window from memory budgets and per-layer heads.
+TEST(TrtllmFacade, MaxNumBlocksFromBudgetsAndPerLayerHeads) {
+    // One window, two layers of 2 heads x 8 elements x 2 bytes, K and V: 128 bytes a token,
+    // 512 a block of 4 tokens.
+    auto one =
+        KVCacheManager::calculateMaxNumBlocks({2, 2}, 8, {kFull}, 2, kTpb, 512 * 10, 512 * 3);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(std::get<0>(one.at(kFull)), 10);
+    EXPECT_EQ(std::get<1>(one.at(kFull)), 3);
+    // The extra cost comes off the primary budget.
+    auto less = KVCacheManager::calculateMaxNumBlocks({2, 2}, 8, {kFull}, 2, kTpb, 512 * 10,
+                                                      512 * 3, 512 * 2);
+    EXPECT_EQ(std::get<0>(less.at(kFull)), 8);
+    // Two windows, priced as kvblock's pools of each window price a block: the blocks fill the
+    // budget, rounded up to a whole block per window as TensorRT-LLM rounds.
+    auto two = KVCacheManager::calculateMaxNumBlocks(kHeads, 16, kWindows, 2, kTpb, 1 << 20, 0);
+    ASSERT_EQ(two.size(), 2u);
+    auto f = makeMixedHeads();
+    uint64_t used = 0, oneBlockEach = 0;
+    for (auto const& [window, blocks] : two) {
+        uint64_t rowBytes = 0;
+        for (auto const& p : f->getBlockManager().getPoolConfigurations())
+            if (p.window_size == window) rowBytes += p.row_bytes;
+        EXPECT_GT(std::get<0>(blocks), 0);
+        EXPECT_EQ(std::get<1>(blocks), 0);
+        used += rowBytes * static_cast<uint64_t>(std::get<0>(blocks));
+        oneBlockEach += rowBytes;
+    }
+    EXPECT_LE(used, (1u << 20) + oneBlockEach);
+    EXPECT_GT(used + oneBlockEach, 1u << 20);
+}
+
+}  // namespace
