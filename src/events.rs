@@ -10,6 +10,13 @@
 //! events (the oldest are dropped and counted) and wakes a waiting drainer. Event ids are assigned
 //! at commit, so they increase strictly in delivery order.
 //!
+//! The disk tier below the host tier has events of its own (`DiskStored` / `DiskRemoved`): a
+//! block announced when its write completed (it became readable), with the hash and parent hash
+//! it had in the tree, and removed when its slot is evicted or dropped. They commit in order
+//! like Stored events: a block moving from the host tier to disk is seen leaving the tree
+//! (Removed) before it is seen on disk. Slots recovered at a restart are not announced (their
+//! tree hashes are unknown), nor is their removal.
+//!
 //! Removed-event policy: every block that leaves a reuse tree is reported, whatever the reason:
 //! evicted for reallocation, detached with an evicted ancestor (its whole subtree is reported),
 //! or taken over privately after a partial match. A consumer applying the events therefore holds
@@ -56,6 +63,15 @@ pub enum EventData {
         cache_level: Option<(Level, Level)>,
         priority: Option<(u8, u8)>,
     },
+    /// Blocks became readable on the disk tier (one per completed write). `parent_hash` is the
+    /// first block's parent in its prefix chain, wherever that parent lives; `cache_level` of
+    /// the blocks is the host level they were written from.
+    DiskStored {
+        parent_hash: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    /// Blocks left the disk tier (their slots were evicted or dropped).
+    DiskRemoved { block_hashes: Vec<u64> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +95,11 @@ pub enum WindowEvent {
         cache_level: Option<(Level, Level)>,
         priority: Option<(u8, u8)>,
     },
+    DiskStored {
+        parent_hash: Option<u64>,
+        block: StoredBlock,
+    },
+    DiskRemoved(u64),
 }
 
 /// The iteration's events, with removals pending per window.
@@ -168,6 +189,36 @@ impl EventQueue {
                         priority,
                     },
                 ),
+                WindowEvent::DiskStored { parent_hash, block } => {
+                    self.commit_removed(slot);
+                    self.commit(
+                        window_size,
+                        EventData::DiskStored {
+                            parent_hash,
+                            blocks: vec![block],
+                        },
+                    );
+                }
+                WindowEvent::DiskRemoved(hash) => {
+                    // Consecutive disk removals of a window make one event.
+                    if let Some(KvCacheEvent {
+                        window_size: w,
+                        data: EventData::DiskRemoved { block_hashes },
+                        ..
+                    }) = self.iteration.last_mut()
+                    {
+                        if *w == window_size {
+                            block_hashes.push(hash);
+                            continue;
+                        }
+                    }
+                    self.commit(
+                        window_size,
+                        EventData::DiskRemoved {
+                            block_hashes: vec![hash],
+                        },
+                    );
+                }
             }
         }
     }

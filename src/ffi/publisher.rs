@@ -78,7 +78,19 @@ pub struct kvb_event_publisher_config_t {
     /// ZMTP heartbeat (sent every second) for this long is disconnected, in ms (default 10000,
     /// > 0).
     pub slow_peer_timeout_ms: i32,
+    /// Also publish the disk tier's events (default false): a block written to disk as a
+    /// BlockStored, a disk slot evicted or dropped as a BlockRemoved, both with `medium`
+    /// "DISK" (the name Dynamo's indexer gives its disk tier; the reuse tree's events carry
+    /// "GPU"). Off by default because a router that ignores `medium` would take them for GPU
+    /// blocks, and a disk removal for the removal of the GPU copy. A caller built against an
+    /// older, shorter struct gets false.
+    pub publish_disk_events: bool,
 }
+
+/// `struct_size` of the second version of `kvb_event_publisher_config_t` (up to
+/// `slow_peer_timeout_ms`).
+const CONFIG_V2_SIZE: usize =
+    std::mem::offset_of!(kvb_event_publisher_config_t, publish_disk_events);
 
 /// `struct_size` of the first version of `kvb_event_publisher_config_t` (up to `linger_ms`).
 const CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_event_publisher_config_t, max_queued_bytes);
@@ -214,10 +226,11 @@ fn config_default() -> kvb_event_publisher_config_t {
         max_replay_peers: defaults::MAX_REPLAY_PEERS as i32,
         max_incoming_message_bytes: defaults::MAX_INCOMING_MESSAGE_BYTES as i32,
         slow_peer_timeout_ms: defaults::SLOW_PEER_TIMEOUT_MS,
+        publish_disk_events: false,
     }
 }
 
-/// Reads the caller's config: the whole struct, or the first version's prefix (then the later
+/// Reads the caller's config: the whole struct, or an earlier version's prefix (then the later
 /// fields keep their defaults).
 fn read_config(
     config: *const kvb_event_publisher_config_t,
@@ -228,7 +241,7 @@ fn read_config(
     // SAFETY: every version of the struct starts with `struct_size`.
     let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
     let full = std::mem::size_of::<kvb_event_publisher_config_t>();
-    if size == CONFIG_V1_SIZE {
+    if size == CONFIG_V1_SIZE || size == CONFIG_V2_SIZE {
         let mut c = config_default();
         // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout;
         // every field of that prefix is plain data or a pointer.
@@ -388,6 +401,7 @@ pub extern "C" fn kvb_event_publisher_create(
             max_replay_peers: positive_i32(c.max_replay_peers, "max_replay_peers")? as usize,
             max_incoming_message_bytes: i64::from(c.max_incoming_message_bytes),
             slow_peer_timeout_ms: c.slow_peer_timeout_ms,
+            publish_disk_events: c.publish_disk_events,
         };
         let inner = Arc::new(Publisher::start(delivery, cfg)?);
         let handle = Box::into_raw(Box::new(kvb_event_publisher_t {
