@@ -426,10 +426,60 @@ mod tests {
                     EventData::Stored { .. } => "stored",
                     EventData::Removed { .. } => "removed",
                     EventData::Updated { .. } => "updated",
+                    EventData::DiskStored { .. } => "disk_stored",
+                    EventData::DiskRemoved { .. } => "disk_removed",
                 };
                 (e.window_size, k)
             })
             .collect()
+    }
+
+    fn disk_stored(h: u64) -> WindowEvent {
+        let WindowEvent::Stored { mut blocks, .. } = stored(h) else {
+            unreachable!()
+        };
+        WindowEvent::DiskStored {
+            parent_hash: Some(7),
+            block: blocks.remove(0),
+        }
+    }
+
+    #[test]
+    fn a_disk_store_follows_the_tree_removal_and_disk_removals_coalesce() {
+        let mut q = EventQueue::new(&[8, 16], None);
+        // The host tier evicts block 1 to disk: it leaves the tree, then lands on disk.
+        q.absorb(8, [removed(1), disk_stored(1)]);
+        q.absorb(
+            8,
+            [WindowEvent::DiskRemoved(5), WindowEvent::DiskRemoved(6)],
+        );
+        q.absorb(16, [WindowEvent::DiskRemoved(9)]);
+        q.absorb(8, [WindowEvent::DiskRemoved(1)]);
+        let out = q.flush();
+        assert_eq!(
+            kinds(&out),
+            vec![
+                (8, "removed"),
+                (8, "disk_stored"),
+                (8, "disk_removed"),
+                (16, "disk_removed"),
+                (8, "disk_removed"),
+            ]
+        );
+        assert_eq!(
+            out[2].data,
+            EventData::DiskRemoved {
+                block_hashes: vec![5, 6]
+            }
+        );
+        let EventData::DiskStored {
+            parent_hash,
+            blocks,
+        } = &out[1].data
+        else {
+            unreachable!()
+        };
+        assert_eq!((*parent_hash, blocks[0].hash), (Some(7), 1));
     }
 
     #[test]
