@@ -1491,8 +1491,9 @@ typedef struct kvb_event_publisher_config_t {
      * BlockStored, a disk slot evicted or dropped as a BlockRemoved, both with `medium`
      * "DISK" (the name Dynamo's indexer gives its disk tier; the reuse tree's events carry
      * "GPU"). Off by default because a router that ignores `medium` would take them for GPU
-     * blocks, and a disk removal for the removal of the GPU copy. A caller built against an
-     * older, shorter struct gets false.
+     * blocks, and a disk removal for the removal of the GPU copy. It sits in what was the
+     * struct's tail padding, so the size did not change: a caller built against the previous
+     * header gets the false `kvb_event_publisher_config_init` wrote there.
      */
     bool publish_disk_events;
 } kvb_event_publisher_config_t;

@@ -82,15 +82,11 @@ pub struct kvb_event_publisher_config_t {
     /// BlockStored, a disk slot evicted or dropped as a BlockRemoved, both with `medium`
     /// "DISK" (the name Dynamo's indexer gives its disk tier; the reuse tree's events carry
     /// "GPU"). Off by default because a router that ignores `medium` would take them for GPU
-    /// blocks, and a disk removal for the removal of the GPU copy. A caller built against an
-    /// older, shorter struct gets false.
+    /// blocks, and a disk removal for the removal of the GPU copy. It sits in what was the
+    /// struct's tail padding, so the size did not change: a caller built against the previous
+    /// header gets the false `kvb_event_publisher_config_init` wrote there.
     pub publish_disk_events: bool,
 }
-
-/// `struct_size` of the second version of `kvb_event_publisher_config_t` (up to
-/// `slow_peer_timeout_ms`).
-const CONFIG_V2_SIZE: usize =
-    std::mem::offset_of!(kvb_event_publisher_config_t, publish_disk_events);
 
 /// `struct_size` of the first version of `kvb_event_publisher_config_t` (up to `linger_ms`).
 const CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_event_publisher_config_t, max_queued_bytes);
@@ -230,7 +226,7 @@ fn config_default() -> kvb_event_publisher_config_t {
     }
 }
 
-/// Reads the caller's config: the whole struct, or an earlier version's prefix (then the later
+/// Reads the caller's config: the whole struct, or the first version's prefix (then the later
 /// fields keep their defaults).
 fn read_config(
     config: *const kvb_event_publisher_config_t,
@@ -241,7 +237,7 @@ fn read_config(
     // SAFETY: every version of the struct starts with `struct_size`.
     let size = unsafe { config.cast::<u32>().read_unaligned() } as usize;
     let full = std::mem::size_of::<kvb_event_publisher_config_t>();
-    if size == CONFIG_V1_SIZE || size == CONFIG_V2_SIZE {
+    if size == CONFIG_V1_SIZE {
         let mut c = config_default();
         // SAFETY: the caller's struct has `size` readable bytes, a prefix of this layout;
         // every field of that prefix is plain data or a pointer.
