@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -148,6 +149,36 @@ TEST(DiskTier, APrefixEvictedFromHostComesBackFromDiskWithItsBytes) {
     EXPECT_EQ(adm.prepopulated_prompt_len, 16);
     expectPattern(m, 2, a, 16);
     EXPECT_EQ(m.getDiskStats().hits, 4u);
+    fs::remove_all(dir);
+}
+
+// Through the C ABI: a block evicted to disk is Removed from the tree, then Stored with
+// disk_tier set, at KVB_CACHE_LEVEL_DISK, under the hash it had in the tree.
+TEST(DiskTier, EventsSayWhenABlockMovesToDisk) {
+    fs::path dir = scratchDir("events");
+    kvb::Config c = diskConfig(dir);
+    c.raw.max_kv_event_entries = 100000;
+    kvb::Manager m(c);
+    pushToDisk(m);
+    m.flushIterationEvents();
+    std::vector<kvb::Event> events = m.getLatestEvents();
+    std::set<uint64_t> inTree, leftTree, onDisk;
+    for (const kvb::Event& e : events) {
+        if (e.type == KVB_EVENT_STORED && !e.diskTier) {
+            for (const auto& b : e.storedBlocks) inTree.insert(b.hash);
+        } else if (e.type == KVB_EVENT_REMOVED && !e.diskTier) {
+            leftTree.insert(e.removedHashes.begin(), e.removedHashes.end());
+        } else if (e.type == KVB_EVENT_STORED && e.diskTier) {
+            ASSERT_EQ(e.storedBlocks.size(), 1u);
+            const auto& b = e.storedBlocks[0];
+            EXPECT_EQ(b.cacheLevel, KVB_CACHE_LEVEL_DISK);
+            EXPECT_TRUE(inTree.count(b.hash)) << "stored in the tree first, same hash";
+            EXPECT_TRUE(leftTree.count(b.hash)) << "left the tree before disk";
+            onDisk.insert(b.hash);
+        }
+    }
+    EXPECT_EQ(onDisk.size(), m.getDiskStats().writes);
+    EXPECT_GE(onDisk.size(), 4u);
     fs::remove_all(dir);
 }
 

@@ -52,6 +52,11 @@ typedef enum kvb_cache_level_t {
      * Host (secondary) memory.
      */
     KVB_CACHE_LEVEL_SECONDARY = 1,
+    /**
+     * The disk tier below host memory. Only events use it (a block written to disk, or a
+     * disk slot removed); it names no pool, so calls taking a cache level refuse it.
+     */
+    KVB_CACHE_LEVEL_DISK = 2,
 } kvb_cache_level_t;
 
 /**
@@ -169,12 +174,17 @@ typedef enum kvb_event_type_t {
     KVB_EVENT_CREATED = 0,
     /**
      * A chain of blocks entered the reuse tree (`parent_hash`, `num_stored_blocks`; read the
-     * blocks with `kvb_event_batch_get_stored_block`).
+     * blocks with `kvb_event_batch_get_stored_block`). With `disk_tier` set: one block became
+     * readable on the disk tier (its write completed); its `cache_level` is
+     * `KVB_CACHE_LEVEL_DISK` and its hash and parent hash are those it had in the tree.
      */
     KVB_EVENT_STORED = 1,
     /**
      * Blocks left the reuse tree (`removed_hashes`). Every block that leaves is reported:
-     * evicted, detached with an evicted ancestor, or taken over after a partial match.
+     * evicted, detached with an evicted ancestor, or taken over after a partial match. A block
+     * the host tier evicts to disk is Removed here, then Stored with `disk_tier` set once its
+     * write completes; one read back from disk is Stored again at the host level. With
+     * `disk_tier` set: the blocks left the disk tier (their slots were evicted or dropped).
      */
     KVB_EVENT_REMOVED = 2,
     /**
@@ -1298,6 +1308,11 @@ typedef struct kvb_event_t {
      * Updated: the new retention priority.
      */
     int32_t new_priority;
+    /**
+     * Stored / Removed: the event is about the disk tier (`KVB_CACHE_LEVEL_DISK`), not the
+     * reuse tree. Disk slots recovered at a restart are not announced, nor is their removal.
+     */
+    bool disk_tier;
 } kvb_event_t;
 
 /**
@@ -1471,6 +1486,16 @@ typedef struct kvb_event_publisher_config_t {
      * > 0).
      */
     int32_t slow_peer_timeout_ms;
+    /**
+     * Also publish the disk tier's events (default false): a block written to disk as a
+     * BlockStored, a disk slot evicted or dropped as a BlockRemoved, both with `medium`
+     * "DISK" (the name Dynamo's indexer gives its disk tier; the reuse tree's events carry
+     * "GPU"). Off by default because a router that ignores `medium` would take them for GPU
+     * blocks, and a disk removal for the removal of the GPU copy. It sits in what was the
+     * struct's tail padding, so the size did not change: a caller built against the previous
+     * header gets the false `kvb_event_publisher_config_init` wrote there.
+     */
+    bool publish_disk_events;
 } kvb_event_publisher_config_t;
 
 /**

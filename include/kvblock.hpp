@@ -237,6 +237,8 @@ struct Event {
     uint64_t blockHash = 0;
     std::optional<Diff> cacheLevel;
     std::optional<Diff> priority;
+    /// Stored / Removed: about the disk tier (blocks at `KVB_CACHE_LEVEL_DISK`), not the tree.
+    bool diskTier = false;
 };
 
 /// Owns a kvb_manager_t. Move-only.
@@ -732,6 +734,7 @@ class Manager {
             if (e.has_cache_level_change)
                 ev.cacheLevel = Event::Diff{e.old_cache_level, e.new_cache_level};
             if (e.has_priority_change) ev.priority = Event::Diff{e.old_priority, e.new_priority};
+            ev.diskTier = e.disk_tier;
             out.push_back(std::move(ev));
         }
         return out;

@@ -10,6 +10,13 @@
 //! events (the oldest are dropped and counted) and wakes a waiting drainer. Event ids are assigned
 //! at commit, so they increase strictly in delivery order.
 //!
+//! The disk tier below the host tier has events of its own (`DiskStored` / `DiskRemoved`): a
+//! block announced when its write completed (it became readable), with the hash and parent hash
+//! it had in the tree, and removed when its slot is evicted or dropped. They commit in order
+//! like Stored events: a block moving from the host tier to disk is seen leaving the tree
+//! (Removed) before it is seen on disk. Slots recovered at a restart are not announced (their
+//! tree hashes are unknown), nor is their removal.
+//!
 //! Removed-event policy: every block that leaves a reuse tree is reported, whatever the reason:
 //! evicted for reallocation, detached with an evicted ancestor (its whole subtree is reported),
 //! or taken over privately after a partial match. A consumer applying the events therefore holds
@@ -56,6 +63,15 @@ pub enum EventData {
         cache_level: Option<(Level, Level)>,
         priority: Option<(u8, u8)>,
     },
+    /// Blocks became readable on the disk tier (one per completed write). `parent_hash` is the
+    /// first block's parent in its prefix chain, wherever that parent lives; `cache_level` of
+    /// the blocks is the host level they were written from.
+    DiskStored {
+        parent_hash: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    /// Blocks left the disk tier (their slots were evicted or dropped).
+    DiskRemoved { block_hashes: Vec<u64> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +95,11 @@ pub enum WindowEvent {
         cache_level: Option<(Level, Level)>,
         priority: Option<(u8, u8)>,
     },
+    DiskStored {
+        parent_hash: Option<u64>,
+        block: StoredBlock,
+    },
+    DiskRemoved(u64),
 }
 
 /// The iteration's events, with removals pending per window.
@@ -168,6 +189,36 @@ impl EventQueue {
                         priority,
                     },
                 ),
+                WindowEvent::DiskStored { parent_hash, block } => {
+                    self.commit_removed(slot);
+                    self.commit(
+                        window_size,
+                        EventData::DiskStored {
+                            parent_hash,
+                            blocks: vec![block],
+                        },
+                    );
+                }
+                WindowEvent::DiskRemoved(hash) => {
+                    // Consecutive disk removals of a window make one event.
+                    if let Some(KvCacheEvent {
+                        window_size: w,
+                        data: EventData::DiskRemoved { block_hashes },
+                        ..
+                    }) = self.iteration.last_mut()
+                    {
+                        if *w == window_size {
+                            block_hashes.push(hash);
+                            continue;
+                        }
+                    }
+                    self.commit(
+                        window_size,
+                        EventData::DiskRemoved {
+                            block_hashes: vec![hash],
+                        },
+                    );
+                }
             }
         }
     }
@@ -375,10 +426,60 @@ mod tests {
                     EventData::Stored { .. } => "stored",
                     EventData::Removed { .. } => "removed",
                     EventData::Updated { .. } => "updated",
+                    EventData::DiskStored { .. } => "disk_stored",
+                    EventData::DiskRemoved { .. } => "disk_removed",
                 };
                 (e.window_size, k)
             })
             .collect()
+    }
+
+    fn disk_stored(h: u64) -> WindowEvent {
+        let WindowEvent::Stored { mut blocks, .. } = stored(h) else {
+            unreachable!()
+        };
+        WindowEvent::DiskStored {
+            parent_hash: Some(7),
+            block: blocks.remove(0),
+        }
+    }
+
+    #[test]
+    fn a_disk_store_follows_the_tree_removal_and_disk_removals_coalesce() {
+        let mut q = EventQueue::new(&[8, 16], None);
+        // The host tier evicts block 1 to disk: it leaves the tree, then lands on disk.
+        q.absorb(8, [removed(1), disk_stored(1)]);
+        q.absorb(
+            8,
+            [WindowEvent::DiskRemoved(5), WindowEvent::DiskRemoved(6)],
+        );
+        q.absorb(16, [WindowEvent::DiskRemoved(9)]);
+        q.absorb(8, [WindowEvent::DiskRemoved(1)]);
+        let out = q.flush();
+        assert_eq!(
+            kinds(&out),
+            vec![
+                (8, "removed"),
+                (8, "disk_stored"),
+                (8, "disk_removed"),
+                (16, "disk_removed"),
+                (8, "disk_removed"),
+            ]
+        );
+        assert_eq!(
+            out[2].data,
+            EventData::DiskRemoved {
+                block_hashes: vec![5, 6]
+            }
+        );
+        let EventData::DiskStored {
+            parent_hash,
+            blocks,
+        } = &out[1].data
+        else {
+            unreachable!()
+        };
+        assert_eq!((*parent_hash, blocks[0].hash), (Some(7), 1));
     }
 
     #[test]

@@ -73,6 +73,8 @@ fn apply(view: &mut View, events: &[KvCacheEvent], last_id: &mut Option<u64>) {
                     entry.2 = *new;
                 }
             }
+            // The disk tier is not the tree this view models.
+            EventData::DiskStored { .. } | EventData::DiskRemoved { .. } => {}
         }
     }
 }

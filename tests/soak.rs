@@ -196,7 +196,10 @@ fn apply(view: &mut View, events: &[KvCacheEvent]) {
             EventData::Updated { block_hash, .. } => {
                 assert!(w.contains_key(block_hash), "update of unknown block");
             }
-            EventData::Created { .. } => {}
+            // This view models the reuse tree; tests/disk_events.rs checks the disk tier's.
+            EventData::Created { .. }
+            | EventData::DiskStored { .. }
+            | EventData::DiskRemoved { .. } => {}
         }
     }
 }

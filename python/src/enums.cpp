@@ -41,7 +41,8 @@ void init_enums(nb::module_& m) {
                "admit it again.");
     nb::enum_<kvb_cache_level_t>(m, "CacheLevel", "Cache level of a block's memory row.")
         .value("PRIMARY", KVB_CACHE_LEVEL_PRIMARY, "GPU (primary) memory.")
-        .value("SECONDARY", KVB_CACHE_LEVEL_SECONDARY, "Host (secondary) memory.");
+        .value("SECONDARY", KVB_CACHE_LEVEL_SECONDARY, "Host (secondary) memory.")
+        .value("DISK", KVB_CACHE_LEVEL_DISK, "The disk tier (events only).");
     nb::enum_<kvb_copy_backend_t>(m, "CopyBackend", "Where the bytes of the KV pools live.")
         .value("NONE", KVB_COPY_BACKEND_NONE, "Bookkeeping only: no pool memory.")
         .value("HOST", KVB_COPY_BACKEND_HOST,

@@ -56,11 +56,14 @@ void init_events(nb::module_& m) {
                     "Removed: hashes of the blocks that left the tree.")
             .def_ro("block_hash", &Event::blockHash, "Updated: the block.")
             .def_ro("cache_level", &Event::cacheLevel, "Updated: the cache level change, or None.")
-            .def_ro("priority", &Event::priority, "Updated: the priority change, or None.");
+            .def_ro("priority", &Event::priority, "Updated: the priority change, or None.")
+            .def_ro("disk_tier", &Event::diskTier,
+                    "Stored / Removed: the event is about the disk tier (CacheLevel.DISK), not "
+                    "the reuse tree.");
     add_repr(event, "KVCacheEvent",
              {"event_id", "event_type", "window_size", "attention_dp_rank", "num_primary_blocks",
               "num_secondary_blocks", "parent_hash", "stored_blocks", "removed_hashes",
-              "block_hash", "cache_level", "priority"});
+              "block_hash", "cache_level", "priority", "disk_tier"});
 }
 
 }  // namespace kvb_py

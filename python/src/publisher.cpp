@@ -18,7 +18,7 @@ struct Publisher {
               int32_t linger_ms, uint64_t max_queued_bytes, uint64_t replay_peer_max_bytes,
               int32_t replay_requests_per_second_per_peer, int32_t replay_requests_per_second,
               int32_t max_replay_peers, int32_t max_incoming_message_bytes,
-              int32_t slow_peer_timeout_ms)
+              int32_t slow_peer_timeout_ms, bool publish_disk_events)
         : manager(std::move(mgr)) {
         Manager& m = nb::cast<Manager&>(manager);
         kvb_event_publisher_config_t c;
@@ -41,6 +41,7 @@ struct Publisher {
         c.max_replay_peers = max_replay_peers;
         c.max_incoming_message_bytes = max_incoming_message_bytes;
         c.slow_peer_timeout_ms = slow_peer_timeout_ms;
+        c.publish_disk_events = publish_disk_events;
         call([&] { return kvb_event_publisher_create(m.h(), &c, &p); });
     }
     ~Publisher() { close(); }
@@ -96,26 +97,27 @@ void init_publisher(nb::module_& m) {
              {"batches", "events", "dropped_events", "gaps", "subscriptions", "replay_requests",
               "next_sequence"});
     nb::class_<Publisher>(m, "EventPublisher", kPublisherDoc)
-        .def(nb::init<nb::object, const std::string&, const std::string&, std::optional<int32_t>,
-                      int32_t, std::optional<std::string>, int32_t, uint64_t, bool, int32_t,
-                      int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t>(),
-             "manager"_a, "endpoint"_a, "topic"_a = "", "dp_rank"_a = nb::none(),
-             "send_hwm"_a = 100000, "replay_endpoint"_a = nb::none(),
-             "replay_buffer_steps"_a = 10000, "start_sequence"_a = 0,
-             "all_blocks_cleared_first"_a = false, "window_size"_a = 0, "linger_ms"_a = 1000,
-             "max_queued_bytes"_a = uint64_t{64} << 20,
-             "replay_peer_max_bytes"_a = uint64_t{4} << 20,
-             "replay_requests_per_second_per_peer"_a = 10, "replay_requests_per_second"_a = 100,
-             "max_replay_peers"_a = 64, "max_incoming_message_bytes"_a = 256,
-             "slow_peer_timeout_ms"_a = 10000,
-             "Binds ``endpoint`` (``tcp://HOST:PORT`` with PORT 1-65535 or ``*`` for a free one, "
-             "or ``ipc://PATH``) and starts publishing ``manager``'s flushed events; "
-             "``replay_endpoint`` adds the ROUTER socket that answers replay requests. The "
-             "service limits bound what peers can make the publisher queue and ask (see "
-             "``kvb_event_publisher_config_t``). Raises :class:`TransportError` for a refused "
-             "endpoint or a failed bind, :class:`InvalidArgumentError` (a ValueError) for a "
-             "setting out of range (``start_sequence`` at or above 2**63, a non-positive "
-             "limit), :class:`UnsupportedError` when the manager already has a publisher.")
+        .def(
+            nb::init<nb::object, const std::string&, const std::string&, std::optional<int32_t>,
+                     int32_t, std::optional<std::string>, int32_t, uint64_t, bool, int32_t, int32_t,
+                     uint64_t, uint64_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool>(),
+            "manager"_a, "endpoint"_a, "topic"_a = "", "dp_rank"_a = nb::none(),
+            "send_hwm"_a = 100000, "replay_endpoint"_a = nb::none(),
+            "replay_buffer_steps"_a = 10000, "start_sequence"_a = 0,
+            "all_blocks_cleared_first"_a = false, "window_size"_a = 0, "linger_ms"_a = 1000,
+            "max_queued_bytes"_a = uint64_t{64} << 20,
+            "replay_peer_max_bytes"_a = uint64_t{4} << 20,
+            "replay_requests_per_second_per_peer"_a = 10, "replay_requests_per_second"_a = 100,
+            "max_replay_peers"_a = 64, "max_incoming_message_bytes"_a = 256,
+            "slow_peer_timeout_ms"_a = 10000, "publish_disk_events"_a = false,
+            "Binds ``endpoint`` (``tcp://HOST:PORT`` with PORT 1-65535 or ``*`` for a free one, "
+            "or ``ipc://PATH``) and starts publishing ``manager``'s flushed events; "
+            "``replay_endpoint`` adds the ROUTER socket that answers replay requests. The "
+            "service limits bound what peers can make the publisher queue and ask (see "
+            "``kvb_event_publisher_config_t``). Raises :class:`TransportError` for a refused "
+            "endpoint or a failed bind, :class:`InvalidArgumentError` (a ValueError) for a "
+            "setting out of range (``start_sequence`` at or above 2**63, a non-positive "
+            "limit), :class:`UnsupportedError` when the manager already has a publisher.")
         .def("close", &Publisher::close,
              "Publishes what was flushed, stops the thread and releases the sockets.")
         .def(

@@ -83,3 +83,27 @@ def test_a_restarted_manager_recovers_the_disk_cache(tmp_path):
 def test_a_missing_directory_is_a_config_error(tmp_path):
     with pytest.raises(kvblock.InvalidConfigError):
         disk_manager(tmp_path / "missing")
+
+
+def test_events_say_when_a_block_moves_to_disk(tmp_path):
+    config = kvblock.ManagerConfig(
+        [kvblock.WindowConfig(64, 8, 4)], tokens_per_block=TPB, max_sequence_length=64
+    )
+    config.max_kv_event_entries = 100000
+    config.with_disk_tier(str(tmp_path), bytes_per_window=64 * 4096)
+    with kvblock.KVCacheManager(config) as m:
+        push_to_disk(m)
+        m.flush_iteration_events()
+        events = m.get_latest_events()
+        in_tree, left_tree, on_disk = set(), set(), set()
+        for e in events:
+            if e.event_type == kvblock.EventType.STORED and not e.disk_tier:
+                in_tree.update(b.block_hash for b in e.stored_blocks)
+            elif e.event_type == kvblock.EventType.REMOVED and not e.disk_tier:
+                left_tree.update(e.removed_hashes)
+            elif e.event_type == kvblock.EventType.STORED:
+                (b,) = e.stored_blocks
+                assert b.cache_level == kvblock.CacheLevel.DISK
+                assert b.block_hash in in_tree and b.block_hash in left_tree
+                on_disk.add(b.block_hash)
+        assert len(on_disk) == m.get_disk_stats().writes >= 4

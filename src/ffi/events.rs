@@ -8,6 +8,7 @@ use super::handle::{
     FfiResult,
 };
 use super::status::kvb_status_t;
+use super::types::kvb_cache_level_t;
 use crate::events::{EventData, KvCacheEvent};
 
 /// Type of an event (values of `kvb_event_t::event_type`).
@@ -17,10 +18,15 @@ pub enum kvb_event_type_t {
     /// A window was created (`num_primary_blocks`, `num_secondary_blocks`).
     KVB_EVENT_CREATED = 0,
     /// A chain of blocks entered the reuse tree (`parent_hash`, `num_stored_blocks`; read the
-    /// blocks with `kvb_event_batch_get_stored_block`).
+    /// blocks with `kvb_event_batch_get_stored_block`). With `disk_tier` set: one block became
+    /// readable on the disk tier (its write completed); its `cache_level` is
+    /// `KVB_CACHE_LEVEL_DISK` and its hash and parent hash are those it had in the tree.
     KVB_EVENT_STORED = 1,
     /// Blocks left the reuse tree (`removed_hashes`). Every block that leaves is reported:
-    /// evicted, detached with an evicted ancestor, or taken over after a partial match.
+    /// evicted, detached with an evicted ancestor, or taken over after a partial match. A block
+    /// the host tier evicts to disk is Removed here, then Stored with `disk_tier` set once its
+    /// write completes; one read back from disk is Stored again at the host level. With
+    /// `disk_tier` set: the blocks left the disk tier (their slots were evicted or dropped).
     KVB_EVENT_REMOVED = 2,
     /// A block in the tree changed cache level and/or priority (`block_hash`, old/new values).
     KVB_EVENT_UPDATED = 3,
@@ -109,6 +115,9 @@ pub struct kvb_event_t {
     pub old_priority: i32,
     /// Updated: the new retention priority.
     pub new_priority: i32,
+    /// Stored / Removed: the event is about the disk tier (`KVB_CACHE_LEVEL_DISK`), not the
+    /// reuse tree. Disk slots recovered at a restart are not announced, nor is their removal.
+    pub disk_tier: bool,
 }
 
 /// A drained batch of events. Free with `kvb_event_batch_free`.
@@ -132,7 +141,7 @@ fn build_batch(events: Vec<KvCacheEvent>, dropped: u64) -> Box<kvb_event_batch_t
     // (the outer vectors are filled before any pointer into their elements is taken).
     for e in &batch.events {
         let keys: Vec<Vec<kvb_mm_key_t>> = match &e.data {
-            EventData::Stored { blocks, .. } => blocks
+            EventData::Stored { blocks, .. } | EventData::DiskStored { blocks, .. } => blocks
                 .iter()
                 .map(|b| {
                     b.mm_keys
@@ -169,6 +178,7 @@ fn build_batch(events: Vec<KvCacheEvent>, dropped: u64) -> Box<kvb_event_batch_t
             has_priority_change: false,
             old_priority: 0,
             new_priority: 0,
+            disk_tier: false,
         };
         let mut stored = Vec::new();
         match &e.data {
@@ -182,8 +192,13 @@ fn build_batch(events: Vec<KvCacheEvent>, dropped: u64) -> Box<kvb_event_batch_t
             EventData::Stored {
                 parent_hash,
                 blocks,
+            }
+            | EventData::DiskStored {
+                parent_hash,
+                blocks,
             } => {
                 v.event_type = kvb_event_type_t::KVB_EVENT_STORED as i32;
+                v.disk_tier = matches!(e.data, EventData::DiskStored { .. });
                 v.has_parent_hash = parent_hash.is_some();
                 v.parent_hash = parent_hash.unwrap_or(0);
                 v.num_stored_blocks = blocks.len();
@@ -199,7 +214,11 @@ fn build_batch(events: Vec<KvCacheEvent>, dropped: u64) -> Box<kvb_event_batch_t
                         num_tokens: b.token_ids.len(),
                         has_lora_task_id: b.lora_task_id.is_some(),
                         lora_task_id: b.lora_task_id.unwrap_or(0),
-                        cache_level: b.cache_level as i32,
+                        cache_level: if v.disk_tier {
+                            kvb_cache_level_t::KVB_CACHE_LEVEL_DISK as i32
+                        } else {
+                            b.cache_level as i32
+                        },
                         priority: i32::from(b.priority),
                         mm_keys: if keys.is_empty() {
                             std::ptr::null()
@@ -212,8 +231,9 @@ fn build_batch(events: Vec<KvCacheEvent>, dropped: u64) -> Box<kvb_event_batch_t
                     });
                 }
             }
-            EventData::Removed { block_hashes } => {
+            EventData::Removed { block_hashes } | EventData::DiskRemoved { block_hashes } => {
                 v.event_type = kvb_event_type_t::KVB_EVENT_REMOVED as i32;
+                v.disk_tier = matches!(e.data, EventData::DiskRemoved { .. });
                 v.removed_hashes = block_hashes.as_ptr();
                 v.num_removed_hashes = block_hashes.len();
             }

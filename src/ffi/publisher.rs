@@ -78,6 +78,14 @@ pub struct kvb_event_publisher_config_t {
     /// ZMTP heartbeat (sent every second) for this long is disconnected, in ms (default 10000,
     /// > 0).
     pub slow_peer_timeout_ms: i32,
+    /// Also publish the disk tier's events (default false): a block written to disk as a
+    /// BlockStored, a disk slot evicted or dropped as a BlockRemoved, both with `medium`
+    /// "DISK" (the name Dynamo's indexer gives its disk tier; the reuse tree's events carry
+    /// "GPU"). Off by default because a router that ignores `medium` would take them for GPU
+    /// blocks, and a disk removal for the removal of the GPU copy. It sits in what was the
+    /// struct's tail padding, so the size did not change: a caller built against the previous
+    /// header gets the false `kvb_event_publisher_config_init` wrote there.
+    pub publish_disk_events: bool,
 }
 
 /// `struct_size` of the first version of `kvb_event_publisher_config_t` (up to `linger_ms`).
@@ -214,6 +222,7 @@ fn config_default() -> kvb_event_publisher_config_t {
         max_replay_peers: defaults::MAX_REPLAY_PEERS as i32,
         max_incoming_message_bytes: defaults::MAX_INCOMING_MESSAGE_BYTES as i32,
         slow_peer_timeout_ms: defaults::SLOW_PEER_TIMEOUT_MS,
+        publish_disk_events: false,
     }
 }
 
@@ -388,6 +397,7 @@ pub extern "C" fn kvb_event_publisher_create(
             max_replay_peers: positive_i32(c.max_replay_peers, "max_replay_peers")? as usize,
             max_incoming_message_bytes: i64::from(c.max_incoming_message_bytes),
             slow_peer_timeout_ms: c.slow_peer_timeout_ms,
+            publish_disk_events: c.publish_disk_events,
         };
         let inner = Arc::new(Publisher::start(delivery, cfg)?);
         let handle = Box::into_raw(Box::new(kvb_event_publisher_t {

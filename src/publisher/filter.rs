@@ -1,9 +1,14 @@
 //! The rules routers rely on, applied to kvblock's events before they go on the wire: one window
 //! only, full blocks only (a trailing partial block is dropped from its Stored event and its later
-//! Removed hash suppressed), Created and Updated not published.
+//! Removed hash suppressed), Created and Updated not published. The reuse tree's blocks (GPU or
+//! host: the manager onboards either at admission, and moves between them are Updated events,
+//! not published) go out with `medium` "GPU". Disk-tier events go out with `medium` "DISK" only
+//! when the publisher is asked to (`publish_disk_events`): a router that ignores `medium` would
+//! otherwise take a block on disk for one on the GPU, and a disk removal for a GPU removal.
 
 use std::collections::HashSet;
 
+use super::wire::{MEDIUM, MEDIUM_DISK};
 use crate::events::{EventData, KvCacheEvent};
 
 /// An event in the vLLM / Dynamo wire schema.
@@ -16,9 +21,14 @@ pub enum WireEvent {
         token_ids: Vec<i32>,
         block_size: usize,
         lora_id: Option<u64>,
+        /// Where the blocks live: `MEDIUM` ("GPU") or `MEDIUM_DISK` ("DISK").
+        medium: &'static str,
     },
     /// `BlockRemoved`.
-    Removed { block_hashes: Vec<u64> },
+    Removed {
+        block_hashes: Vec<u64>,
+        medium: &'static str,
+    },
     /// `AllBlocksCleared`.
     AllBlocksCleared,
 }
@@ -30,6 +40,10 @@ pub struct WireFilter {
     tokens_per_block: usize,
     /// Blocks never published (partial, or chained below one): their removals are suppressed.
     withheld: HashSet<u64>,
+    /// Whether disk-tier events are published (medium "DISK").
+    publish_disk: bool,
+    /// Disk blocks never published (partial): their removals are suppressed.
+    withheld_disk: HashSet<u64>,
 }
 
 impl WireFilter {
@@ -38,12 +52,20 @@ impl WireFilter {
             window_size,
             tokens_per_block,
             withheld: HashSet::new(),
+            publish_disk: false,
+            withheld_disk: HashSet::new(),
         }
+    }
+
+    /// Also publishes the disk tier's events, with `medium` "DISK".
+    pub fn with_disk_events(mut self, publish: bool) -> Self {
+        self.publish_disk = publish;
+        self
     }
 
     /// Hashes withheld and not yet removed.
     pub fn num_withheld(&self) -> usize {
-        self.withheld.len()
+        self.withheld.len() + self.withheld_disk.len()
     }
 
     /// The wire events of one flushed iteration, in order (possibly none).
@@ -75,6 +97,41 @@ impl WireFilter {
                             token_ids,
                             block_size: self.tokens_per_block,
                             lora_id: blocks[0].lora_task_id,
+                            medium: MEDIUM,
+                        });
+                    }
+                }
+                EventData::DiskStored {
+                    parent_hash,
+                    blocks,
+                } if self.publish_disk => {
+                    // One block per event; its parent may live at another level (a router
+                    // indexing disk blocks by hash does not need it there).
+                    for b in blocks {
+                        if b.token_ids.len() != self.tokens_per_block {
+                            self.withheld_disk.insert(b.hash);
+                            continue;
+                        }
+                        out.push(WireEvent::Stored {
+                            block_hashes: vec![b.hash],
+                            parent_block_hash: *parent_hash,
+                            token_ids: b.token_ids.clone(),
+                            block_size: self.tokens_per_block,
+                            lora_id: b.lora_task_id,
+                            medium: MEDIUM_DISK,
+                        });
+                    }
+                }
+                EventData::DiskRemoved { block_hashes } if self.publish_disk => {
+                    let kept: Vec<u64> = block_hashes
+                        .iter()
+                        .copied()
+                        .filter(|h| !self.withheld_disk.remove(h))
+                        .collect();
+                    if !kept.is_empty() {
+                        out.push(WireEvent::Removed {
+                            block_hashes: kept,
+                            medium: MEDIUM_DISK,
                         });
                     }
                 }
@@ -85,10 +142,16 @@ impl WireFilter {
                         .filter(|h| !self.withheld.remove(h))
                         .collect();
                     if !kept.is_empty() {
-                        out.push(WireEvent::Removed { block_hashes: kept });
+                        out.push(WireEvent::Removed {
+                            block_hashes: kept,
+                            medium: MEDIUM,
+                        });
                     }
                 }
-                EventData::Created { .. } | EventData::Updated { .. } => {}
+                EventData::Created { .. }
+                | EventData::Updated { .. }
+                | EventData::DiskStored { .. }
+                | EventData::DiskRemoved { .. } => {}
             }
         }
         out
@@ -158,6 +221,7 @@ mod tests {
                 token_ids: vec![0, 1, 2, 3, 0, 1, 2, 3],
                 block_size: 4,
                 lora_id: None,
+                medium: MEDIUM,
             }]
         );
         assert_eq!(f.num_withheld(), 1);
@@ -165,7 +229,8 @@ mod tests {
         assert_eq!(
             out,
             vec![WireEvent::Removed {
-                block_hashes: vec![2]
+                block_hashes: vec![2],
+                medium: MEDIUM,
             }]
         );
         assert_eq!(f.num_withheld(), 0);
@@ -208,5 +273,51 @@ mod tests {
             ),
         ]);
         assert!(out.is_empty());
+    }
+
+    fn disk_stored(parent: Option<u64>, b: StoredBlock) -> KvCacheEvent {
+        ev(
+            64,
+            EventData::DiskStored {
+                parent_hash: parent,
+                blocks: vec![b],
+            },
+        )
+    }
+
+    #[test]
+    fn disk_events_are_published_with_medium_disk_only_when_asked() {
+        let events = [
+            disk_stored(Some(7), block(1, 4)),
+            disk_stored(Some(1), block(2, 3)),
+            ev(
+                64,
+                EventData::DiskRemoved {
+                    block_hashes: vec![1, 2],
+                },
+            ),
+        ];
+        assert!(WireFilter::new(64, 4).translate(&events).is_empty());
+        let mut f = WireFilter::new(64, 4).with_disk_events(true);
+        let out = f.translate(&events);
+        assert_eq!(
+            out,
+            vec![
+                WireEvent::Stored {
+                    block_hashes: vec![1],
+                    parent_block_hash: Some(7),
+                    token_ids: vec![0, 1, 2, 3],
+                    block_size: 4,
+                    lora_id: None,
+                    medium: MEDIUM_DISK,
+                },
+                // The partial block 2 is neither stored nor removed.
+                WireEvent::Removed {
+                    block_hashes: vec![1],
+                    medium: MEDIUM_DISK,
+                },
+            ]
+        );
+        assert_eq!(f.num_withheld(), 0);
     }
 }

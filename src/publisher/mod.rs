@@ -50,7 +50,7 @@ pub use account::ByteAccount;
 pub use endpoint::SUPPORTED as SUPPORTED_ENDPOINTS;
 pub use filter::{WireEvent, WireFilter};
 pub use replay::{ReplayRing, END_SEQ, REPLAY_PEER_HWM};
-pub use wire::{encode_batch, MEDIUM};
+pub use wire::{encode_batch, MEDIUM, MEDIUM_DISK};
 
 /// `start_sequence` must stay below this (2^63), so that sequence numbers never reach the replay
 /// end marker (`END_SEQ`) nor wrap, and fit the signed 64-bit integers some routers use.
@@ -99,6 +99,9 @@ pub struct PublisherConfig {
     /// A replay that can send nothing for this long is dropped; a peer that answers no ZMTP
     /// heartbeat for this long is disconnected.
     pub slow_peer_timeout_ms: i32,
+    /// Also publish the disk tier's events with `medium` "DISK" (see `wire::MEDIUM_DISK`); off
+    /// by default, since a router that ignores `medium` would take them for GPU blocks.
+    pub publish_disk_events: bool,
 }
 
 /// Defaults of the service limits (`PublisherConfig::new`).
@@ -137,6 +140,7 @@ impl PublisherConfig {
             max_replay_peers: defaults::MAX_REPLAY_PEERS,
             max_incoming_message_bytes: defaults::MAX_INCOMING_MESSAGE_BYTES,
             slow_peer_timeout_ms: defaults::SLOW_PEER_TIMEOUT_MS,
+            publish_disk_events: false,
         }
     }
 

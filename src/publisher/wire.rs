@@ -5,8 +5,14 @@ use rmp::encode;
 
 use super::filter::WireEvent;
 
-/// `medium` of every published block: kvblock publishes its primary (GPU) tree.
+/// `medium` of the reuse tree's blocks (GPU or host memory, which the manager onboards at
+/// admission): vLLM's `MEDIUM_GPU`, which Dynamo's indexer maps to its device tier.
 pub const MEDIUM: &str = "GPU";
+
+/// `medium` of the disk tier's blocks (published only when asked): the name Dynamo's indexer
+/// maps to its disk tier. vLLM's own names for its file-system tiers ("FS", "STORAGE") are not
+/// used: Dynamo does not know them and would take such blocks for GPU blocks.
+pub const MEDIUM_DISK: &str = "DISK";
 
 fn put_str(buf: &mut Vec<u8>, s: &str) {
     // Writing into a Vec<u8> cannot fail.
@@ -41,6 +47,7 @@ fn put_event(buf: &mut Vec<u8>, e: &WireEvent) {
             token_ids,
             block_size,
             lora_id,
+            medium,
         } => {
             encode::write_map_len(buf, 8).expect("write to Vec");
             put_key_str(buf, "type", "BlockStored");
@@ -56,15 +63,18 @@ fn put_event(buf: &mut Vec<u8>, e: &WireEvent) {
             encode::write_uint(buf, *block_size as u64).expect("write to Vec");
             put_str(buf, "lora_id");
             put_opt_u64(buf, *lora_id);
-            put_key_str(buf, "medium", MEDIUM);
+            put_key_str(buf, "medium", medium);
             put_str(buf, "lora_name");
             encode::write_nil(buf).expect("write to Vec");
         }
-        WireEvent::Removed { block_hashes } => {
+        WireEvent::Removed {
+            block_hashes,
+            medium,
+        } => {
             encode::write_map_len(buf, 3).expect("write to Vec");
             put_key_str(buf, "type", "BlockRemoved");
             put_u64s(buf, "block_hashes", block_hashes);
-            put_key_str(buf, "medium", MEDIUM);
+            put_key_str(buf, "medium", medium);
         }
         WireEvent::AllBlocksCleared => {
             encode::write_map_len(buf, 1).expect("write to Vec");
@@ -99,6 +109,7 @@ mod tests {
             0.5,
             &[WireEvent::Removed {
                 block_hashes: vec![u64::MAX],
+                medium: MEDIUM,
             }],
             None,
         );
@@ -131,6 +142,7 @@ mod tests {
                     token_ids: vec![-1, 2],
                     block_size: 2,
                     lora_id: Some(3),
+                    medium: MEDIUM,
                 },
                 WireEvent::AllBlocksCleared,
             ],
@@ -155,5 +167,23 @@ mod tests {
         // The Stored map has 8 entries, AllBlocksCleared 1.
         assert_eq!(b[11], 0x88);
         assert!(b.windows(2).any(|w| w == [0x81, 0xa4]));
+    }
+
+    #[test]
+    fn disk_medium_is_encoded() {
+        let b = encode_batch(
+            0.0,
+            &[WireEvent::Removed {
+                block_hashes: vec![1],
+                medium: MEDIUM_DISK,
+            }],
+            None,
+        );
+        let mut tail = vec![0xa6];
+        tail.extend_from_slice(b"medium");
+        tail.push(0xa4);
+        tail.extend_from_slice(b"DISK");
+        tail.push(0xc0);
+        assert!(b.ends_with(&tail));
     }
 }

@@ -155,7 +155,8 @@ impl Worker {
         Worker {
             sockets,
             delivery,
-            filter: WireFilter::new(cfg.window_size, cfg.tokens_per_block),
+            filter: WireFilter::new(cfg.window_size, cfg.tokens_per_block)
+                .with_disk_events(cfg.publish_disk_events),
             ring,
             topic: cfg.topic,
             dp_rank: cfg.dp_rank,

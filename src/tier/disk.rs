@@ -119,6 +119,17 @@ pub struct ReadDone {
     pub data: Option<(Box<SlotHeader>, AlignedBuf)>,
 }
 
+/// A change of what the tier holds, logged (when `log_changes` is on) for the window's events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotChange {
+    /// A write completed: the block became readable.
+    Published(PrefixDigest),
+    /// A published block left the tier (its slot was evicted, or dropped after a failed read).
+    Unpublished(PrefixDigest),
+    /// A prepared write was given up (it failed, or was never submitted).
+    Abandoned(PrefixDigest),
+}
+
 /// Bounds of a tier's queues.
 #[derive(Clone, Copy, Debug)]
 pub struct TierLimits {
@@ -147,6 +158,8 @@ pub struct DiskTier {
     stats: TierStats,
     /// Jobs of the running call, handed to the workers together by `flush_jobs`.
     pending: Vec<IoJob>,
+    /// Changes since the last `take_changes`, when logged (`None` = not logged).
+    changes: Option<Vec<SlotChange>>,
 }
 
 impl Drop for DiskTier {
@@ -202,6 +215,7 @@ impl DiskTier {
                 ..TierStats::default()
             },
             pending: Vec::new(),
+            changes: None,
         };
         if tier.store.mode().existed {
             tier.recover()?;
@@ -316,6 +330,26 @@ impl DiskTier {
         self.lru_tail = s;
     }
 
+    /// Starts logging the changes of what the tier holds (see `take_changes`). Slots recovered
+    /// at opening are not logged.
+    pub fn log_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes logged since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<SlotChange> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn log(&mut self, change: SlotChange) {
+        if let Some(c) = &mut self.changes {
+            c.push(change);
+        }
+    }
+
     fn publish(&mut self, slot: u32, digest: PrefixDigest) {
         self.states[slot as usize] = SlotState::Valid { readers: 0 };
         self.digests[slot as usize] = digest;
@@ -328,6 +362,7 @@ impl DiskTier {
         let d = self.digests[slot as usize];
         self.index.remove(&d);
         self.lru_unlink(slot);
+        self.log(SlotChange::Unpublished(d));
     }
 
     fn take_buffer(&mut self, in_use: usize, cap: usize) -> Option<AlignedBuf> {
@@ -416,6 +451,7 @@ impl DiskTier {
     pub fn abandon_write(&mut self, slot: u32, buf: AlignedBuf) {
         let d = self.digests[slot as usize];
         self.writing.remove(&d);
+        self.log(SlotChange::Abandoned(d));
         self.states[slot as usize] = SlotState::Free;
         self.free_slots.push(slot);
         self.stats.writes_queued -= 1;
@@ -500,6 +536,7 @@ impl DiskTier {
                     self.stats.writes += 1;
                     self.stats.write_bytes += self.layout.slot_bytes() as u64;
                     self.publish(slot, key.digest);
+                    self.log(SlotChange::Published(key.digest));
                     self.recycle(buf);
                 }
                 IoOutcome::WriteFailed(errno) => {

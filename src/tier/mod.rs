@@ -9,7 +9,7 @@ pub mod io;
 pub mod sealed;
 pub mod store;
 
-pub use disk::{DiskTier, ReadDone, TierLimits, TierStats};
+pub use disk::{DiskTier, ReadDone, SlotChange, TierLimits, TierStats};
 pub use sealed::{prefix_digest, PrefixDigest, SlotLayout, ROOT_DIGEST};
 pub use store::{FaultPlan, FileMode, TierKey, TierStore};
 

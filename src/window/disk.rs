@@ -7,9 +7,10 @@
 use std::collections::HashMap;
 
 use super::{KeySource, WindowBlockManager};
+use crate::events::{StoredBlock, WindowEvent};
 use crate::pool::{Level, MemRow};
 use crate::tier::sealed::{fits, prefix_digest, seal_key};
-use crate::tier::{DiskTier, PrefixDigest, TierStats, WritePolicy, ROOT_DIGEST};
+use crate::tier::{DiskTier, PrefixDigest, SlotChange, TierStats, WritePolicy, ROOT_DIGEST};
 
 /// Where a read's block hangs in the tree once it is placed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,11 @@ pub struct WindowDisk {
     /// Prefix digest of blocks in the tree, computed on demand: valid while the block stays in
     /// the tree (its key and parent do not change there), forgotten when it leaves.
     digests: Vec<Option<PrefixDigest>>,
+    /// With events on: the block of each write in flight (its parent's hash and itself, as in
+    /// the tree when it was spilled), announced when the write completes.
+    announcing: HashMap<PrefixDigest, (Option<u64>, StoredBlock)>,
+    /// With events on: the tree hash of each announced block on disk, for its removal.
+    announced: HashMap<PrefixDigest, u64>,
 }
 
 impl WindowDisk {
@@ -56,6 +62,8 @@ impl WindowDisk {
                 Vec::new()
             },
             digests: vec![None; num_blocks],
+            announcing: HashMap::new(),
+            announced: HashMap::new(),
         }
     }
 
@@ -102,8 +110,56 @@ impl WindowBlockManager {
     }
 
     /// Attaches a disk tier.
-    pub fn attach_disk(&mut self, disk: WindowDisk) {
+    pub fn attach_disk(&mut self, mut disk: WindowDisk) {
+        if self.events.is_some() {
+            disk.tier.log_changes();
+        }
         self.disk = Some(Box::new(disk));
+    }
+
+    /// Turns the tier's logged changes into events: a completed write of an announced block is
+    /// a `DiskStored`, an announced block leaving the tier a `DiskRemoved`.
+    fn record_disk_changes(&mut self, d: &mut WindowDisk) {
+        let changes = d.tier.take_changes();
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        for change in changes {
+            match change {
+                SlotChange::Published(digest) => {
+                    if let Some((parent_hash, block)) = d.announcing.remove(&digest) {
+                        d.announced.insert(digest, block.hash);
+                        events.push(WindowEvent::DiskStored { parent_hash, block });
+                    }
+                }
+                SlotChange::Unpublished(digest) => {
+                    if let Some(hash) = d.announced.remove(&digest) {
+                        events.push(WindowEvent::DiskRemoved(hash));
+                    }
+                }
+                SlotChange::Abandoned(digest) => {
+                    d.announcing.remove(&digest);
+                }
+            }
+        }
+    }
+
+    /// The block as a Stored event describes it, with its parent's hash (`None` = the root).
+    fn stored_block(&self, block: u32) -> (Option<u64>, StoredBlock) {
+        let parent = self.tree.parent(block).expect("in the tree");
+        let parent_hash = (parent != self.tree.root()).then(|| self.tree.hash(parent));
+        let key = self.tree.key(block);
+        let b = StoredBlock {
+            hash: self.tree.hash(block),
+            token_ids: key.token_ids.to_vec(),
+            extra_ids: key.extra_ids.map(|e| e.to_vec()),
+            lora_task_id: key.lora_task_id,
+            cache_level: self.arena.level(block),
+            priority: self.queues.priority(block),
+            mm_keys: key.extra_keys.to_vec(),
+            cache_salt: key.cache_salt,
+        };
+        (parent_hash, b)
     }
 
     pub fn has_disk(&self) -> bool {
@@ -192,6 +248,7 @@ impl WindowBlockManager {
             return;
         };
         self.spill_with(&mut d, block);
+        self.record_disk_changes(&mut d);
         self.disk = Some(d);
     }
 
@@ -245,6 +302,9 @@ impl WindowBlockManager {
         }
         seal_key(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
         d.tier.submit_write(slot, buf);
+        if self.events.is_some() {
+            d.announcing.insert(digest, self.stored_block(block));
+        }
     }
 
     /// Claims the next free host block as the destination of a disk read, evicting its cached
@@ -385,6 +445,7 @@ impl WindowBlockManager {
             return 0;
         };
         collect_finished(&mut d);
+        self.record_disk_changes(&mut d);
         let mut placed = 0;
         loop {
             let ready: Vec<PrefixDigest> = d

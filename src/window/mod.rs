@@ -230,6 +230,9 @@ impl WindowBlockManager {
     pub fn enable_events(&mut self) {
         self.tree.track_hashes();
         self.events.get_or_insert_with(Vec::new);
+        if let Some(d) = &mut self.disk {
+            d.tier.log_changes();
+        }
     }
 
     /// The events recorded since the last call, in order.

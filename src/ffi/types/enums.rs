@@ -43,6 +43,9 @@ pub enum kvb_cache_level_t {
     KVB_CACHE_LEVEL_PRIMARY = 0,
     /// Host (secondary) memory.
     KVB_CACHE_LEVEL_SECONDARY = 1,
+    /// The disk tier below host memory. Only events use it (a block written to disk, or a
+    /// disk slot removed); it names no pool, so calls taking a cache level refuse it.
+    KVB_CACHE_LEVEL_DISK = 2,
 }
 
 /// Where a request is in its life (values of `kvb_request_state_t::phase`).
