@@ -3,10 +3,11 @@
 
 use super::handle::guard;
 use super::handle::{
-    invalid, kvb_manager_t, null_error, require_out, slice_arg_mut, with_manager, with_manager_tx,
-    write_out, FfiError,
+    invalid, kvb_manager_t, require_out, slice_arg_mut, with_manager, with_manager_tx, write_out,
+    FfiError,
 };
 use super::status::kvb_status_t;
+use super::types::request_array;
 use super::types::{
     kvb_admission_t, kvb_batch_estimate_t, kvb_request_t, request, request_default, CRequest,
 };
@@ -103,11 +104,5 @@ fn requests_arg<'a>(
     if n == 0 {
         return Err(invalid("a batch needs at least one request".into()));
     }
-    if requests.is_null() {
-        return Err(null_error("requests"));
-    }
-    (0..n)
-        // SAFETY: `n` readable requests at `requests` (caller contract; null checked).
-        .map(|i| self::request(unsafe { requests.add(i) }))
-        .collect()
+    request_array(requests, n)
 }

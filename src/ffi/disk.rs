@@ -11,11 +11,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use super::handle::{
-    guard, kvb_manager_t, null_error, require_out, slice_arg_mut, with_manager, write_out,
-    FfiError, FfiResult,
+    guard, kvb_manager_t, require_out, slice_arg_mut, with_manager, write_out, FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_request_t, request, CRequest};
+use super::types::request_array;
+use super::types::{check_struct_size, kvb_request_t, request};
 use crate::manager::DiskTierConfig;
 use crate::tier::{TierStats, WritePolicy};
 
@@ -221,14 +221,6 @@ pub(crate) fn disk_config(c: *const kvb_disk_tier_config_t) -> FfiResult<DiskTie
     })
 }
 
-fn requests<'a>(ptr: *const kvb_request_t, n: usize) -> FfiResult<Vec<CRequest<'a>>> {
-    if n > 0 && ptr.is_null() {
-        return Err(null_error("requests"));
-    }
-    // SAFETY: `n` readable requests at `ptr` (caller contract; null checked).
-    (0..n).map(|i| request(unsafe { ptr.add(i) })).collect()
-}
-
 /// Collects finished disk I/O: completed writes become readable, finished reads become free,
 /// reusable host blocks (or are dropped and counted when they failed or did not verify).
 /// `out_placed` (may be null) receives the blocks placed. Never waits for the disk.
@@ -259,7 +251,7 @@ pub extern "C" fn kvb_manager_disk_prefetch(
     out: *mut kvb_disk_prefetch_t,
 ) -> kvb_status_t {
     with_manager(manager, |m| {
-        let reqs = requests(requests_ptr, num_requests)?;
+        let reqs = request_array(requests_ptr, num_requests)?;
         let out = if out.is_null() {
             None
         } else {

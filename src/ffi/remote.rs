@@ -15,11 +15,11 @@ use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
 use super::handle::{
-    guard, kvb_manager_t, null_error, require_out, slice_arg_mut, with_manager, write_out,
-    FfiError, FfiResult,
+    guard, kvb_manager_t, require_out, slice_arg_mut, with_manager, write_out, FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_request_t, request, CRequest};
+use super::types::request_array;
+use super::types::{check_struct_size, kvb_request_t, request};
 use crate::manager::RemoteTierConfig;
 use crate::remote::{RedisConfig, RemoteLimits, RemoteStats};
 use crate::window::RemoteWritePolicy;
@@ -313,14 +313,6 @@ pub(crate) fn remote_config(c: *const kvb_remote_tier_config_t) -> FfiResult<Rem
     })
 }
 
-fn requests<'a>(ptr: *const kvb_request_t, n: usize) -> FfiResult<Vec<CRequest<'a>>> {
-    if n > 0 && ptr.is_null() {
-        return Err(null_error("requests"));
-    }
-    // SAFETY: `n` readable requests at `ptr` (caller contract; null checked).
-    (0..n).map(|i| request(unsafe { ptr.add(i) })).collect()
-}
-
 /// Collects finished remote batches: lookups and writes update what the tier knows, verified
 /// fetches become free, reusable host blocks (refused or failed ones are dropped and
 /// counted). `out_placed` (may be null) receives the blocks placed. Never waits.
@@ -352,7 +344,7 @@ pub extern "C" fn kvb_manager_remote_prefetch(
     out: *mut kvb_remote_prefetch_t,
 ) -> kvb_status_t {
     with_manager(manager, |m| {
-        let reqs = requests(requests_ptr, num_requests)?;
+        let reqs = request_array(requests_ptr, num_requests)?;
         let out = if out.is_null() {
             None
         } else {

@@ -321,3 +321,15 @@ pub(crate) fn request_state(s: *const kvb_request_state_t) -> FfiResult<RequestS
         num_generated_tokens: count_arg(s.num_generated_tokens, "num_generated_tokens")?,
     })
 }
+
+/// Views `n` C requests at `ptr` (null allowed only when `n` is 0).
+pub(crate) fn request_array<'a>(
+    ptr: *const kvb_request_t,
+    n: usize,
+) -> FfiResult<Vec<CRequest<'a>>> {
+    if n > 0 && ptr.is_null() {
+        return Err(null_error("requests"));
+    }
+    // SAFETY: `n` readable requests at `ptr` (caller contract; null checked).
+    (0..n).map(|i| request(unsafe { ptr.add(i) })).collect()
+}
