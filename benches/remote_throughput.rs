@@ -180,9 +180,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     server.cli(&["CONFIG", "SET", "maxmemory", "2gb"]);
     println!(

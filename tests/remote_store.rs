@@ -124,9 +124,7 @@ fn check_blocks(
 
 #[test]
 fn two_tiers_share_blocks_through_redis_and_stores_are_deduplicated() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::connect(config(vec![server.url()], false)).unwrap());
     let c = chain(1, 12);
@@ -168,9 +166,7 @@ fn two_tiers_share_blocks_through_redis_and_stores_are_deduplicated() {
 
 #[test]
 fn bad_values_are_refused_and_counted_never_returned() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::connect(config(vec![server.url()], false)).unwrap());
     let ns = Namespace::new("model-a", &layout());
@@ -223,9 +219,7 @@ fn bad_values_are_refused_and_counted_never_returned() {
 
 #[test]
 fn a_wrong_password_is_an_error_at_creation() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let mut cfg = config(vec![server.url()], false);
     cfg.password = Some("not-the-password".into());
@@ -269,9 +263,7 @@ fn a_wrong_password_is_an_error_at_creation() {
 
 #[test]
 fn a_restarted_server_costs_misses_then_the_client_reconnects() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let mut server = RedisServer::start();
     let store = Arc::new(RedisStore::connect(config(vec![server.url()], false)).unwrap());
     let mut t = tier(&store, "m");
@@ -310,9 +302,7 @@ fn a_restarted_server_costs_misses_then_the_client_reconnects() {
 
 #[test]
 fn a_three_node_cluster_serves_blocks_and_a_killed_node_costs_only_its_keys() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let mut cluster = RedisCluster::start();
     let store = Arc::new(RedisStore::connect(config(cluster.urls()[..1].to_vec(), true)).unwrap());
     let mut t = tier(&store, "m");
@@ -359,9 +349,7 @@ fn a_three_node_cluster_serves_blocks_and_a_killed_node_costs_only_its_keys() {
 
 #[test]
 fn the_write_queue_is_bounded_and_drops_are_counted() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::connect(config(vec![server.url()], false)).unwrap());
     let mut t = RemoteTier::new(

@@ -182,9 +182,7 @@ fn reuse_from_store(m: &mut KvCacheManager, id: u64, toks: &[i32]) -> usize {
 
 #[test]
 fn a_second_manager_reuses_the_prefix_the_first_computed() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let mut a = manager(redis(vec![server.url()], false));
     let p = tokens(1, 17);
@@ -226,9 +224,7 @@ fn child_writer() {
 
 #[test]
 fn two_processes_share_a_prefix_through_redis() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_writer", "--test-threads", "1"])
@@ -243,9 +239,7 @@ fn two_processes_share_a_prefix_through_redis() {
 
 #[test]
 fn two_processes_share_a_prefix_through_a_redis_cluster() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let cluster = RedisCluster::start();
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_writer", "--test-threads", "1"])
@@ -261,9 +255,7 @@ fn two_processes_share_a_prefix_through_a_redis_cluster() {
 
 #[test]
 fn the_on_host_evict_policy_writes_only_what_the_host_tier_evicts() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let mut a = KvCacheManager::new(config(
         redis(vec![server.url()], false),
@@ -286,9 +278,7 @@ fn the_on_host_evict_policy_writes_only_what_the_host_tier_evicts() {
 
 #[test]
 fn bad_values_in_the_store_are_refused_and_recomputed() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let mut a = manager(redis(vec![server.url()], false));
     let p = tokens(3, 17);
@@ -324,9 +314,7 @@ fn bad_values_in_the_store_are_refused_and_recomputed() {
 
 #[test]
 fn a_wrong_password_fails_creation_with_a_clear_error() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let server = RedisServer::start();
     let mut r = redis(vec![server.url()], false);
     r.password = Some("wrong".into());
@@ -345,9 +333,7 @@ fn a_wrong_password_fails_creation_with_a_clear_error() {
 
 #[test]
 fn a_restarted_server_and_a_killed_cluster_node_cost_misses_not_failures() {
-    if !redis_server::installed() {
-        return;
-    }
+    redis_server::require();
     let mut cluster = RedisCluster::start();
     let mut a = manager(redis(cluster.urls()[..1].to_vec(), true));
     let prompts: Vec<Vec<i32>> = (0..6).map(|i| tokens(20 + i, 17)).collect();

@@ -1,5 +1,5 @@
 """The shared remote tier through the Python binding, against a real redis-server started here
-(free loopback port, password; skipped when redis-server is not installed — scripts/setup.sh
+(free loopback port, password; failing when redis-server is not installed — scripts/setup.sh
 installs it): a second manager reuses the prefix the first computed, with the bytes; a wrong
 password is an InvalidConfigError at creation."""
 
@@ -9,14 +9,18 @@ import time
 
 import numpy as np
 import pytest
-from redis_helper import INSTALLED, PASSWORD, SKIP_REASON, redis_server
+from redis_helper import INSTALLED, MISSING, PASSWORD, redis_server
 
 import kvblock
 
 TPB = 4
 PRIMARY = kvblock.CacheLevel.PRIMARY
 
-pytestmark = pytest.mark.skipif(not INSTALLED, reason=SKIP_REASON)
+
+
+@pytest.fixture(autouse=True)
+def redis_is_installed():
+    assert INSTALLED, MISSING
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 //! Real Redis servers for the remote tier's tests: a standalone `redis-server` (or a three-node
 //! Redis Cluster) on random loopback ports, with a password, in a temporary directory; stopped
-//! and removed when dropped. `installed()` is false when Debian's `redis-server` / `redis-cli`
-//! are missing (scripts/setup.sh installs them): tests then skip with a message.
+//! and removed when dropped. `require()` fails a test when Debian's `redis-server` / `redis-cli`
+//! are missing (scripts/setup.sh installs them).
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 pub const PASSWORD: &str = "kvblock-test-secret";
 
-/// Whether redis-server and redis-cli are on PATH; prints why a test skips when not.
-pub fn installed() -> bool {
+/// Panics unless redis-server and redis-cli are on PATH: a real Redis is part of the test
+/// environment (scripts/setup.sh installs Debian's), so its absence is a failure, not a skip.
+pub fn require() {
     let ok = ["redis-server", "redis-cli"].iter().all(|t| {
         Command::new(t)
             .arg("--version")
@@ -22,10 +23,10 @@ pub fn installed() -> bool {
             .status()
             .is_ok_and(|s| s.success())
     });
-    if !ok {
-        eprintln!("SKIP: redis-server / redis-cli not installed (scripts/setup.sh installs them)");
-    }
-    ok
+    assert!(
+        ok,
+        "redis-server / redis-cli not found: run scripts/setup.sh"
+    );
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
