@@ -5,7 +5,9 @@
 //! onboard (pinned host → GPU), offload (GPU → pinned host), and partial copies GPU → GPU (the
 //! first half of the tokens of every slab). The references are one contiguous copy of the same
 //! bytes with `cuMemcpyAsync` (host → GPU, GPU → host, GPU → GPU). Times are CUDA event times on
-//! one stream, medians of `ROUNDS` after a warm-up. Without a GPU it prints why and exits 0.
+//! one stream behind a busy GPU→GPU copy (so the host's planning is not counted as copy time; the
+//! host's time per submitted copy is its own column), medians of `ROUNDS` after a warm-up.
+//! Without a GPU it prints why and exits 0.
 //!
 //! Run: `cargo bench --bench gpu_bandwidth` (NVRTC on the loader path, e.g.
 //! `source scripts/nvrtc_env.sh`).
@@ -29,9 +31,16 @@ fn ok(r: CUresult, what: &str) {
     assert_eq!(r, CUresult::CUDA_SUCCESS, "{what}");
 }
 
-/// Median milliseconds of `op` between two events on `stream`.
-fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
+/// A GPU→GPU copy enqueued before each timed operation keeps the stream busy while the host
+/// plans and launches it, so the event times measure the copies on the GPU alone, as on an
+/// engine stream that is busy with the model (the host time is measured apart, on the clock).
+const BUSY_BYTES: usize = 4 << 30;
+
+/// Medians of `op` over `ROUNDS` after a warm-up: milliseconds between two events on `stream`
+/// (the GPU's time), and milliseconds of the host inside `op` (planning and launching).
+fn time_ms(stream: CUstream, busy: &dyn Fn(), mut op: impl FnMut()) -> (f64, f64) {
     let mut times = Vec::with_capacity(ROUNDS);
+    let mut host = Vec::with_capacity(ROUNDS);
     // SAFETY: events created, recorded and destroyed here; the context is current.
     unsafe {
         let (mut start, mut end): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -39,8 +48,11 @@ fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
         ok(sys::cuEventCreate(&mut end, 0), "cuEventCreate");
         op(); // warm-up
         for _ in 0..ROUNDS {
+            busy();
             ok(sys::cuEventRecord(start, stream), "cuEventRecord");
+            let t0 = std::time::Instant::now();
             op();
+            host.push(t0.elapsed().as_secs_f64() * 1e3);
             ok(sys::cuEventRecord(end, stream), "cuEventRecord");
             ok(sys::cuEventSynchronize(end), "cuEventSynchronize");
             times.push(f64::from(elapsed_ms(start, end)));
@@ -49,7 +61,8 @@ fn time_ms(stream: CUstream, mut op: impl FnMut()) -> f64 {
         sys::cuEventDestroy_v2(end);
     }
     times.sort_by(f64::total_cmp);
-    times[ROUNDS / 2]
+    host.sort_by(f64::total_cmp);
+    (times[ROUNDS / 2], host[ROUNDS / 2])
 }
 
 /// Milliseconds between two completed events. `cuEventElapsedTime_v2` exists from CUDA 12.8 on
@@ -155,13 +168,26 @@ fn main() {
     let device = Arc::new(CudaDevice::open(&cfg(stream)).expect("device"));
     println!("device: {}", describe_device());
     println!(
-        "{BYTES_PER_OP} bytes per operation at scattered rows, one submission; median of \
+        "{BYTES_PER_OP} bytes per operation at scattered rows, one submission behind a busy stream; median of \
          {ROUNDS}; GB/s (ratio to the contiguous copy of the same bytes)"
     );
     println!(
-        "| block | contiguous H→D | onboard | contiguous D→H | offload | contiguous D→D | partial D→D (½ tokens) |"
+        "| block | contiguous H→D | onboard | contiguous D→H | offload | contiguous D→D | partial D→D (½ tokens) | host ns per copy |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut scratch: sys::CUdeviceptr = 0;
+    // SAFETY: out-pointer to a local; the context is current.
+    ok(
+        unsafe { sys::cuMemAlloc_v2(&mut scratch, 2 * BUSY_BYTES) },
+        "cuMemAlloc (busy copy)",
+    );
+    let busy = || {
+        // SAFETY: both halves of the scratch allocation.
+        ok(
+            unsafe { sys::cuMemcpyAsync(scratch + BUSY_BYTES as u64, scratch, BUSY_BYTES, stream) },
+            "cuMemcpyAsync (busy)",
+        )
+    };
     for &block in &BLOCK_SIZES {
         let n = BYTES_PER_OP / block;
         let geometry = PoolGeometry {
@@ -212,20 +238,30 @@ fn main() {
                 "cuMemcpyAsync",
             )
         };
-        let h2d = time_ms(stream, || copy(primary, host, bytes));
-        let on = time_ms(stream, || engine.submit(&onboard).expect("copy launch"));
-        let d2h = time_ms(stream, || copy(host, primary, bytes));
-        let off = time_ms(stream, || engine.submit(&offload).expect("copy launch"));
-        let d2d = time_ms(stream, || copy(primary + bytes as u64, primary, bytes / 2));
-        let part = time_ms(stream, || engine.submit(&partial).expect("copy launch"));
+        let (h2d, _) = time_ms(stream, &busy, || copy(primary, host, bytes));
+        let (on, on_host) = time_ms(stream, &busy, || {
+            engine.submit(&onboard).expect("copy launch")
+        });
+        let (d2h, _) = time_ms(stream, &busy, || copy(host, primary, bytes));
+        let (off, off_host) = time_ms(stream, &busy, || {
+            engine.submit(&offload).expect("copy launch")
+        });
+        let (d2d, _) = time_ms(stream, &busy, || {
+            copy(primary + bytes as u64, primary, bytes / 2)
+        });
+        let (part, part_host) = time_ms(stream, &busy, || {
+            engine.submit(&partial).expect("copy launch")
+        });
         assert!(engine.failure().is_none(), "{:?}", engine.failure());
         let cell = |b: usize, ms: f64, reference: Option<f64>| match reference {
             None => format!("{:.1}", gbps(b, ms)),
             Some(r) => format!("{:.1} ({:.0}%)", gbps(b, ms), 100.0 * gbps(b, ms) / r),
         };
         let (h2d_bw, d2h_bw, d2d_bw) = (gbps(bytes, h2d), gbps(bytes, d2h), gbps(bytes / 2, d2d));
+        // The host's planning and launch time per copy, the largest of the three kinds.
+        let host_ns = on_host.max(off_host).max(part_host) * 1e6 / n as f64;
         println!(
-            "| {} KiB | {} | {} | {} | {} | {} | {} |",
+            "| {} KiB | {} | {} | {} | {} | {} | {} | {:.0} |",
             block >> 10,
             cell(bytes, h2d, None),
             cell(bytes, on, Some(h2d_bw)),
@@ -233,8 +269,13 @@ fn main() {
             cell(bytes, off, Some(d2h_bw)),
             cell(bytes / 2, d2d, None),
             cell(bytes / 2, part, Some(d2d_bw)),
+            host_ns,
         );
     }
     // SAFETY: every engine (and its work on the stream) is gone.
-    unsafe { sys::cuStreamDestroy_v2(stream) };
+    unsafe {
+        sys::cuStreamSynchronize(stream);
+        sys::cuMemFree_v2(scratch);
+        sys::cuStreamDestroy_v2(stream);
+    }
 }

@@ -4,7 +4,7 @@
 //! verified on fetch), through a plain pipelined client (the same `redis` crate, raw SET/GET,
 //! no sealing or verification) and through `redis-benchmark` (SET/GET, same value size,
 //! pipelining and clients). A benchmark, not a test: `cargo bench --bench remote_throughput`.
-//! Skips when redis-server is not installed.
+//! Fails, saying so, when redis-server is not installed (scripts/setup.sh installs it).
 
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;

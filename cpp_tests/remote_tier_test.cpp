@@ -1,5 +1,5 @@
 // The shared remote tier through the public header, against a real redis-server the test
-// starts on a free loopback port with a password (skipped with a message when redis-server is
+// starts on a free loopback port with a password (failing, saying so, when redis-server is
 // not installed; scripts/setup.sh installs it): a second manager reuses the prefix the first
 // computed with the right bytes, a wrong password fails creation with a clear error, the
 // config versions before the remote tier still work, and bad arguments are refused.

@@ -280,6 +280,81 @@ fn a_full_directory_stops_writes_but_not_the_manager() {
 }
 
 #[test]
+fn eio_on_writes_is_counted_and_harmless() {
+    let dir = scratch_dir("eio-write");
+    let mut m = manager(&dir, 8, 4, 64);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    faults.eio_writes.store(2, Ordering::Relaxed);
+    let a = workload(&mut m);
+    let s = settle(&mut m);
+    assert_eq!((s.write_errors, s.enospc_errors), (2, 0));
+    assert_eq!(s.writes + 2, clean_writes("eio-write"));
+    assert_eq!(s.slots_used, s.writes, "a failed write publishes no slot");
+    serve_a_again(&mut m, &a);
+}
+
+#[test]
+fn writes_behind_the_disk_are_dropped_and_counted() {
+    let dir = scratch_dir("write-drops");
+    let mut m = manager(&dir, 8, 4, 64);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    // A slow device and no polling while the requests run: the queue of 8 writes fills up.
+    faults.write_latency_us.store(50_000, Ordering::Relaxed);
+    let a = tokens(3, 17);
+    serve(&mut m, 1, &a);
+    for i in 0..6 {
+        serve(&mut m, 100 + i, &tokens(500 + i as i32, 17));
+    }
+    faults.write_latency_us.store(0, Ordering::Relaxed);
+    let s = settle(&mut m);
+    assert!(s.write_drops > 0, "{s:?}");
+    // Every block the host tier evicted was written, dropped or already being written.
+    let clean = {
+        let dir = scratch_dir("write-drops-clean");
+        let mut c = manager(&dir, 8, 4, 64);
+        workload(&mut c);
+        settle(&mut c)
+    };
+    assert_eq!(
+        s.writes + s.write_drops + s.write_skips,
+        clean.writes + clean.write_drops + clean.write_skips
+    );
+    assert_eq!((s.write_errors, s.slots_used), (0, s.writes));
+    // Whatever reached the disk is served with the right bytes.
+    serve_a_again(&mut m, &a);
+}
+
+#[test]
+fn reads_beyond_the_bound_are_refused_counted_and_started_later() {
+    let dir = scratch_dir("read-drops");
+    let mut cfg = config(Some(&dir), 8, 4, 64);
+    cfg.disk.max_reads_in_flight = 2;
+    let mut m = KvCacheManager::new(cfg).expect("manager");
+    let a = workload(&mut m);
+    settle(&mut m);
+    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
+    faults.read_latency_us.store(20_000, Ordering::Relaxed);
+    let req = Request::new(2, a.clone());
+    // A's four blocks are on disk: two reads start, the rest are refused by the bound.
+    assert_eq!(m.disk_prefetch(&[req.as_ref()]).unwrap()[0].started, 2);
+    let s = m.disk_stats();
+    assert_eq!((s.reads_in_flight, s.read_drops), (2, 1));
+    faults.read_latency_us.store(0, Ordering::Relaxed);
+    // Prefetching again once they land brings the rest in: the whole prefix is reused.
+    let mut rounds = 0;
+    while m.estimate_batch(std::slice::from_ref(&req)).unwrap()[0].reusable_tokens < 16 {
+        prefetch_until_ready(&mut m, &req);
+        m.disk_poll();
+        rounds += 1;
+        assert!(rounds < 10, "the prefix never comes back");
+    }
+    let adm = m.add_sequence(&req).unwrap();
+    assert_eq!(adm.prepopulated_prompt_len, 16);
+    check(&mut m, 2, &a, 16);
+    m.check_invariants().unwrap();
+}
+
+#[test]
 fn eio_on_a_read_drops_that_block_and_the_request_recomputes_it() {
     let dir = scratch_dir("eio");
     let mut m = manager(&dir, 8, 4, 64);

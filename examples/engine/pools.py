@@ -54,7 +54,7 @@ class ModelPools:
         self.tpb = tokens_per_block
         self.layer_at = manager.get_layer_to_pool_mapping()
         self.info = [manager.get_pool_info(p) for p in range(manager.get_num_pools(False))]
-        self.slabs = [storage(manager.model_pool_view(p).view(np.float32)) for p in range(len(self.info))]
+        self.slabs = [storage(manager.model_pool_view(p)) for p in range(len(self.info))]
         self.pool_index = {i.window_size: p for p, i in enumerate(self.info)}  # the windows
         self.windows = [cfg.windows[i] for i in range(cfg.num_layers)]
 

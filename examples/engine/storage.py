@@ -23,6 +23,8 @@ import numpy as np
 
 class HostSlabs:
     def __init__(self, view: np.ndarray):
+        if view.dtype == np.uint8:  # a model pool's view is bytes: the engine keeps float32
+            view = view.view(np.float32)
         self.slabs = view.reshape(-1, *view.shape[3:])
 
     def __len__(self) -> int:
@@ -41,6 +43,8 @@ class TorchSlabs:
 
         self.torch = torch
         tensor = torch.from_dlpack(view)  # the GPU pool itself, not a copy
+        if tensor.dtype == torch.uint8:  # a model pool's view is bytes: the engine keeps float32
+            tensor = tensor.view(torch.float32)
         self.slabs = tensor.reshape(-1, *tensor.shape[3:])
 
     def __len__(self) -> int:
@@ -110,8 +114,11 @@ class DriverSlabs:
         assert info["device_type"] == KDL_CUDA, f"not a CUDA tensor: {info}"
         contiguous = tuple(int(np.prod(info["shape"][i + 1:])) for i in range(len(info["shape"])))
         assert info["strides"] in (None, contiguous), f"not C-contiguous: {info}"
-        assert info["dtype"] == (2, 32, 1), "the engine keeps float32 KV"
         blocks, layers, two, heads, tpb, head = info["shape"]
+        if info["dtype"] == (1, 8, 1):  # a model pool's view is bytes: the engine keeps float32
+            head //= 4
+        else:
+            assert info["dtype"] == (2, 32, 1), "the engine keeps float32 KV"
         self.view = view  # keeps the manager, and so the pool, alive
         self.cu, self.base = cuda, info["address"]
         self.heads, self.tpb, self.head = heads, tpb, head

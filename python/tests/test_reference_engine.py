@@ -24,8 +24,8 @@ from scheduler import EngineConfig  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
-def host_run():
-    return run.run(first=3700, count=120)
+def host_run(mla: bool = False):
+    return run.run(first=3700, count=30 if mla else 120, mla=mla)
 
 
 def test_reference_engine_equals_the_uncached_model():
@@ -44,7 +44,7 @@ def test_reference_engine_equals_the_uncached_model():
 def test_the_mla_engine_equals_the_uncached_model():
     """Multi-head latent attention: one K-only latent row per token and layer in kvblock's K-only
     pools (read through the layer map and the offset tables), reused, offloaded and onboarded."""
-    counts, verdict, _ = run.run(first=3700, count=30, mla=True)
+    counts, verdict, _ = host_run(mla=True)
     assert verdict.tokens > 0 and verdict.failures == 0
     assert verdict.equal == verdict.tokens, f"tokens equal: {verdict.equal}/{verdict.tokens}"
     for event in ("offloads (to the host tier)", "onboards (from the host tier)",
@@ -76,22 +76,25 @@ def test_blocks_back_from_the_disk_tier_and_a_warm_restart_equal_the_uncached_mo
     assert warm["disk blocks read back (verified)"] > 0 and warm["disk verify failures"] == 0
 
 
-def check_same_run_as_host(backend: str) -> None:
+def check_same_run_as_host(backend: str, mla: bool = False) -> None:
     """The CUDA backend makes the same decisions as the host backend (the counts are equal) and
     its bytes give the same tokens: every offload, onboard, partial copy and resume moved the
-    right rows, ordered before the next read."""
-    counts, verdict, _ = run.run(first=3700, count=120, engine_config=EngineConfig(backend=backend))
+    right rows, ordered before the next read. With `mla`, the K-only latent pools of the layer
+    model (byte views of the GPU pools)."""
+    counts, verdict, _ = run.run(first=3700, count=30 if mla else 120, mla=mla,
+                                 engine_config=EngineConfig(backend=backend))
     assert verdict.tokens > 0 and verdict.failures == 0
     assert verdict.equal == verdict.tokens, f"tokens equal: {verdict.equal}/{verdict.tokens}"
-    host_counts, host_verdict, _ = host_run()
+    host_counts, host_verdict, _ = host_run(mla)
     assert counts == host_counts
     assert verdict.tokens == host_verdict.tokens
 
 
 @pytest.mark.skipif(not os.environ.get("KVB_SIM_CUDA_LIBRARY"),
                     reason="KVB_SIM_CUDA_LIBRARY is not set (scripts/test.sh runs this on the simulated driver)")
-def test_on_the_cuda_backend_through_dlpack_and_driver_copies():
-    check_same_run_as_host("cuda-driver")
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+def test_on_the_cuda_backend_through_dlpack_and_driver_copies(mla):
+    check_same_run_as_host("cuda-driver", mla)
 
 
 def torch_cuda() -> bool:
@@ -103,5 +106,6 @@ def torch_cuda() -> bool:
 
 
 @pytest.mark.skipif(not torch_cuda(), reason="needs torch with a CUDA GPU")
-def test_on_a_gpu_with_torch():
-    check_same_run_as_host("cuda-torch")
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+def test_on_a_gpu_with_torch(mla):
+    check_same_run_as_host("cuda-torch", mla)

@@ -58,6 +58,8 @@ pub struct FaultPlan {
     pub writes_until_full: AtomicU64,
     /// Microseconds every read sleeps before it starts (a slow device).
     pub read_latency_us: AtomicU64,
+    /// Microseconds every write sleeps before it starts (a device that falls behind).
+    pub write_latency_us: AtomicU64,
 }
 
 impl FaultPlan {
@@ -76,6 +78,10 @@ impl FaultPlan {
 
     /// The fault of the next write, if any (`Some(true)` = a short write).
     fn next_write(&self) -> Result<bool, io::Error> {
+        let us = self.write_latency_us.load(Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
         let full = self
             .writes_until_full
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
