@@ -243,8 +243,17 @@ TEST(RemoteTier, ConfigVersionsAndBadArguments) {
     rc.write_policy = KVB_REMOTE_WRITE_ON_STORE;
     rc.io_timeout_ms = 0;
     EXPECT_EQ(kvb_manager_create(&raw, &m), KVB_STATUS_INVALID_CONFIG);
-    // An unreachable server is not an error at creation.
+    // TLS files with a plain redis:// URL are a mistake, refused; a struct_size between the
+    // versions is refused too.
     rc.io_timeout_ms = 100;
+    rc.tls_ca_file = "/nonexistent/ca.crt";
+    EXPECT_EQ(kvb_manager_create(&raw, &m), KVB_STATUS_INVALID_CONFIG);
+    EXPECT_NE(std::string(kvb_last_error_message()).find("rediss://"), std::string::npos);
+    rc.struct_size = static_cast<uint32_t>(offsetof(kvb_remote_tier_config_t, tls_cert_file));
+    EXPECT_EQ(kvb_manager_create(&raw, &m), KVB_STATUS_STRUCT_SIZE);
+    // A caller built before the TLS files: its struct ends before them (never read).
+    rc.struct_size = static_cast<uint32_t>(offsetof(kvb_remote_tier_config_t, tls_ca_file));
+    // An unreachable server is not an error at creation.
     ASSERT_EQ(kvb_manager_create(&raw, &m), KVB_OK) << kvb_last_error_message();
     ASSERT_EQ(kvb_manager_has_remote_tier(m, &has), KVB_OK);
     EXPECT_TRUE(has);

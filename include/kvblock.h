@@ -493,7 +493,8 @@ typedef struct kvb_remote_tier_config_t {
     uint32_t struct_size;
     /**
      * Comma-separated `redis://[user:password@]host:port` URLs: one standalone server, or
-     * the seed nodes of a cluster. `rediss://` (TLS) is refused: not built in. Null: no remote
+     * the seed nodes of a cluster; `rediss://` for TLS (every URL; needs a library built with
+     * TLS, the cargo feature `tls`, else `KVB_STATUS_INVALID_CONFIG` says so). Null: no remote
      * tier.
      */
     const char *urls;
@@ -548,6 +549,21 @@ typedef struct kvb_remote_tier_config_t {
      * Blocks being fetched per window (default 256, at least 1).
      */
     int32_t max_reads_in_flight;
+    /**
+     * `rediss://` only: PEM file of the certificate authorities the server's certificate must
+     * chain to (null: the system's trust store). Added after `max_reads_in_flight`: callers
+     * built before it pass the smaller `struct_size` and get null here.
+     */
+    const char *tls_ca_file;
+    /**
+     * `rediss://` only: PEM file of a client certificate, for servers that authenticate
+     * clients (null: none); set together with `tls_key_file`.
+     */
+    const char *tls_cert_file;
+    /**
+     * `rediss://` only: PEM file of the client certificate's private key (null: none).
+     */
+    const char *tls_key_file;
 } kvb_remote_tier_config_t;
 
 /**

@@ -49,6 +49,7 @@ struct Config {
     bool hasRemote = false;
     kvb_remote_tier_config_t remote{};
     std::string remoteUrls, remoteModelId, remotePassword;
+    std::string remoteTlsCaFile, remoteTlsCertFile, remoteTlsKeyFile;
     /// The model's layers in order (kvb_manager_config_t::layers); empty: one pool per window.
     std::vector<kvb_layer_spec_t> layers;
 
@@ -87,6 +88,16 @@ struct Config {
         remote.cluster = cluster;
         remote.write_policy = policy;
         hasRemote = true;
+        return *this;
+    }
+    /// TLS files of the remote tier (`rediss://` URLs; a library built with TLS): the
+    /// authorities the server's certificate must chain to (empty: the system's trust store),
+    /// and a client certificate with its key for servers that authenticate clients (both or
+    /// neither). Call after `withRemoteTier`.
+    Config& withRemoteTls(std::string caFile, std::string certFile = "", std::string keyFile = "") {
+        remoteTlsCaFile = std::move(caFile);
+        remoteTlsCertFile = std::move(certFile);
+        remoteTlsKeyFile = std::move(keyFile);
         return *this;
     }
     /// Adds a window whose host tier the library sizes (kvb_window_config_t::auto_host_tier).
@@ -259,6 +270,10 @@ class Manager {
             remote.model_id = config.remoteModelId.c_str();
             remote.password =
                 config.remotePassword.empty() ? nullptr : config.remotePassword.c_str();
+            auto orNull = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
+            remote.tls_ca_file = orNull(config.remoteTlsCaFile);
+            remote.tls_cert_file = orNull(config.remoteTlsCertFile);
+            remote.tls_key_file = orNull(config.remoteTlsKeyFile);
             raw.remote = &remote;
         }
         raw.layers = config.layers.empty() ? nullptr : config.layers.data();

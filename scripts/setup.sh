@@ -38,6 +38,8 @@ python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 # Redis Cluster on loopback); the benchmarks compare against redis-benchmark.
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
+# openssl: the remote tier's TLS test makes its certificate authority and certificates with it.
+command -v openssl >/dev/null || missing+=(openssl)
 if ((${#missing[@]})); then apt_install "${missing[@]}"; else echo "system packages: present"; fi
 
 # Debian 12's own rustc/cargo (1.63) is older than the crate's rust-version (1.88) and

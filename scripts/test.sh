@@ -29,6 +29,8 @@ source scripts/toolchains.sh
 cargo "+$KVB_MSRV" build --lib --locked --target-dir target/msrv
 step "cargo test --release"
 cargo test --release
+step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
+cargo test --release --features tls --test remote_tls
 step "scripts/check_header.sh"
 scripts/check_header.sh
 step "cmake configure + build (build/, Release)"

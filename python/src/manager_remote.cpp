@@ -43,16 +43,23 @@ void init_config_remote(nb::class_<kvb::Config>& config) {
     config.def(
         "with_remote_tier",
         [](kvb::Config& c, std::string urls, std::string model_id, std::string password,
-           bool cluster, kvb_remote_write_policy_t policy) -> kvb::Config& {
-            return c.withRemoteTier(std::move(urls), std::move(model_id), std::move(password),
-                                    cluster, policy);
+           bool cluster, kvb_remote_write_policy_t policy, std::string tls_ca_file,
+           std::string tls_cert_file, std::string tls_key_file) -> kvb::Config& {
+            c.withRemoteTier(std::move(urls), std::move(model_id), std::move(password), cluster,
+                             policy);
+            return c.withRemoteTls(std::move(tls_ca_file), std::move(tls_cert_file),
+                                   std::move(tls_key_file));
         },
         "urls"_a, "model_id"_a, "password"_a = "", "cluster"_a = false,
-        "write_policy"_a = KVB_REMOTE_WRITE_ON_STORE, nb::rv_policy::reference,
+        "write_policy"_a = KVB_REMOTE_WRITE_ON_STORE, "tls_ca_file"_a = "", "tls_cert_file"_a = "",
+        "tls_key_file"_a = "", nb::rv_policy::reference,
         "Adds the shared remote tier: comma-separated ``redis://host:port`` URLs (a server, or "
-        "a Redis Cluster's seed nodes with ``cluster``), the model identity that makes two "
-        "engines' KV interchangeable, and the server's password (empty: none). Returns the "
-        "config.");
+        "a Redis Cluster's seed nodes with ``cluster``; ``rediss://`` for TLS, with a library "
+        "built with TLS), the model identity that makes two engines' KV interchangeable, and "
+        "the server's password (empty: none). For TLS: ``tls_ca_file`` the PEM authorities the "
+        "server's certificate must chain to (empty: the system's trust store), "
+        "``tls_cert_file`` and ``tls_key_file`` a client certificate and its key (both or "
+        "neither). Returns the config.");
 }
 
 void init_manager_remote(ManagerClass& cls) {

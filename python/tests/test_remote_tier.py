@@ -82,6 +82,19 @@ def test_a_second_manager_reuses_the_prefix_with_its_bytes(redis_url):
     b.close()
 
 
+def test_tls_settings_are_checked_at_creation():
+    """The TLS fields reach the library: TLS files with a plain redis:// URL are refused; a
+    rediss:// URL needs a library built with TLS (the wheel's default build has none)."""
+    config = kvblock.ManagerConfig([kvblock.WindowConfig(64, primary_blocks=8, secondary_blocks=8)],
+                                   max_sequence_length=64, tokens_per_block=TPB)
+    config.with_remote_tier("redis://127.0.0.1:1", "m", tls_ca_file="/nonexistent/ca.crt")
+    with pytest.raises(kvblock.InvalidConfigError, match="rediss://"):
+        kvblock.KVCacheManager(config)
+    config.with_remote_tier("rediss://127.0.0.1:1", "m")
+    with pytest.raises(kvblock.InvalidConfigError, match="feature `tls`"):
+        kvblock.KVCacheManager(config)
+
+
 def test_a_wrong_password_fails_creation(redis_url):
     with pytest.raises(kvblock.InvalidConfigError, match="refused the credentials"):
         manager(redis_url, password="wrong")

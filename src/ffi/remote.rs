@@ -44,7 +44,8 @@ pub struct kvb_remote_tier_config_t {
     /// `sizeof(kvb_remote_tier_config_t)`.
     pub struct_size: u32,
     /// Comma-separated `redis://[user:password@]host:port` URLs: one standalone server, or
-    /// the seed nodes of a cluster. `rediss://` (TLS) is refused: not built in. Null: no remote
+    /// the seed nodes of a cluster; `rediss://` for TLS (every URL; needs a library built with
+    /// TLS, the cargo feature `tls`, else `KVB_STATUS_INVALID_CONFIG` says so). Null: no remote
     /// tier.
     pub urls: *const c_char,
     /// Speak the Redis Cluster protocol.
@@ -74,7 +75,19 @@ pub struct kvb_remote_tier_config_t {
     pub max_writes_queued: i32,
     /// Blocks being fetched per window (default 256, at least 1).
     pub max_reads_in_flight: i32,
+    /// `rediss://` only: PEM file of the certificate authorities the server's certificate must
+    /// chain to (null: the system's trust store). Added after `max_reads_in_flight`: callers
+    /// built before it pass the smaller `struct_size` and get null here.
+    pub tls_ca_file: *const c_char,
+    /// `rediss://` only: PEM file of a client certificate, for servers that authenticate
+    /// clients (null: none); set together with `tls_key_file`.
+    pub tls_cert_file: *const c_char,
+    /// `rediss://` only: PEM file of the client certificate's private key (null: none).
+    pub tls_key_file: *const c_char,
 }
+
+/// `struct_size` of a `kvb_remote_tier_config_t` from before the TLS files.
+const REMOTE_CONFIG_V1_SIZE: usize = std::mem::offset_of!(kvb_remote_tier_config_t, tls_ca_file);
 
 /// Counters of the remote tier, summed over windows.
 #[repr(C)]
@@ -230,6 +243,9 @@ fn remote_config_default() -> kvb_remote_tier_config_t {
         backoff_max_ms: ms(r.backoff_max),
         max_writes_queued: l.max_writes_queued as i32,
         max_reads_in_flight: l.max_reads_in_flight as i32,
+        tls_ca_file: std::ptr::null(),
+        tls_cert_file: std::ptr::null(),
+        tls_key_file: std::ptr::null(),
     }
 }
 
@@ -270,11 +286,18 @@ pub(crate) fn remote_config(c: *const kvb_remote_tier_config_t) -> FfiResult<Rem
     let Some(c) = (unsafe { c.as_ref() }) else {
         return Ok(RemoteTierConfig::default());
     };
-    check_struct_size(
-        c.struct_size,
-        std::mem::size_of::<kvb_remote_tier_config_t>(),
-        "kvb_remote_tier_config_t",
-    )?;
+    let full = std::mem::size_of::<kvb_remote_tier_config_t>();
+    if c.struct_size as usize != REMOTE_CONFIG_V1_SIZE {
+        check_struct_size(c.struct_size, full, "kvb_remote_tier_config_t")?;
+    }
+    let has_tls_files = c.struct_size as usize == full;
+    let tls_file = |p: *const c_char, what: &str| -> FfiResult<Option<std::path::PathBuf>> {
+        Ok(if has_tls_files {
+            string(p, what)?.map(std::path::PathBuf::from)
+        } else {
+            None
+        })
+    };
     let Some(urls) = string(c.urls, "urls")? else {
         return Ok(RemoteTierConfig::default());
     };
@@ -298,6 +321,9 @@ pub(crate) fn remote_config(c: *const kvb_remote_tier_config_t) -> FfiResult<Rem
         io_timeout: ms(c.io_timeout_ms, "io_timeout_ms")?,
         backoff_min: ms(c.backoff_min_ms, "backoff_min_ms")?,
         backoff_max: ms(c.backoff_max_ms, "backoff_max_ms")?,
+        tls_ca_file: tls_file(c.tls_ca_file, "tls_ca_file")?,
+        tls_cert_file: tls_file(c.tls_cert_file, "tls_cert_file")?,
+        tls_key_file: tls_file(c.tls_key_file, "tls_key_file")?,
         ..RedisConfig::default()
     };
     Ok(RemoteTierConfig {

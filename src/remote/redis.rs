@@ -7,10 +7,12 @@
 //! round trip per batch; in a cluster, one per node the keys hash to); when a cluster pipeline
 //! fails (a node down), its keys are retried one by one so each gets its own result.
 //!
-//! TLS (`rediss://`) is refused with a clear error: the crate is built without its TLS
-//! features (they bring a TLS stack); a deployment that needs TLS runs a local TLS proxy
-//! (stunnel, Envoy) or enables the `redis` crate's `tls-rustls` feature.
+//! TLS (`rediss://` URLs) needs the cargo feature `tls` (rustls with the ring provider, through
+//! the `redis` crate's `tls-rustls`): the server's certificate is checked against the configured
+//! authority (or the system's trust store), and a client certificate is presented when one is
+//! configured. Without the feature, `rediss://` is an error at creation that says so.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -40,6 +42,13 @@ pub struct RedisConfig {
     pub backoff_max: Duration,
     /// Connections kept open (each worker thread uses one at a time).
     pub max_idle_connections: usize,
+    /// `rediss://` only: PEM file of the certificate authorities the server's certificate must
+    /// chain to (`None`: the system's trust store).
+    pub tls_ca_file: Option<PathBuf>,
+    /// `rediss://` only: PEM files of the client certificate and its private key, for servers
+    /// that authenticate clients (`tls-auth-clients yes`); both or neither.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -54,8 +63,67 @@ impl Default for RedisConfig {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_millis(5000),
             max_idle_connections: 4,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
+}
+
+/// Checks the URL schemes against the TLS settings; returns whether TLS is used.
+fn check_tls_settings(cfg: &RedisConfig) -> StoreResult<bool> {
+    let tls = cfg.urls.iter().any(|u| u.starts_with("rediss://"));
+    let scheme = if tls { "rediss://" } else { "redis://" };
+    if let Some(u) = cfg.urls.iter().find(|u| !u.starts_with(scheme)) {
+        let found = u.split("://").next().unwrap_or(u);
+        return Err(StoreError::Other(format!(
+            "unsupported URL scheme {found:?}: redis://, or rediss:// (TLS) for every URL"
+        )));
+    }
+    if tls && !cfg!(feature = "tls") {
+        return Err(StoreError::Other(
+            "rediss:// (TLS) needs kvblock built with the cargo feature `tls` (CMake: \
+             -DKVBLOCK_TLS=ON); this build has no TLS"
+                .into(),
+        ));
+    }
+    let files = [&cfg.tls_ca_file, &cfg.tls_cert_file, &cfg.tls_key_file];
+    if !tls && files.iter().any(|f| f.is_some()) {
+        return Err(StoreError::Other(
+            "TLS files are set but the URLs are redis://: use rediss://".into(),
+        ));
+    }
+    if cfg.tls_cert_file.is_some() != cfg.tls_key_file.is_some() {
+        return Err(StoreError::Other(
+            "tls_cert_file and tls_key_file go together (a client certificate and its key)".into(),
+        ));
+    }
+    Ok(tls)
+}
+
+/// The certificates of a `rediss://` store, read from the configured files.
+#[cfg(feature = "tls")]
+fn tls_certificates(cfg: &RedisConfig) -> StoreResult<redis::TlsCertificates> {
+    // rustls needs a process-wide crypto provider; keep the engine's if it installed one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let read = |p: &PathBuf, what: &str| {
+        std::fs::read(p).map_err(|e| StoreError::Other(format!("{what} {}: {e}", p.display())))
+    };
+    let client_tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read(c, "tls_cert_file")?,
+            client_key: read(k, "tls_key_file")?,
+        }),
+        _ => None,
+    };
+    let root_cert = match &cfg.tls_ca_file {
+        Some(p) => Some(read(p, "tls_ca_file")?),
+        None => None,
+    };
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
 }
 
 enum Client {
@@ -95,6 +163,13 @@ impl std::fmt::Debug for RedisStore {
 fn classify(e: &RedisError) -> StoreError {
     let text = e.to_string();
     let upper = text.to_ascii_uppercase();
+    // A refused certificate (theirs or ours) is a configuration error, not an outage.
+    if ["CERTIFICATE", "HANDSHAKE", "TLS ALERT"]
+        .iter()
+        .any(|w| upper.contains(w))
+    {
+        return StoreError::Auth(format!("TLS: {text}"));
+    }
     let auth = e.kind() == ErrorKind::AuthenticationFailed
         || ["WRONGPASS", "NOAUTH", "NOPERM", "INVALID PASSWORD"]
             .iter()
@@ -135,13 +210,7 @@ impl RedisStore {
         if cfg.urls.is_empty() {
             return Err(StoreError::Other("no Redis URL given".into()));
         }
-        if let Some(u) = cfg.urls.iter().find(|u| !u.starts_with("redis://")) {
-            let scheme = u.split("://").next().unwrap_or(u);
-            return Err(StoreError::Other(format!(
-                "unsupported URL scheme {scheme:?}: only redis:// (TLS is not built in; see the \
-                 README's remote tier section)"
-            )));
-        }
+        let tls = check_tls_settings(&cfg)?;
         if cfg.io_timeout.is_zero() || cfg.connect_timeout.is_zero() {
             return Err(StoreError::Other("Redis timeouts must be positive".into()));
         }
@@ -174,6 +243,10 @@ impl RedisStore {
             if let Some(n) = &cfg.username {
                 b = b.username(n);
             }
+            #[cfg(feature = "tls")]
+            if tls {
+                b = b.certs(tls_certificates(&cfg)?);
+            }
             Client::Cluster(b.build().map_err(|e| classify(&e))?)
         } else {
             if infos.len() != 1 {
@@ -182,7 +255,18 @@ impl RedisStore {
                 ));
             }
             let info = infos.pop().expect("one");
-            Client::Single(redis::Client::open(info).map_err(|e| classify(&e))?)
+            #[cfg(feature = "tls")]
+            let client = if tls {
+                redis::Client::build_with_tls(info, tls_certificates(&cfg)?)
+            } else {
+                redis::Client::open(info)
+            };
+            #[cfg(not(feature = "tls"))]
+            let client = {
+                let _ = tls; // always false here: check_tls_settings refused rediss://
+                redis::Client::open(info)
+            };
+            Client::Single(client.map_err(|e| classify(&e))?)
         };
         let store = RedisStore {
             cfg,
