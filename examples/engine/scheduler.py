@@ -1,7 +1,8 @@
 """The engine loop: the README's engine iteration with kvblock's calls, every forward pass
 reading and writing the KV cache through kvblock's offset tables and pools.
 
-Each step: (0) `resume` suspended requests, oldest first, while it says yes; (1) estimates for
+Each step: (0) `resume` suspended requests, oldest first, while it says yes (when it says no and
+nothing runs, nothing will free a block: the newest suspended request is preempted); (1) estimates for
 the waiting requests, in order (none while a request is suspended: those come first); (2)
 `add_sequence_batch` of those that fit, each prefilling from its `prepopulated_prompt_len` (reused
 tokens are not recomputed); (3) for every decoding request `allocate_generation`, and when it
@@ -116,8 +117,13 @@ class Engine:
             r = self.suspended[0]
             moved = sum(self.m.get_block_info(w, b).cache_level == kvblock.CacheLevel.SECONDARY
                         for w in self.pools.pool_index for b in self.m.get_cache_block_ids(r.rid, w))
-            if not self.m.resume(r.rid):
-                return  # above the utilization threshold, or not all of its blocks fit
+            if not self.m.resume(r.rid):  # above the utilization threshold, or its blocks do not fit
+                if self.running:
+                    return  # running requests finish and free blocks: try again next step
+                # Nothing runs, so nothing will free a block (no host tier to move them to):
+                # release the newest suspended request instead, as a preemption.
+                self.preempt(self.suspended[-1])
+                continue
             self.running.append(self.suspended.pop(0))  # its blocks are back in GPU memory
             self.counts["resumes"] += 1
             self.counts["resumed_blocks_from_host"] += moved

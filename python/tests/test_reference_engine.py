@@ -61,6 +61,17 @@ def test_without_host_room_the_engine_preempts_instead_of_suspending():
     assert counts["suspensions (KV kept, resumed later)"] == 0, counts
 
 
+def test_without_host_room_a_suspended_request_that_cannot_resume_is_preempted():
+    """No host tier and nothing left running: the suspended requests keep their blocks on the GPU
+    and cannot resume, and nothing would free a block (these 60 requests never finished before
+    the engine preempted them in that state)."""
+    counts, verdict, _ = run.run(first=3000, count=60, engine_config=EngineConfig(secondary_blocks=0))
+    assert verdict.tokens > 0 and verdict.equal == verdict.tokens and verdict.failures == 0
+    assert counts["requests"] == 60
+    assert counts["suspensions (KV kept, resumed later)"] > 0, counts
+    assert counts["preemptions (suspending could not help)"] > 0, counts
+
+
 def test_blocks_back_from_the_disk_tier_and_a_warm_restart_equal_the_uncached_model(tmp_path):
     """A host tier of 16 blocks over a disk tier: evicted blocks are written to disk and read back
     (verified) for later prefixes; a second engine on the same directory starts with the first
