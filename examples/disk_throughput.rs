@@ -156,6 +156,7 @@ fn tier_throughput(dir: &Path, row: usize, total: usize, threads: usize) -> (f64
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = Path::new(args.get(1).map_or("/tmp", String::as_str));
+    std::fs::create_dir_all(dir).expect("the benchmark directory");
     let mib: usize = args.get(2).map_or(256, |s| s.parse().expect("MiB"));
     let threads: usize = args.get(3).map_or(4, |s| s.parse().expect("threads"));
     let gib = |b: f64| b / (1u64 << 30) as f64;
