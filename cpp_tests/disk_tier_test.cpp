@@ -201,6 +201,34 @@ TEST(DiskTier, ARestartedManagerReusesTheDiskCache) {
     fs::remove_all(dir);
 }
 
+TEST(DiskTier, TheSizingHelperGivesTheSlotsAManagerGets) {
+    fs::path dir = scratchDir("sizing");
+    kvb::Config c = diskConfig(dir);
+    c.disk.bytes_per_window = 10 * 4096 + 4095;  // not a multiple of a slot
+    kvb::DiskTierSize size =
+        kvb::calculateDiskTierBlocks(kTokensPerBlock, kRowBytes, c.disk.bytes_per_window);
+    {
+        kvb::Manager m(c);
+        kvb_disk_stats_t s = m.getDiskStats();
+        EXPECT_EQ(s.slots, static_cast<uint64_t>(size.blocks));
+        EXPECT_EQ(s.slot_bytes, size.slotBytes);
+    }
+    EXPECT_EQ(size.slotBytes % 4096, 0u);
+    // A row past one aligned unit takes the next one; bad arguments are statuses.
+    kvb::DiskTierSize big = kvb::calculateDiskTierBlocks(kTokensPerBlock, 4096, 1 << 20);
+    EXPECT_EQ(big.slotBytes, 2 * 4096u);
+    EXPECT_EQ(big.blocks, (1 << 20) / (2 * 4096));
+    int64_t blocks = 0;
+    uint64_t slot = 0;
+    EXPECT_EQ(kvb_calculate_disk_tier_blocks(0, kRowBytes, kBudget, &blocks, &slot),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_calculate_disk_tier_blocks(kTokensPerBlock, kRowBytes, kBudget, nullptr, &slot),
+              KVB_STATUS_NULL_POINTER);
+    EXPECT_EQ(kvb_calculate_disk_tier_blocks(kTokensPerBlock, kRowBytes, kBudget, &blocks, nullptr),
+              KVB_STATUS_NULL_POINTER);
+    fs::remove_all(dir);
+}
+
 TEST(DiskTier, BadConfigurationFailsAtCreation) {
     fs::path dir = scratchDir("config");
     auto statusOf = [](const kvb::Config& c) {

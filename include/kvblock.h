@@ -2887,6 +2887,20 @@ enum kvb_status_t kvb_calculate_auto_host_tier_blocks(int64_t gpu_quota_blocks,
                                                       int64_t *out_blocks);
 
 /**
+ * Sizing of a window's disk tier: `out_slot_bytes` gets the bytes one block takes on disk (its
+ * row of `row_bytes`, every pool of the window, behind a header holding its key and checksums,
+ * aligned to 4 KiB) and `out_blocks` the blocks `disk_bytes` holds: what a manager whose
+ * `kvb_disk_tier_config_t::bytes_per_window` is `disk_bytes` gets (`kvb_disk_stats_t::slots`).
+ * `KVB_STATUS_INVALID_ARGUMENT` for `tokens_per_block` not positive; `KVB_STATUS_NULL_POINTER`
+ * for a null output.
+ */
+enum kvb_status_t kvb_calculate_disk_tier_blocks(int32_t tokens_per_block,
+                                                 uint64_t row_bytes,
+                                                 uint64_t disk_bytes,
+                                                 int64_t *out_blocks,
+                                                 uint64_t *out_slot_bytes);
+
+/**
  * A snapshot of one block of a window.
  */
 enum kvb_status_t kvb_manager_get_block_info(struct kvb_manager_t *manager,

@@ -37,6 +37,21 @@ inline void check(kvb_status_t status) {
     if (status != KVB_OK) { throw Error(status, kvb_last_error_message()); }
 }
 
+/// A window's disk tier sized for a byte budget (kvb_calculate_disk_tier_blocks).
+struct DiskTierSize {
+    int64_t blocks;      ///< blocks (slots) `diskBytes` holds
+    uint64_t slotBytes;  ///< bytes one block takes on disk: its row behind a header, 4 KiB-aligned
+};
+/// The blocks a disk budget holds for rows of `rowBytes` (every pool of the window) in blocks
+/// of `tokensPerBlock` tokens: what `withDiskTier(dir, diskBytes)` gives the window.
+inline DiskTierSize calculateDiskTierBlocks(int32_t tokensPerBlock, uint64_t rowBytes,
+                                            uint64_t diskBytes) {
+    DiskTierSize out{};
+    check(kvb_calculate_disk_tier_blocks(tokensPerBlock, rowBytes, diskBytes, &out.blocks,
+                                         &out.slotBytes));
+    return out;
+}
+
 /// Manager configuration: the C config (initialised with defaults) plus owned windows.
 struct Config {
     kvb_manager_config_t raw{};

@@ -226,6 +226,16 @@ fn memlock_limit_bytes() -> u64 {
     0
 }
 
+/// The disk tier's sizing: bytes of one block's slot on disk (its whole row, every pool of the
+/// window, behind a header with the block's key and checksums, aligned to 4 KiB for O_DIRECT)
+/// and the blocks a budget of `disk_bytes` holds, as a manager with `bytes_per_window =
+/// disk_bytes` sizes the window's tier. `row_bytes`: the window's bytes per block (every pool;
+/// `kvb_calculate_window_bytes_per_token` times the tokens per block).
+pub fn disk_tier_blocks(tokens_per_block: usize, row_bytes: u64, disk_bytes: u64) -> (u64, u64) {
+    let slot = crate::tier::sealed::slot_bytes_for(tokens_per_block, row_bytes);
+    (disk_bytes / slot, slot)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -477,3 +477,26 @@ fn the_reused_policy_writes_only_blocks_reused_at_least_once() {
     assert!(s.policy_skips > 0);
     assert_eq!(serve_a_again(&mut m, &a), 16);
 }
+
+#[test]
+fn the_sizing_helper_gives_the_slots_a_manager_gets_for_a_budget() {
+    // A small row (one aligned unit with its header) and one past a unit boundary.
+    for (heads, size_per_head) in [(1usize, 2usize), (8, 128)] {
+        let dir = scratch_dir(&format!("sizing-{heads}"));
+        let mut cfg = config(Some(&dir), 8, 4, 0);
+        cfg.windows[0].num_kv_heads = heads;
+        cfg.windows[0].size_per_head = size_per_head;
+        cfg.disk.bytes_per_window = 10 * 4096 * 3 + 4095; // not a multiple of any slot
+        let row = (2 * heads * TPB * size_per_head) as u64;
+        let (blocks, slot) = kvblock::sizing::disk_tier_blocks(TPB, row, cfg.disk.bytes_per_window);
+        let m = KvCacheManager::new(cfg).expect("manager");
+        let s = m.disk_stats();
+        assert_eq!(
+            (s.slots, s.slot_bytes),
+            (blocks, slot),
+            "row of {row} bytes"
+        );
+        assert_eq!(slot % 4096, 0);
+        assert!(slot >= row + 64, "the header is part of the slot");
+    }
+}

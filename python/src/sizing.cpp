@@ -92,7 +92,21 @@ void init_sizing(ManagerClass& cls) {
             "gpu_quota_blocks"_a, "available_host_bytes"_a, "memlock_limit_bytes"_a, "row_bytes"_a,
             "Host blocks of an automatic host tier: ``min(gpu_quota_blocks, 50% of "
             "available_host_bytes / row_bytes, 80% of memlock_limit_bytes / row_bytes)``; 0 = an "
-            "unknown figure (caps nothing), caps of no block fall back to the quota.");
+            "unknown figure (caps nothing), caps of no block fall back to the quota.")
+        .def_static(
+            "calculate_disk_tier_blocks",
+            [](int32_t tokens_per_block, uint64_t row_bytes, uint64_t disk_bytes) {
+                int64_t blocks = 0;
+                uint64_t slot_bytes = 0;
+                kvb::check(kvb_calculate_disk_tier_blocks(tokens_per_block, row_bytes, disk_bytes,
+                                                          &blocks, &slot_bytes));
+                return std::make_pair(blocks, slot_bytes);
+            },
+            "tokens_per_block"_a, "row_bytes"_a, "disk_bytes"_a,
+            "``(blocks, slot_bytes)`` of a window's disk tier: the bytes one block takes on disk "
+            "(its row of ``row_bytes``, every pool of the window, behind a header with its key "
+            "and checksums, aligned to 4 KiB) and the blocks ``disk_bytes`` holds, as "
+            "``with_disk_tier(directory, bytes_per_window=disk_bytes)`` sizes it.");
 }
 
 }  // namespace kvb_py

@@ -80,6 +80,22 @@ def test_a_restarted_manager_recovers_the_disk_cache(tmp_path):
         assert m.add_sequence(request).prepopulated_prompt_len == 16
 
 
+def test_the_sizing_helper_gives_the_slots_a_manager_gets(tmp_path):
+    budget = 10 * 4096 + 4095
+    config = kvblock.ManagerConfig(
+        [kvblock.WindowConfig(64, 8, 4, num_layers=2, num_kv_heads=2, size_per_head=64)],
+        tokens_per_block=TPB, max_sequence_length=64, bytes_per_element=2)
+    config.with_disk_tier(str(tmp_path), bytes_per_window=budget)
+    row = 2 * 2 * 2 * TPB * 64 * 2  # layers x K|V x heads x tokens x head size x bytes
+    blocks, slot_bytes = kvblock.KVCacheManager.calculate_disk_tier_blocks(TPB, row, budget)
+    with kvblock.KVCacheManager(config) as m:
+        s = m.get_disk_stats()
+        assert (s.slots, s.slot_bytes) == (blocks, slot_bytes)
+    assert slot_bytes % 4096 == 0 and slot_bytes > row
+    with pytest.raises(kvblock.InvalidArgumentError):
+        kvblock.KVCacheManager.calculate_disk_tier_blocks(0, row, budget)
+
+
 def test_a_missing_directory_is_a_config_error(tmp_path):
     with pytest.raises(kvblock.InvalidConfigError):
         disk_manager(tmp_path / "missing")

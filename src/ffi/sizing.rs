@@ -211,3 +211,27 @@ pub extern "C" fn kvb_calculate_auto_host_tier_blocks(
         write_out(out_blocks, blocks as i64, "out_blocks")
     })
 }
+
+/// Sizing of a window's disk tier: `out_slot_bytes` gets the bytes one block takes on disk (its
+/// row of `row_bytes`, every pool of the window, behind a header holding its key and checksums,
+/// aligned to 4 KiB) and `out_blocks` the blocks `disk_bytes` holds: what a manager whose
+/// `kvb_disk_tier_config_t::bytes_per_window` is `disk_bytes` gets (`kvb_disk_stats_t::slots`).
+/// `KVB_STATUS_INVALID_ARGUMENT` for `tokens_per_block` not positive; `KVB_STATUS_NULL_POINTER`
+/// for a null output.
+#[no_mangle]
+pub extern "C" fn kvb_calculate_disk_tier_blocks(
+    tokens_per_block: i32,
+    row_bytes: u64,
+    disk_bytes: u64,
+    out_blocks: *mut i64,
+    out_slot_bytes: *mut u64,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out_blocks, "out_blocks")?;
+        require_out(out_slot_bytes, "out_slot_bytes")?;
+        let tpb = positive_arg(tokens_per_block, "tokens_per_block")?;
+        let (blocks, slot) = sizing::disk_tier_blocks(tpb, row_bytes, disk_bytes);
+        write_out(out_slot_bytes, slot, "out_slot_bytes")?;
+        write_out(out_blocks, blocks as i64, "out_blocks")
+    })
+}

@@ -32,6 +32,21 @@ pub fn align_up(n: usize) -> usize {
     n.div_ceil(IO_ALIGN) * IO_ALIGN
 }
 
+/// Bytes of a slot's header for blocks of `tokens_per_block` tokens (room for the largest key).
+pub fn slot_header_bytes(tokens_per_block: usize) -> usize {
+    FIXED + tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES
+}
+
+/// Bytes of one disk slot: the header and a row of `row_bytes`, aligned as a whole (saturating:
+/// the sizing helper takes any caller's figure).
+pub fn slot_bytes_for(tokens_per_block: usize, row_bytes: u64) -> u64 {
+    let align = IO_ALIGN as u64;
+    (slot_header_bytes(tokens_per_block) as u64)
+        .saturating_add(row_bytes)
+        .div_ceil(align)
+        .saturating_mul(align)
+}
+
 fn write_key_fields(h: &mut blake3::Hasher, key: &BlockKeyRef<'_>) {
     h.update(&(key.len() as u32).to_le_bytes());
     h.update(&flags_of(key).to_le_bytes());
@@ -118,13 +133,13 @@ impl SlotLayout {
 
     /// Bytes reserved for the header (the largest key); the row follows it directly.
     pub fn header_bytes(&self) -> usize {
-        FIXED + self.tokens_per_block * 12 + MAX_MM_KEYS * MM_BYTES
+        slot_header_bytes(self.tokens_per_block)
     }
 
     /// Bytes of one slot: the header and the row, aligned as a whole (a slot is always read
     /// and written whole, so only its start and length must be aligned).
     pub fn slot_bytes(&self) -> usize {
-        align_up(self.header_bytes() + self.row_bytes)
+        slot_bytes_for(self.tokens_per_block, self.row_bytes as u64) as usize
     }
 }
 
