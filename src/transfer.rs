@@ -68,6 +68,15 @@ pub trait CopyEngine: Send {
     fn host_rows_visible(&self) -> bool {
         false
     }
+    /// Whether `read_row` reaches GPU-level (primary) rows too: host-memory pools, not GPU ones.
+    fn primary_rows_visible(&self) -> bool {
+        self.host_rows_visible()
+    }
+    /// Whether the host may read or rewrite host-tier row `row` now: no copy in flight touches
+    /// it (always, for backends whose copies are done when `submit` returns).
+    fn host_row_ready(&mut self, _row: MemRow) -> bool {
+        true
+    }
     /// Copies the bytes of a host-tier block into `out`: its row in every pool of the window,
     /// concatenated in pool order (every copy submitted before is complete by then).
     fn read_row(&mut self, _row: MemRow, _out: &mut [u8]) -> Result<(), String> {

@@ -19,7 +19,7 @@ use super::device::CudaDevice;
 use super::driver::{check, guarded, ContextGuard, CudaError, CudaResult};
 use super::plan::{CopyDescriptor, CopyPlan, PoolAddresses};
 use crate::error::KvError;
-use crate::pool::{BlockLayout, Level};
+use crate::pool::{BlockLayout, Level, MemRow};
 use crate::transfer::{CopyEngine, CopyFailure, RowCopy};
 
 const THREADS_PER_CTA: u32 = 256;
@@ -36,15 +36,16 @@ enum Pool {
     Device(CUdeviceptr),
     /// `cuMemHostAlloc`ed by kvblock (pinned, mapped): host pointer and its device address.
     Host(*mut std::ffi::c_void, CUdeviceptr),
-    /// The engine's memory: its device-visible address.
-    Registered(CUdeviceptr),
+    /// The engine's memory: its device-visible address and the address the engine gave (for
+    /// the secondary level, its host pointer).
+    Registered(CUdeviceptr, u64),
 }
 
 impl Pool {
     fn address(&self) -> Option<CUdeviceptr> {
         match *self {
             Pool::Missing => None,
-            Pool::Device(p) | Pool::Host(_, p) | Pool::Registered(p) => Some(p),
+            Pool::Device(p) | Pool::Host(_, p) | Pool::Registered(p, _) => Some(p),
         }
     }
 }
@@ -56,6 +57,8 @@ struct DescriptorBuffer {
     /// Recorded after the launch that read this buffer.
     done: CUevent,
     in_flight: bool,
+    /// The submission (`CudaCopyEngine::submissions`) whose launch last read this buffer.
+    submission: u64,
 }
 
 /// Copy engine of one window on the GPU.
@@ -74,6 +77,11 @@ pub struct CudaCopyEngine {
     /// The first failure; once set no copy is launched (the bytes can no longer be trusted).
     failure: Option<String>,
     launches: u64,
+    /// Submissions with copies so far; the first is 1.
+    submissions: u64,
+    /// Per host-tier row: the last submission whose copies read or wrote it (0: none), so the
+    /// disk and remote tiers touch a pinned row only once the GPU is done with it.
+    host_row_submission: Vec<u64>,
 }
 
 // SAFETY: the raw pointers are CUDA allocations owned by this engine, used only under the
@@ -125,6 +133,8 @@ impl CudaCopyEngine {
             next_buffer: 0,
             failure: None,
             launches: 0,
+            submissions: 0,
+            host_row_submission: vec![0; num_secondary],
         };
         if allocate_pools {
             // On failure `engine` drops and frees what was allocated.
@@ -194,6 +204,16 @@ impl CudaCopyEngine {
         if count == 0 {
             return Ok(());
         }
+        self.submissions += 1;
+        for c in copies {
+            for row in [c.src, c.dst] {
+                if row.level == Level::Secondary {
+                    if let Some(s) = self.host_row_submission.get_mut(row.index as usize) {
+                        *s = self.submissions;
+                    }
+                }
+            }
+        }
         let _ctx = ContextGuard::enter(self.device.context())?;
         let stream = self.device.launch_stream()?;
         let mut slices = self.plan.slices_per_copy();
@@ -217,6 +237,7 @@ impl CudaCopyEngine {
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             // In flight from its first launch on: a failure after it must not free it early.
             buffer.in_flight = true;
+            buffer.submission = self.submissions;
             // One launch per wave (or the part of it in this chunk).
             for wave in &self.plan.waves {
                 let (lo, hi) = (wave.start.max(next), wave.end.min(end));
@@ -307,6 +328,76 @@ impl CudaCopyEngine {
         Ok((i, self.buffers[i].capacity))
     }
 
+    /// Whether every launch that read or wrote host-tier row `index` has finished (queried,
+    /// never waited for): only then may the host read or rewrite the pinned row.
+    fn host_row_settled(&mut self, index: usize) -> CudaResult<bool> {
+        let last = self.host_row_submission.get(index).copied().unwrap_or(0);
+        if last == 0 {
+            return Ok(true);
+        }
+        let _ctx = ContextGuard::enter(self.device.context())?;
+        // A submission is done once no buffer it used is in flight: a buffer is reused only
+        // after its launch finished, so one that moved on to a later submission is done too.
+        for b in &mut self.buffers {
+            if b.in_flight && b.submission == last {
+                // SAFETY: querying an event this engine created.
+                match unsafe { sys::cuEventQuery(b.done) } {
+                    CUresult::CUDA_SUCCESS => b.in_flight = false,
+                    CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                    e => check(e, "cuEventQuery")?,
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Host pointers of host-tier row `index` in every pool, with their lengths; `None` when a
+    /// pool is missing or was registered without a host address.
+    fn host_row_parts(&self, index: usize) -> Option<Vec<(*mut u8, usize)>> {
+        if index >= self.rows[Level::Secondary as usize] {
+            return None;
+        }
+        self.pools
+            .iter()
+            .zip(self.layout.pools())
+            .map(|(levels, shape)| {
+                let n = shape.geometry.row_bytes();
+                let base = match levels[Level::Secondary as usize] {
+                    Pool::Host(h, _) => h as *mut u8,
+                    Pool::Registered(_, host) => host as *mut u8,
+                    Pool::Missing | Pool::Device(_) => return None,
+                };
+                // SAFETY: `index` < the level's rows, so the row lies inside the pool.
+                Some((unsafe { base.add(index * n) }, n))
+            })
+            .collect()
+    }
+
+    /// The pinned bytes of host-tier row `index` (every pool, in pool order), once the GPU is
+    /// done with it: `Err` while a copy may still touch it (the caller drops the work).
+    fn visit_host_row(
+        &mut self,
+        row: MemRow,
+        mut each: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), String> {
+        if row.level != Level::Secondary {
+            return Err("only host-tier rows are visible to the host".into());
+        }
+        let index = row.index as usize;
+        if !self.host_row_settled(index).map_err(|e| e.to_string())? {
+            return Err("a copy of this host row is still in flight".into());
+        }
+        let parts = self
+            .host_row_parts(index)
+            .ok_or_else(|| "a host pool of this window is not registered".to_string())?;
+        let mut at = 0;
+        for (p, n) in parts {
+            each(p, n, at);
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Waits on the host until every copy this engine launched has finished (destroy and pool
     /// replacement only, never on the hot path).
     fn wait_idle(&mut self) {
@@ -329,7 +420,7 @@ impl CudaCopyEngine {
                 Pool::Host(h, _) => {
                     sys::cuMemFreeHost(h);
                 }
-                Pool::Missing | Pool::Registered(_) => {}
+                Pool::Missing | Pool::Registered(..) => {}
             }
         }
     }
@@ -362,7 +453,7 @@ impl CudaCopyEngine {
         let device_address = device_visible(level, address)?;
         self.wait_idle();
         self.free_pool(level, pool);
-        self.pools[pool][level as usize] = Pool::Registered(device_address);
+        self.pools[pool][level as usize] = Pool::Registered(device_address, address);
         Ok(())
     }
 }
@@ -451,6 +542,7 @@ fn new_buffer(capacity: usize) -> CudaResult<DescriptorBuffer> {
         capacity,
         done,
         in_flight: false,
+        submission: 0,
     })
 }
 
@@ -522,6 +614,35 @@ impl CopyEngine for CudaCopyEngine {
 
     fn launches(&self) -> u64 {
         self.launches
+    }
+
+    /// True: the host tier is pinned host memory. Its rows are read and written only once no
+    /// copy touches them (`read_row` / `write_row` refuse otherwise, without waiting).
+    fn host_rows_visible(&self) -> bool {
+        true
+    }
+
+    /// False: GPU memory is read back only by copies.
+    fn primary_rows_visible(&self) -> bool {
+        false
+    }
+
+    fn host_row_ready(&mut self, row: MemRow) -> bool {
+        row.level == Level::Secondary && self.host_row_settled(row.index as usize).unwrap_or(false)
+    }
+
+    fn read_row(&mut self, row: MemRow, out: &mut [u8]) -> Result<(), String> {
+        self.visit_host_row(row, |p, n, at| {
+            // SAFETY: `p` points at `n` bytes of a pinned row no copy touches (settled).
+            out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        })
+    }
+
+    fn write_row(&mut self, row: MemRow, data: &[u8]) -> Result<(), String> {
+        self.visit_host_row(row, |p, n, at| {
+            // SAFETY: as in `read_row`; the next launch that reads the row comes after this.
+            unsafe { std::ptr::copy_nonoverlapping(data[at..at + n].as_ptr(), p, n) };
+        })
     }
 }
 

@@ -75,6 +75,14 @@ pub(super) fn attach_remote_tiers(
                     .into(),
             ));
         }
+        if cfg.write_policy == RemoteWritePolicy::OnStore && !w.engine().primary_rows_visible() {
+            return Err(KvError::Unsupported(
+                "with the CUDA backend the remote tier writes blocks as they leave the host tier: \
+                 set the write policy to KVB_REMOTE_WRITE_ON_HOST_EVICT (stored blocks are in \
+                 GPU memory, which kvblock does not read back on the host)"
+                    .into(),
+            ));
+        }
     }
     let store = RedisStore::connect(redis.clone()).map_err(|e| match e {
         StoreError::Auth(m) => invalid(format!(

@@ -279,10 +279,16 @@ impl WindowBlockManager {
         };
         // Copies queued by this call may write the row: they go first.
         self.flush_copies();
+        let rows: Vec<MemRow> = self.host_rows(block).collect();
+        if !rows.iter().all(|&r| self.engine.host_row_ready(r)) {
+            // A GPU copy still writes the row (CUDA backend): the store falls behind, dropped.
+            d.tier.stats_mut().write_drops += 1;
+            d.tier.abandon_write(slot, buf);
+            return;
+        }
         let hb = layout.header_bytes();
         let mut at = hb;
         let mut ok = true;
-        let rows: Vec<MemRow> = self.host_rows(block).collect();
         for row in rows {
             let n = layout.row_bytes;
             if self

@@ -209,6 +209,11 @@ impl WindowBlockManager {
         };
         // Copies queued by this call may write the row: they go first.
         self.flush_copies();
+        if !self.engine.host_row_ready(self.arena.row(block)) {
+            // A GPU copy still writes the row (CUDA backend): the write falls behind, dropped.
+            r.tier.stats_mut().write_drops += 1;
+            return None;
+        }
         let ns = r.tier.namespace();
         let mut value = ns.new_value();
         if self
