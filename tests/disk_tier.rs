@@ -3,13 +3,14 @@
 //! configuration fails at creation, and a restarted manager reuses the files.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use kvblock::manager::{
     CopyBackend, DiskTierConfig, KvCacheManager, ManagerConfig, Request, WindowSpec,
 };
 use kvblock::pool::Level;
+use kvblock::tier::store::FaultPlan;
 use kvblock::tier::{TierStats, WritePolicy};
 
 const TPB: usize = 4;
@@ -251,17 +252,33 @@ fn injected_short_writes_are_not_published_and_are_counted() {
     serve_a_again(&mut m, &a);
 }
 
-#[test]
-fn enospc_on_writes_is_counted_and_harmless() {
-    let dir = scratch_dir("enospc");
+/// Two writes fail with `errno` (`fault` picks the injection counter): both are counted (as
+/// ENOSPC or not), publish no slot, and the manager serves A with what reached the disk.
+fn two_failed_writes_are_counted_and_harmless(
+    name: &str,
+    fault: fn(&FaultPlan) -> &AtomicU32,
+    enospc: u64,
+) {
+    let dir = scratch_dir(name);
     let mut m = manager(&dir, 8, 4, 64);
     let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
-    faults.enospc_writes.store(2, Ordering::Relaxed);
+    fault(&faults).store(2, Ordering::Relaxed);
     let a = workload(&mut m);
     let s = settle(&mut m);
-    assert_eq!((s.write_errors, s.enospc_errors), (2, 2));
-    assert_eq!(s.writes + 2, clean_writes("enospc"));
+    assert_eq!((s.write_errors, s.enospc_errors), (2, enospc));
+    assert_eq!(s.writes + 2, clean_writes(name));
+    assert_eq!(s.slots_used, s.writes, "a failed write publishes no slot");
     serve_a_again(&mut m, &a);
+}
+
+#[test]
+fn enospc_on_writes_is_counted_and_harmless() {
+    two_failed_writes_are_counted_and_harmless("enospc", |f| &f.enospc_writes, 2);
+}
+
+#[test]
+fn eio_on_writes_is_counted_and_harmless() {
+    two_failed_writes_are_counted_and_harmless("eio-write", |f| &f.eio_writes, 0);
 }
 
 #[test]
@@ -277,20 +294,6 @@ fn a_full_directory_stops_writes_but_not_the_manager() {
     assert_eq!(s.enospc_errors, clean_writes("full") - 4);
     assert_eq!(s.write_errors, s.enospc_errors);
     assert_eq!(serve_a_again(&mut m, &a), 16);
-}
-
-#[test]
-fn eio_on_writes_is_counted_and_harmless() {
-    let dir = scratch_dir("eio-write");
-    let mut m = manager(&dir, 8, 4, 64);
-    let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
-    faults.eio_writes.store(2, Ordering::Relaxed);
-    let a = workload(&mut m);
-    let s = settle(&mut m);
-    assert_eq!((s.write_errors, s.enospc_errors), (2, 0));
-    assert_eq!(s.writes + 2, clean_writes("eio-write"));
-    assert_eq!(s.slots_used, s.writes, "a failed write publishes no slot");
-    serve_a_again(&mut m, &a);
 }
 
 #[test]
