@@ -430,13 +430,30 @@ TEST(PoolModelTest, SizingFollowsThePools) {
     kvb::Config fp4;
     fp4.addLayers(32, 8192, KVB_CACHE_TYPE_SELF, 8, 128, KVB_KV_DATA_TYPE_NVFP4);
     EXPECT_EQ(perToken(fp4.layers).second, std::vector<uint64_t>{36864});
-    // A hybrid: 4 attention layers (8 heads x 128, BF16: 16,384 bytes per token) and 24
-    // recurrent layers of a 128 x 64 FP32 state (32 KiB a layer, 768 KiB per 64-token block:
-    // 12,288 bytes per token).
+    // Nemotron-H-8B, a hybrid: 4 attention layers (8 KV heads x 128, BF16: 4 x 2 x 8 x 128 x 2 =
+    // 16,384 bytes per token) and 24 Mamba-2 layers, each with an SSM state of 128 heads x (64
+    // head dim x 128 state) FP32 (4 MiB) and a convolution state of (8,192 + 2 x 8 x 128) x 3 =
+    // 30,720 BF16 elements (61,440 bytes), per block: 24 x 4,255,744 = 102,137,856 bytes per
+    // 64-token block, 1,595,904 per token.
     kvb::Config hybrid;
     hybrid.addLayers(4, 8192, KVB_CACHE_TYPE_SELF, 8, 128, KVB_KV_DATA_TYPE_BF16);
-    hybrid.addLayers(24, 8192, KVB_CACHE_TYPE_RECURRENT_STATE, 128, 64, KVB_KV_DATA_TYPE_FP32);
-    EXPECT_EQ(perToken(hybrid.layers).second, std::vector<uint64_t>{16384 + 12288});
+    for (int i = 0; i < 24; ++i) {
+        hybrid.addLayers(1, 8192, KVB_CACHE_TYPE_RECURRENT_STATE, 128, 64 * 128,
+                         KVB_KV_DATA_TYPE_FP32);
+        hybrid.addLayers(1, 8192, KVB_CACHE_TYPE_RECURRENT_STATE, 1, 30720, KVB_KV_DATA_TYPE_BF16);
+    }
+    EXPECT_EQ(perToken(hybrid.layers).second, std::vector<uint64_t>{16384 + 1595904});
+    // Gemma-3-27B, two windows: 62 layers of 16 KV heads x 128 BF16 (8,192 bytes per token a
+    // layer), every sixth global (10 layers: 81,920 bytes per token), the other 52 on a
+    // 1,024-token sliding window (425,984).
+    kvb::Config gemma;
+    for (int i = 0; i < 62; ++i) {
+        gemma.addLayers(1, i % 6 == 5 ? 131072 : 1024, KVB_CACHE_TYPE_SELF, 16, 128,
+                        KVB_KV_DATA_TYPE_BF16);
+    }
+    auto [gemmaWindows, gemmaBytes] = perToken(gemma.layers);
+    EXPECT_EQ(gemmaWindows, (std::vector<int32_t>{1024, 131072}));
+    EXPECT_EQ(gemmaBytes, (std::vector<uint64_t>{425984, 81920}));
 }
 
 namespace {
