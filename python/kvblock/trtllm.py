@@ -25,6 +25,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from . import _kvblock as _kvb
 
 __all__ = [
@@ -37,7 +39,8 @@ __all__ = [
 
 
 class CacheType:
-    """TensorRT-LLM's cache types; kvblock serves ``SELF`` (the others need the pool model)."""
+    """TensorRT-LLM's cache types: self-attention K and V, cross-attention (the encoder's KV,
+    never reused), and K only (MLA's latent)."""
 
     SELF = 0
     CROSS = 1
@@ -149,8 +152,11 @@ class KVCacheManager:
     """TensorRT-LLM's ``KVCacheManager`` binding (2026) over kvblock.
 
     The keyword arguments are those ``resource_manager.py`` passes; ``dtype_bytes`` stands for
-    ``dtype``. Layer ``l`` attends over ``max_attention_window_vec[l % len(...)]``; every layer
-    of one window must have the same KV heads. kvblock-only settings: ``num_extra_kv_tokens``,
+    ``dtype``. Layer ``l`` attends over ``max_attention_window_vec[l % len(...)]`` with
+    ``num_kv_heads_per_layer[l]`` heads; ``cache_type`` is :class:`CacheType`'s, and
+    ``kv_data_type`` (a :class:`kvblock.KvDataType`: FP8, NVFP4 with block-scale pools, ...)
+    stands for a quantized ``dtype``. Layers of other heads, cache types or element types are
+    grouped into pools by window and shape, as TensorRT-LLM groups them. kvblock-only settings: ``num_extra_kv_tokens``,
     ``max_draft_tokens`` (parts of ``max_sequence_length``), ``copy_backend``, ``manual_clock``.
     """
 
@@ -180,38 +186,48 @@ class KVCacheManager:
         max_draft_tokens: int = 0,
         copy_backend=None,
         manual_clock: bool = False,
+        kv_data_type=None,
     ):
         del max_num_sequences, chunk_size  # kvblock bounds sequences by blocks only
         if sink_token_length:
             raise _kvb.UnsupportedError("sink tokens are not supported")
-        if cache_type != CacheType.SELF:
-            raise _kvb.UnsupportedError("only CacheType.SELF is supported")
+        kinds = {
+            CacheType.SELF: _kvb.CacheType.SELF,
+            CacheType.CROSS: _kvb.CacheType.CROSS,
+            CacheType.SELFKONLY: _kvb.CacheType.SELF_K_ONLY,
+        }
+        if cache_type not in kinds:
+            raise _kvb.InvalidConfigError(f"unknown cache type {cache_type}")
+        window_of = [
+            max_attention_window_vec[layer % len(max_attention_window_vec)]
+            for layer in range(len(num_kv_heads_per_layer))
+        ]
         windows = []
+        uniform = True
         for window, (primary, secondary) in sorted(blocks_per_window.items()):
-            heads = {
-                h
-                for layer, h in enumerate(num_kv_heads_per_layer)
-                if max_attention_window_vec[layer % len(max_attention_window_vec)] == window
-            }
-            layers = sum(
-                1
-                for layer in range(len(num_kv_heads_per_layer))
-                if max_attention_window_vec[layer % len(max_attention_window_vec)] == window
-            )
-            if layers == 0:
+            heads = {h for h, w in zip(num_kv_heads_per_layer, window_of) if w == window}
+            if not heads:
                 raise _kvb.InvalidConfigError(f"window {window} has no layer")
-            if len(heads) > 1:
-                raise _kvb.UnsupportedError(f"layers of window {window} differ in KV heads")
+            uniform = uniform and len(heads) == 1
             windows.append(
                 _kvb.WindowConfig(
                     window,
                     primary,
                     secondary,
-                    num_layers=layers,
-                    num_kv_heads=heads.pop(),
+                    num_layers=sum(1 for w in window_of if w == window),
+                    num_kv_heads=max(heads),
                     size_per_head=size_per_head,
                 )
             )
+        # Per-layer heads, another cache type or a quantized element type: the pool model, which
+        # groups layers into pools by window and shape as TensorRT-LLM does.
+        layers = []
+        if not uniform or cache_type != CacheType.SELF or kv_data_type is not None:
+            data_type = _kvb.KvDataType.DEFAULT if kv_data_type is None else kv_data_type
+            layers = [
+                _kvb.LayerSpec(w, kinds[cache_type], h, size_per_head, data_type)
+                for h, w in zip(num_kv_heads_per_layer, window_of)
+            ]
         config = _kvb.ManagerConfig(
             windows,
             tokens_per_block=tokens_per_block,
@@ -226,6 +242,9 @@ class KVCacheManager:
             max_kv_event_entries=max_kv_event_entries,
             manual_clock=manual_clock,
         )
+        if layers:
+            config.layers = layers
+        self._cache_type = cache_type
         if secondary_offload_min_priority is not None:
             config.secondary_offload_min_priority = secondary_offload_min_priority
         if copy_backend is not None:
@@ -290,7 +309,48 @@ class KVCacheManager:
 
     @property
     def cross_kv(self) -> bool:
-        return False
+        return self._cache_type == CacheType.CROSS
+
+    # --- pools: TensorRT-LLM's pool tensors, as numpy arrays --------------------------
+    @property
+    def pool_configurations(self) -> List["_kvb.PoolInfo"]:
+        """One :class:`kvblock.PoolInfo` per data pool, in offset-table order."""
+        return [self.impl.get_pool_info(p) for p in range(self.impl.get_num_pools(False))]
+
+    def _pool_address(self, pool: int, level) -> int:
+        try:
+            return self.impl.get_model_pool_pointer(pool, level)[0]
+        except _kvb.UnsupportedError:  # no memory at that level (no host tier)
+            return 0
+
+    def get_block_pool_pointers(self):
+        """``int64 [pools, 2]``: each data pool's primary and host-tier base address (0: none)."""
+        levels = (_kvb.CacheLevel.PRIMARY, _kvb.CacheLevel.SECONDARY)
+        rows = [[self._pool_address(p, lv) for lv in levels] for p in range(self.impl.get_num_pools(False))]
+        return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+    def get_block_scale_pool_pointers(self):
+        """``int64 [pools, 2]``: each data pool's block-scale pool (primary, host; 0: none)."""
+        primary = self.impl.get_block_scale_pool_pointers(_kvb.CacheLevel.PRIMARY)
+        secondary = self.impl.get_block_scale_pool_pointers(_kvb.CacheLevel.SECONDARY)
+        return np.array(list(zip(primary, secondary)), dtype=np.int64).reshape(-1, 2)
+
+    def get_layer_to_pool_mapping(self):
+        """``int32 [layers, 2]``: each layer's pool and its index among that pool's layers."""
+        return np.array(self.impl.get_layer_to_pool_mapping(), dtype=np.int32).reshape(-1, 2)
+
+    def get_primary_pool_data(self, layer_idx: int):
+        """The primary pool holding layer ``layer_idx`` (a zero-copy view of the pool:
+        :meth:`kvblock.KVCacheManager.model_pool_view`); the layer is index
+        ``get_layer_to_pool_mapping()[layer_idx][1]`` of its layer axis."""
+        pool = int(self.get_layer_to_pool_mapping()[layer_idx][0])
+        return self.impl.model_pool_view(pool)
+
+    def get_unique_primary_pool(self):
+        """The primary pool of a model with exactly one pool (``UnsupportedError`` otherwise)."""
+        if self.impl.get_num_pools(False) != 1:
+            raise _kvb.UnsupportedError("get_unique_primary_pool needs exactly one pool")
+        return self.impl.model_pool_view(0)
 
     @property
     def first_window_size(self) -> int:

@@ -144,6 +144,16 @@ void init_manager_pools(ManagerClass& cls) {
             },
             "``[(pool, index in pool)]`` per layer (TensorRT-LLM ``getLayerToPoolMapping``).")
         .def(
+            "get_model_pool_pointer",
+            [](Manager& self, int32_t pool, kvb_cache_level_t level) {
+                auto [base, row] = nogil([&] { return self.m.getModelPoolPointer(pool, level); });
+                return std::make_pair(reinterpret_cast<uintptr_t>(base), row);
+            },
+            "pool"_a, "cache_level"_a = KVB_CACHE_LEVEL_PRIMARY,
+            "``(address, row_bytes)`` of pool ``pool`` (:meth:`get_pool_info`) at a cache level: "
+            "host memory, or the device address with the CUDA backend; a block's row is its "
+            "``memory_index``. ``UnsupportedError`` where the level has no memory.")
+        .def(
             "get_block_scale_pool_pointers",
             [](const Manager& self, kvb_cache_level_t level) {
                 std::vector<uint8_t*> p =

@@ -242,3 +242,61 @@ def test_copy_batch_block_offsets_takes_a_slot_offset():
 
 def test_latest_events_without_timeout_returns_with_events_off():
     assert make_facade(events=0).get_latest_events() == []
+
+
+def pool_facade(heads, windows, **kw) -> KVCacheManager:
+    m = KVCacheManager(
+        num_kv_heads_per_layer=heads,
+        size_per_head=kw.pop("size_per_head", 8),
+        tokens_per_block=TPB,
+        blocks_per_window=windows,
+        max_num_sequences=8,
+        max_beam_width=1,
+        max_attention_window_vec=sorted(windows),
+        max_sequence_length=max(windows),
+        enable_block_reuse=True,
+        copy_backend=kvblock.CopyBackend.HOST,
+        **kw,
+    )
+    m.allocate_pools(False)
+    return m
+
+
+def test_per_layer_heads_group_into_pools_as_tensorrt_llm_does():
+    # Layers 0, 2 have 2 heads and layer 1 has 4 (one window): two pools, layer -> (pool, index).
+    f = pool_facade([2, 4, 2], {WINDOW: (16, 4)}, dtype_bytes=2)
+    infos = f.pool_configurations
+    assert [i.num_kv_heads for i in infos] == sorted(i.num_kv_heads for i in infos)
+    mapping = f.get_layer_to_pool_mapping()
+    assert mapping.shape == (3, 2) and mapping.dtype == np.int32
+    heads = [infos[p].num_kv_heads for p in mapping[:, 0]]
+    assert heads == [2, 4, 2]
+    assert sorted(mapping[[0, 2], 1].tolist()) == [0, 1] and mapping[1, 1] == 0
+    pointers = f.get_block_pool_pointers()
+    assert pointers.shape == (2, 2) and (pointers != 0).all()
+    for p in range(2):
+        assert pointers[p, 0] == f.impl.get_model_pool_pointer(p)[0]
+    # The pool a layer reads is the view get_primary_pool_data gives: a token written at the
+    # offset table's slab is found there by the layer's pool and index.
+    view = f.get_primary_pool_data(1)
+    assert view.shape[1:4] == (1, 2, 4)  # one 4-head layer, K|V
+    with pytest.raises(kvblock.UnsupportedError):
+        f.get_unique_primary_pool()
+    assert f.get_block_scale_pool_pointers().tolist() == [[0, 0], [0, 0]]
+
+
+def test_k_only_cross_and_quantized_caches():
+    from kvblock.trtllm import CacheType
+
+    mla = pool_facade([1, 1], {WINDOW: (16, 4)}, size_per_head=576, cache_type=CacheType.SELFKONLY,
+                      kv_data_type=kvblock.KvDataType.BF16)
+    (info,) = mla.pool_configurations
+    assert (info.kv_factor, info.num_layers, info.cache_type) == (1, 2, kvblock.CacheType.SELF_K_ONLY)
+    assert mla.get_unique_primary_pool().shape[2] == 1  # no V half
+    cross = pool_facade([2], {WINDOW: (16, 4)}, cache_type=CacheType.CROSS)
+    assert cross.cross_kv and not mla.cross_kv
+    fp4 = pool_facade([2, 2], {WINDOW: (16, 4)}, size_per_head=16, kv_data_type=kvblock.KvDataType.NVFP4)
+    scales = fp4.get_block_scale_pool_pointers()
+    assert scales.shape == (1, 2) and scales[0, 0] != 0
+    uniform = pool_facade([2, 2], {WINDOW: (16, 4)})
+    assert uniform.get_block_pool_pointers()[0, 0] == uniform.impl.get_pool_pointer(WINDOW, kvblock.CacheLevel.PRIMARY)[0]
