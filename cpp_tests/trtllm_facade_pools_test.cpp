@@ -4,6 +4,7 @@
 // the same manager.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 
@@ -266,6 +267,98 @@ TEST(TrtllmFacade, MaxNumBlocksFromBudgetsAndPerLayerHeads) {
     }
     EXPECT_LE(used, (1u << 20) + oneBlockEach);
     EXPECT_GT(used + oneBlockEach, 1u << 20);
+}
+
+// Rows 32-35 and 50: the indexer K cache of DeepSeek-V3.2's sparse attention. With MLA latents
+// on every layer and an FP8 indexer (128 elements and one FP32 scale) on the layers the mask
+// keeps, the latent pools keep the indices they have without an indexer, the indexer is one
+// K-only pool after them, and every block's indexer row moves with the block.
+TEST(TrtllmFacade, TheIndexerKCacheIsAPoolAfterTheKvPools) {
+    auto make = [](bool indexer) {
+        kvb::trtllm::KvblockOptions options;
+        options.copyBackend = KVB_COPY_BACKEND_HOST;
+        options.kvDataType = KVB_KV_DATA_TYPE_BF16;
+        options.enableIndexerKCache = indexer;
+        options.indexerKCacheIndexHeadDim = 128;
+        options.indexerKCacheQuantBlockSize = 128;
+        options.indexerKCacheLayerMask = {true, false, true, true};
+        auto m = std::make_unique<KVCacheManager>(std::vector<int32_t>(4, 1), 576, kTpb,
+                                                  KVCacheManager::BlocksPerWindow{{kFull, {12, 4}}},
+                                                  8, 1, std::vector<int32_t>{kFull}, 2, 0, nullptr,
+                                                  kFull, 0, true, CacheType::kSELFKONLY,
+                                                  std::nullopt, nullptr, true, true, options);
+        m->allocatePools(false);
+        return m;
+    };
+    auto plain = make(false), f = make(true);
+    EXPECT_FALSE(plain->isEnableIndexerKCache());
+    EXPECT_EQ(statusOf([&] { (void)plain->getIndexerKCachePool(); }), KVB_STATUS_UNSUPPORTED);
+    ASSERT_TRUE(f->isEnableIndexerKCache());
+    EXPECT_EQ(f->getIndexerKCacheIndexHeadDim(), 128);
+    EXPECT_EQ(f->getIndexerKCacheQuantBlockSize(), 128);
+    EXPECT_FALSE(f->getIndexerKCacheUseFp4());
+    auto const& bm = f->getBlockManager();
+    EXPECT_EQ(bm.getNumPools(false, true), 2);
+    EXPECT_EQ(bm.getNumPools(false, false), 1);
+    EXPECT_EQ(bm.getNumPools(false, false), plain->getBlockManager().getNumPools(false, false));
+    // The model's layers map to the latent pool as without an indexer.
+    auto mapping = f->getLayerToPoolMapping();
+    EXPECT_EQ(mapping, plain->getLayerToPoolMapping());
+    ASSERT_EQ(mapping.size(), 4u);
+    kvb::trtllm::PoolView latent = bm.getPrimaryPool(0), indexer = f->getIndexerKCachePool();
+    EXPECT_EQ(latent.rowBytes, plain->getBlockManager().getPrimaryPool(0).rowBytes);
+    EXPECT_EQ(indexer.poolIdx, 1);
+    EXPECT_EQ(indexer.numLayers, 3);  // the mask leaves layer 1 without one
+    EXPECT_EQ(indexer.kvFactor, 1);
+    EXPECT_EQ(indexer.bytesPerField, kTpb * (128 + 4));
+    ASSERT_NE(indexer.data, nullptr);
+    // A block's indexer row is offloaded and onboarded with its latent row.
+    kvb::Manager& m = f->impl();
+    std::vector<int32_t> prompt{1, 2, 3, 4, 5, 6, 7, 8, 9};
+    m.addSequence(kvb::Request(1, prompt));
+    int32_t first = m.getCacheBlockIds(1, kFull)[0];
+    size_t row = static_cast<size_t>(m.getBlockInfo(kFull, first).memory_index);
+    std::memset(indexer.data + row * indexer.rowBytes, 0x5a, indexer.rowBytes);
+    m.storeContextBlocks(1, 9);
+    m.removeSequence(1);
+    for (uint64_t id = 2; id < 6; ++id) {  // evicts the prompt's blocks to the host tier
+        std::vector<int32_t> other(12);
+        for (int32_t t = 0; t < 12; ++t)
+            other[static_cast<size_t>(t)] = 1000 * static_cast<int32_t>(id) + t;
+        m.addSequence(kvb::Request(id, other));
+        m.storeContextBlocks(id, 12);
+        m.removeSequence(id);
+    }
+    kvb_admission_t a = m.addSequence(kvb::Request(9, prompt));
+    ASSERT_GE(a.prepopulated_prompt_len, kTpb);
+    int32_t back = m.getCacheBlockIds(9, kFull)[0];
+    size_t backRow = static_cast<size_t>(m.getBlockInfo(kFull, back).memory_index);
+    EXPECT_GT(m.getKvCacheStats().onboarded_blocks, 0);
+    for (int64_t b = 0; b < indexer.rowBytes; ++b)
+        ASSERT_EQ(indexer.data[backRow * indexer.rowBytes + static_cast<size_t>(b)], 0x5a) << b;
+}
+
+// A bad indexer configuration is refused at construction.
+TEST(TrtllmFacade, ABadIndexerKCacheConfigurationIsRefused) {
+    auto make = [](int32_t headDim, int32_t quant, bool fp4, std::vector<bool> mask) {
+        kvb::trtllm::KvblockOptions options;
+        options.enableIndexerKCache = true;
+        options.indexerKCacheIndexHeadDim = headDim;
+        options.indexerKCacheQuantBlockSize = quant;
+        options.indexerKCacheUseFp4 = fp4;
+        options.indexerKCacheLayerMask = std::move(mask);
+        return statusOf([&] {
+            KVCacheManager m(std::vector<int32_t>(2, 1), 576, kTpb,
+                             KVCacheManager::BlocksPerWindow{{kFull, {12, 4}}}, 8, 1,
+                             std::vector<int32_t>{kFull}, 2, 0, nullptr, kFull, 0, true,
+                             CacheType::kSELFKONLY, std::nullopt, nullptr, true, true, options);
+        });
+    };
+    EXPECT_EQ(make(0, 128, false, {}), KVB_STATUS_INVALID_CONFIG);
+    EXPECT_EQ(make(100, 128, false, {}), KVB_STATUS_INVALID_CONFIG);
+    EXPECT_EQ(make(128, 128, true, {}), KVB_STATUS_UNSUPPORTED);
+    EXPECT_EQ(make(128, 128, false, {true}), KVB_STATUS_INVALID_CONFIG);
+    EXPECT_EQ(make(128, 16, true, {}), KVB_OK);
 }
 
 }  // namespace

@@ -86,6 +86,13 @@ typedef enum kvb_cache_type_t {
      * restores the state from the row of the last reused block.
      */
     KVB_CACHE_TYPE_RECURRENT_STATE = 3,
+    /**
+     * A sparse-attention indexer's K cache (DeepSeek-V3.2's DSA: one K row per token, e.g. 128
+     * FP8 elements and their FP32 scale, 132 bytes): K only like `KVB_CACHE_TYPE_SELF_K_ONLY`,
+     * but its pools come after every other data pool (TensorRT-LLM keeps the indexer K cache in
+     * a pool of its own after the KV pools), so the KV pools keep their indices.
+     */
+    KVB_CACHE_TYPE_INDEXER_K = 4,
 } kvb_cache_type_t;
 
 /**

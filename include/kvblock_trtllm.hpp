@@ -274,6 +274,18 @@ struct KvblockOptions {
     /// Element type of every layer (TensorRT-LLM's `DataType`): DEFAULT takes `dtypeBytes`;
     /// FP8/INT8/NVFP4 quantize the cache (NVFP4 adds a block-scale pool per data pool).
     kvb_kv_data_type_t kvDataType = KVB_KV_DATA_TYPE_DEFAULT;
+    /// TensorRT-LLM's indexer K cache (DeepSeek-V3.2's sparse attention), its constructor
+    /// arguments: a K-only row per token and layer of `indexerKCacheIndexHeadDim` FP8 elements
+    /// and one FP32 scale per `indexerKCacheQuantBlockSize` of them; with `indexerKCacheUseFp4`,
+    /// NVFP4 elements with kvblock's FP8 block scales (one per 16 elements: the quant block
+    /// size must be 16). `indexerKCacheLayerMask[l]` false leaves layer l without one (empty:
+    /// every layer has one). kvblock keeps it in `KVB_CACHE_TYPE_INDEXER_K` pools after the KV
+    /// pools, whose indices do not change.
+    bool enableIndexerKCache = false;
+    SizeType32 indexerKCacheQuantBlockSize = 128;
+    SizeType32 indexerKCacheIndexHeadDim = 0;
+    bool indexerKCacheUseFp4 = false;
+    std::vector<bool> indexerKCacheLayerMask;
 };
 
 /// Stand-in for a pool's `runtime::ITensor`: its base address at one cache level and its shape
@@ -318,8 +330,8 @@ class BlockManager {
     [[nodiscard]] SizeType32 getLastWindowSize() const;
     [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const;
     [[nodiscard]] bool schedulingHasFreeBlocks(SizeType32 numRequired, SizeType32 windowSize) const;
-    /// Pools; without block-scale pools: the data pools (kvblock has no indexer K cache pool,
-    /// so the second argument changes nothing).
+    /// Pools; without block-scale pools: the data pools; without indexer K cache pools: not
+    /// those (they are the last data pools).
     [[nodiscard]] SizeType32 getNumPools(bool includeBlockScalePools = true,
                                          bool includeIndexerKCachePools = true) const;
     /// The window of pool `poolIdx` (pools are ordered by window, then by shape).
@@ -391,6 +403,8 @@ class KVCacheManager {
             config_.addWindow(window, std::get<0>(blocks), std::get<1>(blocks));
         config_.layers = layerSpecs(numKvHeadsPerLayer, sizePerHead, maxAttentionWindowVec,
                                     cacheType, options.kvDataType);
+        numModelLayers_ = static_cast<SizeType32>(numKvHeadsPerLayer.size());
+        if (options.enableIndexerKCache) addIndexerLayers(options, maxAttentionWindowVec);
         auto& raw = config_.raw;
         raw.tokens_per_block = tokensPerBlock;
         raw.max_beam_width = maxBeamWidth;
@@ -563,9 +577,32 @@ class KVCacheManager {
     /// [layer][pool, index of the layer in its pool] (TensorRT-LLM's `[numLayers, 2]` tensor).
     [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const {
         std::vector<std::array<SizeType32, 2>> out;
-        for (auto const& [pool, index] : impl().getLayerToPoolMapping())
+        for (auto const& [pool, index] : impl().getLayerToPoolMapping()) {
+            if (numModelLayers_ && out.size() == static_cast<size_t>(numModelLayers_))
+                break;  // the indexer's layers come after the model's
             out.push_back({pool, index});
+        }
         return out;
+    }
+
+    // --- the indexer K cache (DeepSeek-V3.2 sparse attention) ----------------------------
+    [[nodiscard]] bool isEnableIndexerKCache() const { return indexer_.enabled; }
+    [[nodiscard]] SizeType32 getIndexerKCacheIndexHeadDim() const { return indexer_.headDim; }
+    [[nodiscard]] SizeType32 getIndexerKCacheQuantBlockSize() const {
+        return indexer_.quantBlockSize;
+    }
+    [[nodiscard]] bool getIndexerKCacheUseFp4() const { return indexer_.useFp4; }
+    /// The indexer K cache pool in GPU memory: a K-only pool `[blocks][layers with an
+    /// indexer][1][tokens x bytes per token]` (FP8 elements then their FP32 scales per token;
+    /// with FP4, the NVFP4 elements, their scales in the pool's block-scale pool). With several
+    /// attention windows each has its own; this is the first (TensorRT-LLM has one). Throws
+    /// KVB_STATUS_UNSUPPORTED without an indexer.
+    [[nodiscard]] PoolView getIndexerKCachePool() const {
+        SizeType32 n = impl().getNumPools(false);
+        for (SizeType32 p = 0; p < n; ++p)
+            if (impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K)
+                return getBlockManager().getPrimaryPool(p);
+        throw Error(KVB_STATUS_UNSUPPORTED, "this manager has no indexer K cache");
     }
     /// The index of layer `layerIdx` in its pool.
     [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const {
@@ -1019,6 +1056,32 @@ class KVCacheManager {
         return layers;
     }
 
+    /// Appends an indexer K layer for every model layer the mask keeps (after the model's).
+    void addIndexerLayers(KvblockOptions const& o, std::vector<SizeType32> const& windows) {
+        if (o.indexerKCacheIndexHeadDim <= 0 || o.indexerKCacheQuantBlockSize <= 0 ||
+            o.indexerKCacheIndexHeadDim % o.indexerKCacheQuantBlockSize != 0)
+            throw Error(KVB_STATUS_INVALID_CONFIG,
+                        "the indexer K cache needs a positive head dim that is a multiple of its "
+                        "quant block size");
+        if (o.indexerKCacheUseFp4 && o.indexerKCacheQuantBlockSize != 16)
+            throw Error(KVB_STATUS_UNSUPPORTED,
+                        "an FP4 indexer K cache takes kvblock's NVFP4 layout: quant blocks of 16");
+        if (!o.indexerKCacheLayerMask.empty() &&
+            o.indexerKCacheLayerMask.size() != static_cast<size_t>(numModelLayers_))
+            throw Error(KVB_STATUS_INVALID_CONFIG, "indexerKCacheLayerMask needs one per layer");
+        SizeType32 const headDim = o.indexerKCacheIndexHeadDim;
+        // FP8: the elements, then one FP32 scale per quant block, as bytes of an FP8 row.
+        SizeType32 const fp8Bytes = headDim + headDim / o.indexerKCacheQuantBlockSize * 4;
+        for (SizeType32 l = 0; l < numModelLayers_; ++l) {
+            if (!o.indexerKCacheLayerMask.empty() && !o.indexerKCacheLayerMask[l]) continue;
+            config_.layers.push_back(kvb_layer_spec_t{
+                windows[static_cast<size_t>(l) % windows.size()], KVB_CACHE_TYPE_INDEXER_K, 1,
+                o.indexerKCacheUseFp4 ? headDim : fp8Bytes,
+                o.indexerKCacheUseFp4 ? KVB_KV_DATA_TYPE_NVFP4 : KVB_KV_DATA_TYPE_FP8});
+        }
+        indexer_ = {true, headDim, o.indexerKCacheQuantBlockSize, o.indexerKCacheUseFp4};
+    }
+
     /// Base of data pool `pool` at `level`; null where it has no memory there.
     void* poolBase(SizeType32 pool, kvb_cache_level_t level) const {
         uint8_t* base = nullptr;
@@ -1101,6 +1164,14 @@ class KVCacheManager {
     bool enableBlockReuse_ = false;
     bool enablePartialReuse_ = false;
     CacheType cacheType_ = CacheType::kSELF;
+    /// The model's layers (0: not known, a manager built from kvblock's own Config).
+    SizeType32 numModelLayers_ = 0;
+    struct IndexerKCache {
+        bool enabled = false;
+        SizeType32 headDim = 0;
+        SizeType32 quantBlockSize = 0;
+        bool useFp4 = false;
+    } indexer_;
     std::vector<SizeType32> windows_;
     mutable std::optional<Manager> manager_;
     BlockManager blockManager_{*this};
@@ -1128,8 +1199,14 @@ inline bool BlockManager::schedulingHasFreeBlocks(SizeType32 numRequired,
                                                   SizeType32 windowSize) const {
     return owner_.impl().schedulingHasFreeBlocks(numRequired, windowSize);
 }
-inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools, bool) const {
-    return owner_.impl().getNumPools(includeBlockScalePools);
+inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools,
+                                            bool includeIndexerKCachePools) const {
+    SizeType32 n = owner_.impl().getNumPools(includeBlockScalePools);
+    if (includeIndexerKCachePools) return n;
+    SizeType32 indexer = 0;
+    for (SizeType32 p = 0; p < n; ++p)
+        indexer += owner_.impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K;
+    return n - indexer;
 }
 inline SizeType32 BlockManager::getPoolWindowSize(SizeType32 poolIdx) const {
     return owner_.impl().getPoolInfo(poolIdx).window_size;

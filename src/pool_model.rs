@@ -30,13 +30,16 @@ pub enum CacheType {
     /// last token (written by the engine when the block is full); its window reuses exact full
     /// blocks only (see `ManagerConfig::recurrent_snapshot_interval_tokens`).
     RecurrentState = 3,
+    /// A sparse-attention indexer's K cache (DeepSeek-V3.2): K only, in pools placed after
+    /// every other data pool, as TensorRT-LLM places its indexer K cache pool.
+    IndexerK = 4,
 }
 
 impl CacheType {
     /// Rows per (layer, token): 2 for K and V, 1 for a K-only cache.
     pub fn kv_factor(self) -> usize {
         match self {
-            CacheType::SelfKOnly | CacheType::RecurrentState => 1,
+            CacheType::SelfKOnly | CacheType::RecurrentState | CacheType::IndexerK => 1,
             CacheType::SelfKv | CacheType::Cross => 2,
         }
     }
@@ -247,14 +250,24 @@ impl PoolModel {
         let key = |l: &LayerSpec| (l.num_kv_heads, l.size_per_head, l.data_type, l.cache_type);
         let mut pools: Vec<PoolInfo> = Vec::new();
         let mut layer_to_pool = vec![(0, 0); layers.len()];
-        for (w, &window_size) in window_sizes.iter().enumerate() {
+        // Indexer K pools after all the others (window by window in both passes), so adding an
+        // indexer leaves the indices of the KV pools as they were.
+        let passes = [false, true].into_iter().flat_map(|indexer| {
+            window_sizes
+                .iter()
+                .enumerate()
+                .map(move |(w, &size)| (indexer, w, size))
+        });
+        for (indexer, w, window_size) in passes {
             let mut keys: Vec<_> = (0..layers.len())
                 .filter(|&i| window_of[i] == w)
+                .filter(|&i| (layers[i].cache_type == CacheType::IndexerK) == indexer)
                 .map(|i| key(&layers[i]))
                 .collect();
             keys.sort_unstable();
             keys.dedup();
-            for (index_in_window, k) in keys.into_iter().enumerate() {
+            for k in keys {
+                let index_in_window = pools.iter().filter(|p| p.window_index == w).count();
                 let (heads, head, data_type, cache_type) = k;
                 let pool = pools.len();
                 let mut num_layers = 0;
@@ -483,6 +496,47 @@ mod tests {
         assert_eq!(uniform.layer_to_pool(5), None);
         assert_eq!(m.pools()[2].geometry.num_layers, 2);
         assert_eq!(m.window_layout(1).pools().len(), 2);
+    }
+
+    #[test]
+    fn indexer_pools_come_after_the_kv_pools_which_keep_their_indices() {
+        // Two windows of MLA latents; an FP8 indexer (128 + a 4-byte scale) on every layer.
+        let latent = |w| layer(w, CacheType::SelfKOnly, 1, 576, KvDataType::Bf16);
+        let indexer = |w| layer(w, CacheType::IndexerK, 1, 132, KvDataType::Fp8);
+        let kv = [latent(128), latent(4096), latent(4096)];
+        let with: Vec<_> = kv
+            .iter()
+            .copied()
+            .chain([indexer(128), indexer(4096), indexer(4096)])
+            .collect();
+        let base = PoolModel::from_layers(&kv, &[128, 4096], 64, 2).unwrap();
+        let m = PoolModel::from_layers(&with, &[128, 4096], 64, 2).unwrap();
+        assert_eq!(&m.pools()[..2], base.pools());
+        for l in 0..3 {
+            assert_eq!(m.layer_to_pool(l), base.layer_to_pool(l));
+        }
+        let tail: Vec<_> = m.pools()[2..]
+            .iter()
+            .map(|p| {
+                (
+                    p.window_size,
+                    p.cache_type,
+                    p.index_in_window,
+                    p.geometry.kv_factor,
+                )
+            })
+            .collect();
+        assert_eq!(
+            tail,
+            vec![
+                (128, CacheType::IndexerK, 1, 1),
+                (4096, CacheType::IndexerK, 1, 1)
+            ]
+        );
+        assert_eq!(m.layer_to_pool(5), Some((3, 1)));
+        // A window's copy layout lists its pools in their order inside the window.
+        assert_eq!(m.window_layout(1).pools().len(), 2);
+        assert_eq!(m.window_layout(1).row_bytes(), 2 * 64 * (576 * 2 + 132));
     }
 
     #[test]

@@ -187,6 +187,11 @@ class KVCacheManager:
         copy_backend=None,
         manual_clock: bool = False,
         kv_data_type=None,
+        enable_indexer_k_cache: bool = False,
+        indexer_k_cache_quant_block_size: int = 128,
+        indexer_k_cache_index_head_dim: int = 0,
+        indexer_k_cache_use_fp4: bool = False,
+        indexer_k_cache_layer_mask: Optional[Sequence[bool]] = None,
     ):
         del max_num_sequences, chunk_size  # kvblock bounds sequences by blocks only
         if sink_token_length:
@@ -222,12 +227,19 @@ class KVCacheManager:
         # Per-layer heads, another cache type or a quantized element type: the pool model, which
         # groups layers into pools by window and shape as TensorRT-LLM does.
         layers = []
-        if not uniform or cache_type != CacheType.SELF or kv_data_type is not None:
+        if (not uniform or cache_type != CacheType.SELF or kv_data_type is not None
+                or enable_indexer_k_cache):
             data_type = _kvb.KvDataType.DEFAULT if kv_data_type is None else kv_data_type
             layers = [
                 _kvb.LayerSpec(w, kinds[cache_type], h, size_per_head, data_type)
                 for h, w in zip(num_kv_heads_per_layer, window_of)
             ]
+        self._indexer = None
+        if enable_indexer_k_cache:
+            layers += self._indexer_layers(window_of, indexer_k_cache_index_head_dim,
+                                           indexer_k_cache_quant_block_size, indexer_k_cache_use_fp4,
+                                           indexer_k_cache_layer_mask)
+        self._num_model_layers = len(num_kv_heads_per_layer)
         config = _kvb.ManagerConfig(
             windows,
             tokens_per_block=tokens_per_block,
@@ -257,6 +269,57 @@ class KVCacheManager:
         self._impl: Optional[_kvb.KVCacheManager] = None
         self._pins: List[Tuple[List[int], List[Tuple[int, List[int]]]]] = []
         self._pin_lock = threading.Lock()
+
+    def _indexer_layers(self, window_of, head_dim, quant_block, use_fp4, mask):
+        """TensorRT-LLM's indexer K cache (DeepSeek-V3.2's sparse attention) as K-only
+        ``INDEXER_K`` layers after the model's: per token, ``head_dim`` FP8 elements then one
+        FP32 scale per ``quant_block`` of them (FP4: kvblock's NVFP4, quant blocks of 16)."""
+        if head_dim <= 0 or quant_block <= 0 or head_dim % quant_block:
+            raise _kvb.InvalidConfigError(
+                "the indexer K cache needs a positive head dim that is a multiple of its quant block size")
+        if use_fp4 and quant_block != 16:
+            raise _kvb.UnsupportedError("an FP4 indexer K cache takes kvblock's NVFP4 layout: quant blocks of 16")
+        if mask is not None and len(mask) != len(window_of):
+            raise _kvb.InvalidConfigError("indexer_k_cache_layer_mask needs one entry per layer")
+        self._indexer = (head_dim, quant_block, use_fp4)
+        size, dtype = ((head_dim, _kvb.KvDataType.NVFP4) if use_fp4
+                       else (head_dim + head_dim // quant_block * 4, _kvb.KvDataType.FP8))
+        return [_kvb.LayerSpec(w, _kvb.CacheType.INDEXER_K, 1, size, dtype)
+                for layer, w in enumerate(window_of) if mask is None or mask[layer]]
+
+    # --- the indexer K cache ----------------------------------------------------------
+    @property
+    def enable_indexer_k_cache(self) -> bool:
+        return self._indexer is not None
+
+    @property
+    def indexer_k_cache_index_head_dim(self) -> int:
+        return self._indexer[0] if self._indexer else 0
+
+    @property
+    def indexer_k_cache_quant_block_size(self) -> int:
+        return self._indexer[1] if self._indexer else 0
+
+    @property
+    def indexer_k_cache_use_fp4(self) -> bool:
+        return bool(self._indexer and self._indexer[2])
+
+    def _indexer_pool(self) -> int:
+        for p in range(self.impl.get_num_pools(False)):
+            if self.impl.get_pool_info(p).cache_type == _kvb.CacheType.INDEXER_K:
+                return p
+        raise _kvb.UnsupportedError("this manager has no indexer K cache")
+
+    def get_indexer_k_cache_pool(self):
+        """The indexer K cache pool (``[blocks, indexer layers, 1, 1, tokens, bytes per token]``,
+        a zero-copy view: :meth:`kvblock.KVCacheManager.model_pool_view`); after the KV pools."""
+        return self.impl.model_pool_view(self._indexer_pool())
+
+    def get_indexer_k_cache_pool_data(self, layer_idx: int):
+        """``[blocks, tokens x bytes per token]`` of the indexer layer ``layer_idx`` (among the
+        layers that have one), host pools (numpy); per token its FP8 elements, then its scales."""
+        pool = self.get_indexer_k_cache_pool()
+        return pool[:, layer_idx].reshape(pool.shape[0], -1)
 
     # --- pools ------------------------------------------------------------------------
     def allocate_pools(self, use_uvm: bool = False) -> None:
@@ -324,7 +387,8 @@ class KVCacheManager:
             return 0
 
     def get_block_pool_pointers(self):
-        """``int64 [pools, 2]``: each data pool's primary and host-tier base address (0: none)."""
+        """``int64 [pools, 2]``: each data pool's primary and host-tier base address (0: none;
+        the indexer K cache pools last)."""
         levels = (_kvb.CacheLevel.PRIMARY, _kvb.CacheLevel.SECONDARY)
         rows = [[self._pool_address(p, lv) for lv in levels] for p in range(self.impl.get_num_pools(False))]
         return np.array(rows, dtype=np.int64).reshape(-1, 2)
@@ -337,7 +401,8 @@ class KVCacheManager:
 
     def get_layer_to_pool_mapping(self):
         """``int32 [layers, 2]``: each layer's pool and its index among that pool's layers."""
-        return np.array(self.impl.get_layer_to_pool_mapping(), dtype=np.int32).reshape(-1, 2)
+        mapping = self.impl.get_layer_to_pool_mapping()[: self._num_model_layers]
+        return np.array(mapping, dtype=np.int32).reshape(-1, 2)
 
     def get_primary_pool_data(self, layer_idx: int):
         """The primary pool holding layer ``layer_idx`` (a zero-copy view of the pool:

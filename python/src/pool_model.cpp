@@ -25,7 +25,10 @@ void init_pool_model(nb::module_& m) {
         .value("CROSS", KVB_CACHE_TYPE_CROSS,
                "Cross-attention K and V of the encoder's output (no reuse).")
         .value("RECURRENT_STATE", KVB_CACHE_TYPE_RECURRENT_STATE,
-               "A recurrent layer's state snapshot per block (Mamba, linear attention).");
+               "A recurrent layer's state snapshot per block (Mamba, linear attention).")
+        .value("INDEXER_K", KVB_CACHE_TYPE_INDEXER_K,
+               "A sparse-attention indexer's K cache (DeepSeek-V3.2), in pools after the KV "
+               "pools.");
     nb::enum_<kvb_kv_data_type_t>(m, "KvDataType", "Element type of a layer's cache.")
         .value("DEFAULT", KVB_KV_DATA_TYPE_DEFAULT, "The config's bytes_per_element.")
         .value("FP32", KVB_KV_DATA_TYPE_FP32)

@@ -300,3 +300,29 @@ def test_k_only_cross_and_quantized_caches():
     assert scales.shape == (1, 2) and scales[0, 0] != 0
     uniform = pool_facade([2, 2], {WINDOW: (16, 4)})
     assert uniform.get_block_pool_pointers()[0, 0] == uniform.impl.get_pool_pointer(WINDOW, kvblock.CacheLevel.PRIMARY)[0]
+
+
+def test_the_indexer_k_cache_is_a_pool_after_the_kv_pools():
+    from kvblock.trtllm import CacheType
+
+    def make(indexer):
+        return pool_facade([1, 1, 1], {WINDOW: (16, 4)}, size_per_head=576, cache_type=CacheType.SELFKONLY,
+                           kv_data_type=kvblock.KvDataType.BF16, enable_indexer_k_cache=indexer,
+                           indexer_k_cache_index_head_dim=128, indexer_k_cache_quant_block_size=128,
+                           indexer_k_cache_layer_mask=[True, False, True])
+
+    plain, f = make(False), make(True)
+    assert not plain.enable_indexer_k_cache and f.enable_indexer_k_cache
+    assert (f.indexer_k_cache_index_head_dim, f.indexer_k_cache_quant_block_size) == (128, 128)
+    assert f.get_layer_to_pool_mapping().tolist() == plain.get_layer_to_pool_mapping().tolist()
+    assert f.get_block_pool_pointers().shape == (2, 2)  # the latent pool, then the indexer's
+    pool = f.get_indexer_k_cache_pool()
+    assert pool.shape == (16, 2, 1, 1, TPB, 132)  # two layers keep an indexer
+    data = f.get_indexer_k_cache_pool_data(1)
+    assert data.shape == (16, TPB * 132)
+    data[3] = 7  # a view: the pool sees it
+    assert (pool[3, 1] == 7).all() and not (pool[3, 0] == 7).all()
+    with pytest.raises(kvblock.UnsupportedError):
+        plain.get_indexer_k_cache_pool()
+    with pytest.raises(kvblock.InvalidConfigError):
+        pool_facade([1], {WINDOW: (16, 4)}, enable_indexer_k_cache=True, indexer_k_cache_index_head_dim=100)

@@ -31,6 +31,11 @@ pub enum kvb_cache_type_t {
     /// `recurrent_snapshot_interval_tokens`, so a reused prefix ends on a snapshot: the engine
     /// restores the state from the row of the last reused block.
     KVB_CACHE_TYPE_RECURRENT_STATE = 3,
+    /// A sparse-attention indexer's K cache (DeepSeek-V3.2's DSA: one K row per token, e.g. 128
+    /// FP8 elements and their FP32 scale, 132 bytes): K only like `KVB_CACHE_TYPE_SELF_K_ONLY`,
+    /// but its pools come after every other data pool (TensorRT-LLM keeps the indexer K cache in
+    /// a pool of its own after the KV pools), so the KV pools keep their indices.
+    KVB_CACHE_TYPE_INDEXER_K = 4,
 }
 
 /// Element type of a layer's KV cache, which fixes the pool's element size.
@@ -118,6 +123,7 @@ fn cache_type_arg(v: i32) -> FfiResult<CacheType> {
         1 => CacheType::SelfKOnly,
         2 => CacheType::Cross,
         3 => CacheType::RecurrentState,
+        4 => CacheType::IndexerK,
         v => return Err(invalid(format!("unknown cache_type {v}"))),
     })
 }
