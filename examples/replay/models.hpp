@@ -29,10 +29,11 @@ inline ModelPreset model_preset(const std::string& name) {
         // Llama-3.1-8B: 32 layers, 8 KV heads of 128, BF16 (128 KiB per token).
         add_layers(p.layers, 32, 0, KVB_CACHE_TYPE_SELF, 8, 128, KVB_KV_DATA_TYPE_BF16);
     } else if (name == "deepseek-v3-mla") {
-        // DeepSeek-V3(.2): 61 layers of one 512 + 64 latent (K only, BF16), and the sparse
-        // attention indexer's K cache (one 128-element FP8 head per layer, K only).
+        // DeepSeek-V3.2: 61 layers of one 512 + 64 latent (K only, BF16), and the sparse
+        // attention indexer's K cache (per token and layer 128 FP8 elements and their FP32
+        // scale: 132 bytes), in pools after the latent's.
         add_layers(p.layers, 61, 0, KVB_CACHE_TYPE_SELF_K_ONLY, 1, 576, KVB_KV_DATA_TYPE_BF16);
-        add_layers(p.layers, 61, 0, KVB_CACHE_TYPE_SELF_K_ONLY, 1, 128, KVB_KV_DATA_TYPE_FP8);
+        add_layers(p.layers, 61, 0, KVB_CACHE_TYPE_INDEXER_K, 1, 132, KVB_KV_DATA_TYPE_FP8);
     } else if (name == "gemma-vswa") {
         // Gemma-3-27B: 62 layers, five sliding (1024 tokens) to one global, 16 KV heads of 128.
         for (int l = 0; l < 62; ++l) {
