@@ -260,6 +260,30 @@ TEST(TrtllmFacade, UnpinBlocksByIdNeedsNoWindow) {
     EXPECT_EQ(f->getNumFreeBlocks(), freeBefore + static_cast<int32_t>(ids.size()));
 }
 
+// Row 92: BlockManager::offloadBlock takes the block's id and the window (no BlockPtr, transfer
+// mode or directory) and says whether the block moved; a block in use is an error and stays.
+TEST(TrtllmFacade, OffloadBlockMovesAFreeCachedBlockByItsId) {
+    auto f = makeFacade();
+    Request r(1, tokenRun(10, 9));
+    admit(*f, r);
+    r.contextCurrentPosition = r.promptLen;
+    f->storeContextBlocks(r);
+    auto ids = f->getCacheBlockIds(1, kWindow)[0];
+    auto const& bm = f->getBlockManager();
+    EXPECT_EQ(kvb_test::statusOf([&] { (void)bm.offloadBlock(ids[0], kWindow); }),
+              KVB_STATUS_INVALID_ARGUMENT)
+        << "in use";
+    EXPECT_EQ(f->impl().getBlockInfo(kWindow, ids[0]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    f->removeSequence(1, r);
+    ASSERT_TRUE(bm.offloadBlock(ids[0], kWindow));
+    EXPECT_EQ(f->impl().getBlockInfo(kWindow, ids[0]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+    EXPECT_FALSE(bm.offloadBlock(ids[0], kWindow)) << "already on the host tier";
+    // The offloaded block is still reused (onboarded) by the same prompt.
+    Request again(2, tokenRun(10, 9));
+    admit(*f, again);
+    EXPECT_GE(again.prepopulatedPromptLen, kTpb);
+}
+
 // Row getCacheBlockIds: [beam][block] (kvblock: one beam per call); getBatchCacheBlockIds.
 TEST(TrtllmFacade, CacheBlockIdsArePerBeam) {
     auto f = makeFacade();

@@ -330,6 +330,12 @@ class BlockManager {
     [[nodiscard]] SizeType32 getLastWindowSize() const;
     [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const;
     [[nodiscard]] bool schedulingHasFreeBlocks(SizeType32 numRequired, SizeType32 windowSize) const;
+    /// Moves the free, cached primary block `blockId` of `windowSize` to the host tier now
+    /// (TensorRT-LLM `offloadBlock`): by id, with no transfer mode or directory (kvblock's host
+    /// tier is the one destination; its disk tier fills from host evictions). False when it
+    /// does not move (not cached, no free host block, no host tier); a block in use throws
+    /// (KVB_STATUS_INVALID_ARGUMENT) and stays where it is.
+    bool offloadBlock(BlockIdType blockId, SizeType32 windowSize) const;
     /// Pools; without block-scale pools: the data pools; without indexer K cache pools: not
     /// those (they are the last data pools).
     [[nodiscard]] SizeType32 getNumPools(bool includeBlockScalePools = true,
@@ -1198,6 +1204,9 @@ inline std::map<SizeType32, SizeType32> BlockManager::getNumFreeBlocksPerWindowS
 inline bool BlockManager::schedulingHasFreeBlocks(SizeType32 numRequired,
                                                   SizeType32 windowSize) const {
     return owner_.impl().schedulingHasFreeBlocks(numRequired, windowSize);
+}
+inline bool BlockManager::offloadBlock(BlockIdType blockId, SizeType32 windowSize) const {
+    return owner_.impl().offloadBlock(windowSize, blockId);
 }
 inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools,
                                             bool includeIndexerKCachePools) const {
