@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "common/multi_pool.rs"]
+mod multi_pool;
+
 use kvblock::manager::{
     CopyBackend, DiskTierConfig, KvCacheManager, ManagerConfig, Request, WindowSpec,
 };
@@ -504,57 +507,16 @@ fn the_sizing_helper_gives_the_slots_a_manager_gets_for_a_budget() {
     }
 }
 
-/// The pattern byte `i` of pool `pool`'s row for a block whose first token is `token`.
-fn pool_byte(token: i32, pool: usize, i: usize) -> u8 {
-    ((token.rem_euclid(89) as usize * 7 + pool * 31 + i) % 251 + 1) as u8
-}
-
-/// Row `index` of pool `pool` at the primary level.
-fn model_row(m: &mut KvCacheManager, pool: usize, index: u32) -> &mut [u8] {
-    let (base, row_bytes) = m.model_pool_pointer(pool, Level::Primary).unwrap();
-    // SAFETY: the host backend's primary pool of `pool` holds a row of `row_bytes` per block.
-    unsafe { std::slice::from_raw_parts_mut(base.add(index as usize * row_bytes), row_bytes) }
-}
-
 #[test]
 fn every_pool_of_a_block_survives_a_disk_round_trip() {
-    use kvblock::pool_model::{CacheType, KvDataType, LayerSpec};
-    let spec = |cache_type, heads, size, data_type| LayerSpec {
-        window_size: WINDOW,
-        cache_type,
-        num_kv_heads: heads,
-        size_per_head: size,
-        data_type,
-    };
     let dir = scratch_dir("multi-pool");
     let mut cfg = config(Some(&dir), 8, 4, 64);
-    // MLA-like latent, GQA layers of another shape, NVFP4 with its block-scale pool, an indexer.
-    cfg.layers = vec![
-        spec(CacheType::SelfKOnly, 1, 24, KvDataType::Fp8),
-        spec(CacheType::SelfKv, 2, 4, KvDataType::Fp16),
-        spec(CacheType::SelfKv, 1, 16, KvDataType::Nvfp4),
-        spec(CacheType::IndexerK, 1, 12, KvDataType::Fp8),
-    ];
+    cfg.layers = multi_pool::layers(WINDOW);
     let mut m = KvCacheManager::new(cfg).expect("manager");
-    let pools = m.pool_model().pools().len();
-    assert_eq!(pools, 5, "four data pools and one block-scale pool");
+    assert_eq!(m.pool_model().pools().len(), multi_pool::POOLS);
     let a = tokens(4, 17);
-    let fill = |m: &mut KvCacheManager, id: u64| -> Vec<u32> {
-        let blocks = m.cache_block_ids(id, WINDOW, 0).unwrap();
-        blocks
-            .iter()
-            .map(|&b| m.window_mut(WINDOW).unwrap().arena().row(b).index)
-            .collect()
-    };
     m.add_sequence(&Request::new(1, a.clone())).unwrap();
-    for (bi, index) in fill(&mut m, 1).into_iter().enumerate() {
-        for p in 0..pools {
-            let row = model_row(&mut m, p, index);
-            for (i, byte) in row.iter_mut().enumerate() {
-                *byte = pool_byte(a[bi * TPB], p, i);
-            }
-        }
-    }
+    multi_pool::write_pattern(&mut m, 1, WINDOW, &a, TPB);
     m.store_context_blocks(1, a.len()).unwrap();
     m.remove_sequence(1, true).unwrap();
     // Other requests push A through the host tier to disk (their bytes are not checked, and
@@ -571,19 +533,7 @@ fn every_pool_of_a_block_survives_a_disk_round_trip() {
     assert!(s.writes >= 4, "{s:?}");
     let req = Request::new(2, a.clone());
     assert_eq!(prefetch_until_ready(&mut m, &req), 4);
-    let adm = m.add_sequence(&req).unwrap();
-    assert_eq!(adm.prepopulated_prompt_len, 16);
-    for (bi, index) in fill(&mut m, 2).into_iter().take(4).enumerate() {
-        for p in 0..pools {
-            let row = model_row(&mut m, p, index);
-            for (i, &byte) in row.iter().enumerate() {
-                assert_eq!(
-                    byte,
-                    pool_byte(a[bi * TPB], p, i),
-                    "block {bi}, pool {p}, byte {i}"
-                );
-            }
-        }
-    }
+    assert_eq!(m.add_sequence(&req).unwrap().prepopulated_prompt_len, 16);
+    multi_pool::check_pattern(&mut m, 2, WINDOW, &a, TPB, 4);
     m.check_invariants().unwrap();
 }

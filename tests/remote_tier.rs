@@ -5,6 +5,8 @@
 //! misses, never a failure; a wrong password fails creation; every pool of a multi-pool block
 //! goes and comes back. Fails, saying so, when redis-server is not installed.
 
+#[path = "common/multi_pool.rs"]
+mod multi_pool;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
@@ -208,58 +210,20 @@ fn a_second_manager_reuses_the_prefix_the_first_computed() {
     assert_eq!(s.writes, 0, "{s:?}");
 }
 
-/// The pattern byte `i` of pool `pool`'s row of the block whose first token is `token`.
-fn pool_byte(token: i32, pool: usize, i: usize) -> u8 {
-    ((token.rem_euclid(89) as usize * 7 + pool * 31 + i) % 251 + 1) as u8
-}
-
-/// Calls `f(block index, pool, row)` for the primary row of every pool of `id`'s blocks.
-fn for_each_pool_row(m: &mut KvCacheManager, id: u64, mut f: impl FnMut(usize, usize, &mut [u8])) {
-    let blocks = m.cache_block_ids(id, WINDOW, 0).unwrap();
-    let pools = m.pool_model().pools().len();
-    for (bi, &b) in blocks.iter().enumerate() {
-        let index = m.window_mut(WINDOW).unwrap().arena().row(b).index as usize;
-        for p in 0..pools {
-            let (base, row_bytes) = m.model_pool_pointer(p, Level::Primary).unwrap();
-            // SAFETY: the host backend's pool `p` holds a row of `row_bytes` per block.
-            let row =
-                unsafe { std::slice::from_raw_parts_mut(base.add(index * row_bytes), row_bytes) };
-            f(bi, p, row);
-        }
-    }
-}
-
 #[test]
 fn every_pool_of_a_block_goes_and_comes_back() {
-    use kvblock::pool_model::{CacheType, KvDataType, LayerSpec};
     redis_server::require();
     let server = RedisServer::start();
     let layered = || {
-        let spec = |cache_type, heads, size, data_type| LayerSpec {
-            window_size: WINDOW,
-            cache_type,
-            num_kv_heads: heads,
-            size_per_head: size,
-            data_type,
-        };
         let mut c = config(redis(vec![server.url()], false), RemoteWritePolicy::OnStore);
         c.remote.model_id = "test-model-layers".into();
-        c.layers = vec![
-            spec(CacheType::SelfKOnly, 1, 24, KvDataType::Fp8),
-            spec(CacheType::SelfKv, 2, 4, KvDataType::Fp16),
-            spec(CacheType::SelfKv, 1, 16, KvDataType::Nvfp4),
-            spec(CacheType::IndexerK, 1, 12, KvDataType::Fp8),
-        ];
+        c.layers = multi_pool::layers(WINDOW);
         KvCacheManager::new(c).expect("manager")
     };
     let p = tokens(7, 17);
     let mut a = layered();
     a.add_sequence(&Request::new(1, p.clone())).unwrap();
-    for_each_pool_row(&mut a, 1, |bi, pool, row| {
-        for (i, byte) in row.iter_mut().enumerate() {
-            *byte = pool_byte(p[bi * TPB], pool, i);
-        }
-    });
+    multi_pool::write_pattern(&mut a, 1, WINDOW, &p, TPB);
     a.store_context_blocks(1, p.len()).unwrap();
     a.remove_sequence(1, true).unwrap();
     assert_eq!(settle(&mut a).writes, 4);
@@ -267,21 +231,7 @@ fn every_pool_of_a_block_goes_and_comes_back() {
     let req = Request::new(2, p.clone());
     prefetch_until_ready(&mut b, &req);
     assert_eq!(b.add_sequence(&req).unwrap().prepopulated_prompt_len, 16);
-    let mut checked = 0;
-    for_each_pool_row(&mut b, 2, |bi, pool, row| {
-        if bi < 4 {
-            for (i, &byte) in row.iter().enumerate() {
-                let want = pool_byte(p[bi * TPB], pool, i);
-                assert_eq!(byte, want, "block {bi}, pool {pool}, byte {i}");
-            }
-            checked += 1;
-        }
-    });
-    assert_eq!(
-        checked,
-        4 * 5,
-        "four reused blocks, four data pools and a block-scale pool"
-    );
+    multi_pool::check_pattern(&mut b, 2, WINDOW, &p, TPB, 4);
     assert_eq!(b.remote_stats().verify_failures(), 0);
     b.check_invariants().unwrap();
 }
