@@ -504,6 +504,23 @@ TEST_F(CudaBackendTest, ADiskWriteOfARowAGpuCopyStillWritesIsDropped) {
     std::filesystem::remove_all(dir);
 }
 
+// The remote tier with GPU pools writes blocks as they leave the (pinned) host tier: writing on
+// store would read GPU memory on the host, so that policy is refused at creation, saying why.
+// (An unreachable server is not an error at creation: no Redis is needed here.)
+TEST_F(CudaBackendTest, TheRemoteTierOnGpuPoolsWritesOnHostEviction) {
+    kvb::Config c = cudaConfig(4, 4, stream);
+    c.withRemoteTier("redis://127.0.0.1:1", "cuda-model");
+    EXPECT_EQ(kvb_test::statusOf([&] { kvb::Manager m(c); }), KVB_STATUS_UNSUPPORTED);
+    EXPECT_NE(std::string(kvb_last_error_message()).find("KVB_REMOTE_WRITE_ON_HOST_EVICT"),
+              std::string::npos);
+    c.withRemoteTier("redis://127.0.0.1:1", "cuda-model", "", false,
+                     KVB_REMOTE_WRITE_ON_HOST_EVICT);
+    kvb::Manager m(c);
+    bool has = false;
+    ASSERT_EQ(kvb_manager_has_remote_tier(m.get(), &has), KVB_OK);
+    EXPECT_TRUE(has);
+}
+
 // With kvblock's own copy stream, kvb_manager_sync_transfers orders the copies before the
 // engine's next work.
 TEST_F(CudaBackendTest, CopyStreamCopiesAreOrderedBySyncTransfers) {
