@@ -2272,6 +2272,19 @@ enum kvb_status_t kvb_manager_remove_sequence(struct kvb_manager_t *manager,
 enum kvb_status_t kvb_manager_pin_blocks(struct kvb_manager_t *manager, uint64_t request_id);
 
 /**
+ * Pins each listed block of `window_size` (TensorRT-LLM `WindowBlockManager::pinBlock`, by
+ * id): a pinned block keeps its GPU row and content until `kvb_manager_unpin_blocks_by_id`
+ * drops the pin, whoever else releases it, so a reader (a cache transceiver thread) can copy it
+ * while the executor goes on. A block may take several pins. Every id must be in range and on
+ * the GPU tier (`KVB_STATUS_INVALID_ARGUMENT` otherwise, with nothing pinned: onboard a host
+ * block first with `kvb_manager_onboard_block`).
+ */
+enum kvb_status_t kvb_manager_pin_blocks_by_id(struct kvb_manager_t *manager,
+                                               int32_t window_size,
+                                               const int32_t *block_ids,
+                                               size_t num_ids);
+
+/**
  * Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
  * id must hold a pin (checked before anything changes).
  */
@@ -2623,6 +2636,22 @@ enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             int32_t window_size,
                                             int32_t block_id,
                                             bool *out_offloaded);
+
+/**
+ * Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
+ * that a transfer or a later admission finds it on the GPU: its bytes move into the next free
+ * GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in
+ * the reuse tree, its priority and its expiry. `*out_onboarded` is false when it does not move:
+ * already on the GPU, nothing cached in it, no host tier, or no free GPU block. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced block
+ * (a sequence's blocks come back through admission and `kvb_manager_resume`), and
+ * `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`, poisoned, for
+ * a failed CUDA launch).
+ */
+enum kvb_status_t kvb_manager_onboard_block(struct kvb_manager_t *manager,
+                                            int32_t window_size,
+                                            int32_t block_id,
+                                            bool *out_onboarded);
 
 /**
  * Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
@@ -3069,6 +3098,30 @@ enum kvb_status_t kvb_manager_get_memory_pool_block_indices(struct kvb_manager_t
                                                             const int32_t *block_ids,
                                                             size_t num_ids,
                                                             int32_t *out_indices);
+
+/**
+ * Carries the recurrent state (Mamba, linear attention) of each listed sequence into its next
+ * block at a block boundary (TensorRT-LLM `copyLinearAttentionBlock` and
+ * `copyLinearAttentionBlockBatch`). `positions[i]` is how many tokens of `request_ids[i]` the
+ * engine has processed: when it is a positive multiple of `tokens_per_block`, in every window
+ * with `KVB_CACHE_TYPE_RECURRENT_STATE` pools, the state rows of the block ending there (the
+ * snapshot after its last token, kept for reuse) are copied into the rows of the block starting
+ * there, where the engine goes on updating the state; the attention pools are not touched.
+ * Otherwise, or when the sequence holds no block starting there, nothing is copied for it.
+ * A destination in the reuse tree (another sequence's content) is never written. The copies of
+ * the whole list go out in one submission per window, on the copy backend's stream, before
+ * the engine's next work on it (`kvb_manager_refresh_blocks` waits for them, as for any copy).
+ * `*out_num_copies` receives the block copies made (beams sharing both blocks copy once).
+ * Unlike TensorRT-LLM, which copies only at prompt positions, a decode position copies too:
+ * kvblock stores decode blocks for reuse, and each needs its snapshot. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown request id or a negative position (nothing
+ * copied), and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails.
+ */
+enum kvb_status_t kvb_manager_copy_recurrent_state(struct kvb_manager_t *manager,
+                                                   const uint64_t *request_ids,
+                                                   const int32_t *positions,
+                                                   size_t num_requests,
+                                                   size_t *out_num_copies);
 
 /**
  * Initialises a disk tier config with the defaults (no directory: no disk tier) and sets

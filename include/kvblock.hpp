@@ -433,6 +433,10 @@ class Manager {
     void endSchedulingPass(size_t numGenerationRequests, size_t numScheduled) {
         check(kvb_manager_end_scheduling_pass(handle_, numGenerationRequests, numScheduled));
     }
+    /// Pins each listed GPU block of `window` (kvb_manager_pin_blocks_by_id).
+    void pinBlocksById(int32_t window, const std::vector<int32_t>& ids) {
+        check(kvb_manager_pin_blocks_by_id(handle_, window, ids.data(), ids.size()));
+    }
     void unpinBlocksById(int32_t window, const std::vector<int32_t>& ids) {
         check(kvb_manager_unpin_blocks_by_id(handle_, window, ids.data(), ids.size()));
     }
@@ -636,6 +640,13 @@ class Manager {
     bool offloadBlock(int32_t window, int32_t block) {
         bool done = false;
         check(kvb_manager_offload_block(handle_, window, block, &done));
+        return done;
+    }
+    /// Brings a free cached host block back to the GPU (kvb_manager_onboard_block); false when
+    /// it does not move.
+    bool onboardBlock(int32_t window, int32_t block) {
+        bool done = false;
+        check(kvb_manager_onboard_block(handle_, window, block, &done));
         return done;
     }
     int32_t getPriorityByBlockId(int32_t window, int64_t block) const {

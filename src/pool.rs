@@ -70,11 +70,13 @@ impl PoolGeometry {
 
 /// One pool of a window as the copy engines see it: its geometry, and whether a partial copy
 /// may move only the first tokens of each slab (packed FP4 data and block scales are
-/// interleaved, so their blocks always move whole, as in TensorRT-LLM).
+/// interleaved, so their blocks always move whole, as in TensorRT-LLM), and whether it holds
+/// recurrent state (no token dimension: a state copy moves only such pools).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolShape {
     pub geometry: PoolGeometry,
     pub partial_copies: bool,
+    pub recurrent_state: bool,
 }
 
 /// The pools of one window. A block owns the same row index in every pool of its window, so
@@ -117,6 +119,7 @@ impl From<PoolGeometry> for BlockLayout {
         BlockLayout::new(vec![PoolShape {
             geometry,
             partial_copies: true,
+            recurrent_state: false,
         }])
     }
 }

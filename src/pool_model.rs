@@ -128,6 +128,7 @@ impl PoolInfo {
             geometry: self.geometry,
             partial_copies: self.data_type != KvDataType::Nvfp4
                 && self.cache_type != CacheType::RecurrentState,
+            recurrent_state: self.cache_type == CacheType::RecurrentState,
         }
     }
 }

@@ -13,8 +13,16 @@ use crate::pool::{BlockLayout, Level, MemRow, PoolShape};
 pub struct RowCopy {
     pub src: MemRow,
     pub dst: MemRow,
-    /// 0 = the whole row; otherwise the first `num_tokens` tokens of each slab.
+    /// 0 = the whole row; [`RowCopy::STATE_ONLY`] = only the rows of recurrent-state pools;
+    /// otherwise the first `num_tokens` tokens of each slab.
     pub num_tokens: u32,
+}
+
+impl RowCopy {
+    /// `num_tokens` of a copy that carries a sequence's recurrent state into its next block:
+    /// the recurrent-state pools' rows whole, nothing of the attention pools (whose tokens the
+    /// destination block holds or will hold).
+    pub const STATE_ONLY: u32 = u32::MAX;
 }
 
 /// A batch of copies that a backend could not execute.
@@ -151,6 +159,13 @@ pub fn try_zeroed_buffer(bytes: usize, what: &str) -> KvResult<Vec<u8>> {
 pub(crate) fn copy_runs(shape: &PoolShape, num_tokens: u32) -> (usize, usize, usize) {
     let g = &shape.geometry;
     let row_bytes = g.row_bytes();
+    if num_tokens == RowCopy::STATE_ONLY {
+        return if shape.recurrent_state {
+            (row_bytes, row_bytes, 1)
+        } else {
+            (0, 0, 0)
+        };
+    }
     if num_tokens == 0 || num_tokens as usize >= g.tokens_per_block || !shape.partial_copies {
         (row_bytes, row_bytes, 1)
     } else {
@@ -405,10 +420,12 @@ mod tests {
             PoolShape {
                 geometry: k_only,
                 partial_copies: true,
+                recurrent_state: false,
             },
             PoolShape {
                 geometry: geometry(),
                 partial_copies: false,
+                recurrent_state: false,
             },
         ]);
         let mut e = HostMemoryEngine::new(&layout, 2, 1);

@@ -88,6 +88,9 @@ impl CopyPlan {
                     continue;
                 }
                 let d = describe(c, shape, addresses);
+                if d.num_chunks == 0 {
+                    continue; // a state copy leaves this pool alone
+                }
                 self.max_copy_bytes = self
                     .max_copy_bytes
                     .max(d.chunk_bytes * u64::from(d.num_chunks));
@@ -144,6 +147,7 @@ mod tests {
         PoolShape {
             geometry,
             partial_copies: true,
+            recurrent_state: false,
         }
     }
 
@@ -301,6 +305,7 @@ mod tests {
         let packed = PoolShape {
             geometry: geometry(),
             partial_copies: false,
+            recurrent_state: false,
         };
         let layout = BlockLayout::new(vec![whole(k_only), packed]);
         let other = PoolAddresses([0x2000_0000, 0x8000_0000]);

@@ -1,5 +1,5 @@
 //! C entry points of once-per-iteration work: expiring timed retentions and syncing copies, and
-//! the explicit offload of a free block.
+//! the explicit offload and onboard of a free block.
 
 use super::handle::{
     block_id_arg, kvb_manager_t, require_out, window_arg, with_manager_tx, write_out,
@@ -34,5 +34,29 @@ pub extern "C" fn kvb_manager_offload_block(
         let b = block_id_arg(block_id)?;
         let done = m.offload_block(window_arg(window_size)?, b)?;
         write_out(out_offloaded, done, "out_offloaded")
+    })
+}
+
+/// Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
+/// that a transfer or a later admission finds it on the GPU: its bytes move into the next free
+/// GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in
+/// the reuse tree, its priority and its expiry. `*out_onboarded` is false when it does not move:
+/// already on the GPU, nothing cached in it, no host tier, or no free GPU block. Fails with
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced block
+/// (a sequence's blocks come back through admission and `kvb_manager_resume`), and
+/// `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`, poisoned, for
+/// a failed CUDA launch).
+#[no_mangle]
+pub extern "C" fn kvb_manager_onboard_block(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i32,
+    out_onboarded: *mut bool,
+) -> kvb_status_t {
+    with_manager_tx(manager, |m| {
+        require_out(out_onboarded, "out_onboarded")?;
+        let b = block_id_arg(block_id)?;
+        let done = m.onboard_block(window_arg(window_size)?, b)?;
+        write_out(out_onboarded, done, "out_onboarded")
     })
 }

@@ -36,7 +36,7 @@ pub mod scheduling;
 pub mod stats;
 // Per-iteration statistics.
 pub mod iteration_stats;
-// Once-per-iteration work and explicit offload.
+// Once-per-iteration work and explicit offload and onboard.
 pub mod iteration;
 // KV cache events.
 pub mod events;
@@ -52,6 +52,8 @@ pub mod inspect;
 pub mod reuse_tree;
 // A sequence's beam width and front-detached blocks; block ids to pool rows.
 pub mod sequence_info;
+// Recurrent state (hybrid models) carried into a sequence's next block.
+pub mod recurrent;
 // The disk tier below the host tier.
 pub mod disk;
 // The shared remote tier (Redis / Valkey).

@@ -100,6 +100,29 @@ pub extern "C" fn kvb_manager_pin_blocks(
     with_manager(manager, |m| Ok(m.pin_blocks(request_id)?))
 }
 
+/// Pins each listed block of `window_size` (TensorRT-LLM `WindowBlockManager::pinBlock`, by
+/// id): a pinned block keeps its GPU row and content until `kvb_manager_unpin_blocks_by_id`
+/// drops the pin, whoever else releases it, so a reader (a cache transceiver thread) can copy it
+/// while the executor goes on. A block may take several pins. Every id must be in range and on
+/// the GPU tier (`KVB_STATUS_INVALID_ARGUMENT` otherwise, with nothing pinned: onboard a host
+/// block first with `kvb_manager_onboard_block`).
+#[no_mangle]
+pub extern "C" fn kvb_manager_pin_blocks_by_id(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_ids: *const i32,
+    num_ids: usize,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let w = window_arg(window_size)?;
+        let ids = slice_arg(block_ids, num_ids, "block_ids")?
+            .iter()
+            .map(|&b| block_id_arg(b))
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok(m.pin_blocks_by_id(w, &ids)?)
+    })
+}
+
 /// Drops one pin of each listed block of `window_size` (TensorRT-LLM `unpinBlocksById`). Every
 /// id must hold a pin (checked before anything changes).
 #[no_mangle]

@@ -1,4 +1,4 @@
-//! Once-per-iteration work: expiring retentions, explicit offload, and flushing and delivering
+//! Once-per-iteration work: expiring retentions, explicit offload and onboard, and flushing and delivering
 //! the iteration's events.
 
 use std::sync::Arc;
@@ -22,6 +22,15 @@ impl KvCacheManager {
         let now = self.op_now_ms();
         let i = self.window_index(window_size)?;
         let done = self.windows[i].offload_block(block, now)?;
+        absorb(&mut self.events, &mut self.windows[i]);
+        Ok(done)
+    }
+
+    /// Brings a free, cached host block of one window back to the GPU tier.
+    pub fn onboard_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
+        let now = self.op_now_ms();
+        let i = self.window_index(window_size)?;
+        let done = self.windows[i].onboard_block(block, now)?;
         absorb(&mut self.events, &mut self.windows[i]);
         Ok(done)
     }

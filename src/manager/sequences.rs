@@ -281,6 +281,16 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Pins each listed GPU block of `window_size` (TensorRT-LLM `WindowBlockManager::pinBlock`):
+    /// a free one leaves its free queue, so it cannot be evicted until unpinned. All ids are
+    /// checked before any is pinned.
+    pub fn pin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
+        let i = self.window_index(window_size)?;
+        self.windows[i].check_pin_by_id(ids)?;
+        self.windows[i].pin_blocks(ids);
+        Ok(())
+    }
+
     /// Drops one pin of each listed block of `window_size`.
     pub fn unpin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
         let i = self.window_index(window_size)?;

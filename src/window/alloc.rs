@@ -216,4 +216,39 @@ impl WindowBlockManager {
         self.flush_copies();
         Ok(moved)
     }
+
+    /// Brings a free, cached host block to the GPU tier now (TensorRT-LLM `onboardBlock`):
+    /// its content moves into the next free primary block's row (evicting, and offloading, as
+    /// allocation does) and the block is queued at the primary level, keeping its tree
+    /// position, priority and expiry. Returns false when it does not move: already on the GPU,
+    /// nothing cached in it, onboarding off, or no free primary block. A referenced block is an
+    /// error: a sequence's blocks come back through admission or resume.
+    pub fn onboard_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
+        if block as usize >= self.arena.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "block id {block} out of range"
+            )));
+        }
+        if self.arena.ref_count(block) > 0 {
+            return Err(KvError::InvalidArgument(format!(
+                "block {block} is referenced; only free blocks can be onboarded (a sequence's \
+                 blocks are onboarded by admission and resume)"
+            )));
+        }
+        if self.arena.is_primary(block)
+            || !self.cfg.onboard_blocks
+            || !self.tree.is_in_tree(block)
+            || self.queues.num_free(Level::Primary) == 0
+        {
+            return Ok(false);
+        }
+        let expiry = self.queues.expiry(block);
+        self.queues.claim(block);
+        self.onboard(block, now_ms);
+        self.queues
+            .release(block, self.arena.level(block), false, now_ms);
+        self.queues.restore_expiry(block, expiry);
+        self.flush_copies();
+        Ok(true)
+    }
 }

@@ -3,6 +3,7 @@
 //! and the gauges of cached free blocks.
 
 use super::{KeySource, WindowBlockManager};
+use crate::error::{KvError, KvResult};
 use crate::key::lookup_hash;
 use crate::pool::Level;
 
@@ -88,6 +89,25 @@ impl WindowBlockManager {
             }
             self.arena.pin(b);
         }
+    }
+
+    /// Checks that every id can take a pin from `pin_blocks_by_id` (in range, on the GPU tier),
+    /// before anything changes.
+    pub fn check_pin_by_id(&self, ids: &[u32]) -> KvResult<()> {
+        for &b in ids {
+            if b as usize >= self.arena.len() {
+                return Err(KvError::InvalidArgument(format!(
+                    "block id {b} out of range"
+                )));
+            }
+            if self.arena.level(b) != Level::Primary {
+                return Err(KvError::InvalidArgument(format!(
+                    "block {b} is on the host tier; only GPU blocks can be pinned (onboard it \
+                     first)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Removes `block` and everything cached below it from the tree (Removed events; the blocks

@@ -19,6 +19,7 @@ mod faults;
 mod lifecycle;
 mod lookup;
 mod plan;
+mod recurrent;
 mod release;
 mod remote;
 mod scheduling;

@@ -1,0 +1,254 @@
+// Operations on one block by id, outside any sequence (TensorRT-LLM `BlockManager::onboardBlock`,
+// `WindowBlockManager::pinBlock` / `unpinBlock`): what a cache transceiver or a prefetcher does to
+// cached blocks while the executor goes on. The bytes really move (host copy backend), so each
+// test checks the row a block ends up in, not only its bookkeeping.
+//
+// One full-attention window, 4 tokens per block. Block ids 0..P-1 start with GPU (primary) rows,
+// P..P+S-1 with host rows; moving a block between tiers swaps rows, the id keeps its tree place.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kvblock.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+constexpr int32_t kWindow = 64;
+constexpr int32_t kTokensPerBlock = 4;
+
+using kvb_test::statusOf;
+using kvb_test::tokenRun;
+
+kvb::Config dataConfig(int32_t primary, int32_t secondary) {
+    kvb::Config c;
+    c.addWindow(kWindow, primary, secondary, /*layers=*/2, /*heads=*/2, /*headSize=*/4);
+    c.raw.tokens_per_block = kTokensPerBlock;
+    c.raw.max_sequence_length = kWindow;
+    c.raw.bytes_per_element = 2;
+    c.raw.copy_backend = KVB_COPY_BACKEND_HOST;
+    return c;
+}
+
+// The row block `block` owns now, wherever it is.
+std::pair<uint8_t*, size_t> rowOf(const kvb::Manager& m, int32_t block) {
+    kvb_block_info_t info = m.getBlockInfo(kWindow, block);
+    auto [base, rowBytes] =
+        m.getPoolPointer(kWindow, static_cast<kvb_cache_level_t>(info.cache_level));
+    return {base + static_cast<size_t>(info.memory_index) * rowBytes, rowBytes};
+}
+
+void fillRow(const kvb::Manager& m, int32_t block, uint8_t seed) {
+    auto [row, n] = rowOf(m, block);
+    for (size_t i = 0; i < n; ++i) row[i] = static_cast<uint8_t>(seed + i * 7);
+}
+
+::testing::AssertionResult rowHolds(const kvb::Manager& m, int32_t block, uint8_t seed) {
+    auto [row, n] = rowOf(m, block);
+    for (size_t i = 0; i < n; ++i) {
+        if (row[i] != static_cast<uint8_t>(seed + i * 7)) {
+            return ::testing::AssertionFailure() << "block " << block << " byte " << i << ": got "
+                                                 << int(row[i]) << ", want "
+                                                 << int(static_cast<uint8_t>(seed + i * 7));
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// Admits `prompt` as request `id`, writes a distinct pattern into each of its blocks (seed =
+// 10 × (index + 1) + id), marks the prompt computed and releases it with storing: its full
+// blocks stay cached and free. Returns its block ids.
+std::vector<int32_t> cacheRequest(kvb::Manager& m, uint64_t id, const std::vector<int32_t>& prompt) {
+    m.addSequence(kvb::Request(id, prompt));
+    std::vector<int32_t> blocks = m.getCacheBlockIds(id, kWindow);
+    for (size_t i = 0; i < blocks.size(); ++i)
+        fillRow(m, blocks[i], static_cast<uint8_t>(10 * (i + 1) + id));
+    kvb_test::markPrefillComputed(m, id);
+    m.removeSequence(id);
+    return blocks;
+}
+
+uint8_t seedOf(uint64_t id, size_t index) { return static_cast<uint8_t>(10 * (index + 1) + id); }
+
+// ---- onboardBlock ---------------------------------------------------------------------------
+
+// A free cached block on the host comes back to a GPU row with its bytes, keeps its place in the
+// tree and stays free; reuse then finds it on the GPU without onboarding again.
+TEST(OnboardBlockTest, BringsAFreeCachedHostBlockBackToTheGpuWithItsBytes) {
+    kvb::Manager m(dataConfig(4, 4));
+    const std::vector<int32_t> prompt = tokenRun(0, 9);
+    std::vector<int32_t> blocks = cacheRequest(m, 0, prompt);  // 0 -> 1 cached
+    ASSERT_TRUE(m.offloadBlock(kWindow, blocks[1]));
+    ASSERT_EQ(m.getBlockInfo(kWindow, blocks[1]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+    ASSERT_TRUE(rowHolds(m, blocks[1], seedOf(0, 1)));
+
+    EXPECT_TRUE(m.onboardBlock(kWindow, blocks[1]));
+    kvb_block_info_t info = m.getBlockInfo(kWindow, blocks[1]);
+    EXPECT_EQ(info.cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    EXPECT_TRUE(info.in_reuse_tree);
+    EXPECT_TRUE(info.is_free);
+    EXPECT_EQ(info.ref_count, 0);
+    EXPECT_EQ(info.parent, blocks[0]);
+    EXPECT_TRUE(rowHolds(m, blocks[1], seedOf(0, 1)));
+    EXPECT_EQ(m.getKvCacheStats().onboarded_blocks, 1u);
+    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow), (std::pair<int64_t, int64_t>{4, 4}));
+    m.checkInvariants();
+
+    EXPECT_FALSE(m.onboardBlock(kWindow, blocks[1])) << "already on the GPU";
+    kvb_admission_t a = m.addSequence(kvb::Request(1, prompt));
+    EXPECT_EQ(a.prepopulated_prompt_len, 8);
+    EXPECT_EQ(m.getKvCacheStats().onboarded_blocks, 1u) << "reuse found it on the GPU";
+    EXPECT_EQ(m.getCacheBlockIds(1, kWindow)[1], blocks[1]);
+    EXPECT_TRUE(rowHolds(m, blocks[1], seedOf(0, 1)));
+}
+
+// Onboarding takes a GPU row as an allocation does: with every GPU row free but cached, the
+// victim's content moves to the host row the onboarded block left, and both stay reusable.
+TEST(OnboardBlockTest, TheGpuRowItTakesIsOffloadedLikeAnyEviction) {
+    kvb::Manager m(dataConfig(2, 1));
+    std::vector<int32_t> first = cacheRequest(m, 0, tokenRun(0, 5));     // one full block
+    std::vector<int32_t> second = cacheRequest(m, 1, tokenRun(100, 5));  // evicts nothing yet
+    ASSERT_TRUE(m.offloadBlock(kWindow, first[0]));
+    ASSERT_EQ(m.getBlockInfo(kWindow, first[0]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+
+    EXPECT_TRUE(m.onboardBlock(kWindow, first[0]));
+    EXPECT_EQ(m.getBlockInfo(kWindow, first[0]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    EXPECT_TRUE(rowHolds(m, first[0], seedOf(0, 0)));
+    // Both prompts are still cached: one block on each tier.
+    EXPECT_EQ(kvb_test::reusableBlocks(m, tokenRun(0, 5), kWindow), 1);
+    EXPECT_EQ(kvb_test::reusableBlocks(m, tokenRun(100, 5), kWindow), 1);
+    EXPECT_EQ(m.getBlockInfo(kWindow, second[0]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    m.checkInvariants();
+}
+
+// What does not move reports false and changes nothing; what cannot move is an error that
+// changes nothing.
+TEST(OnboardBlockTest, RefusesReferencedBlocksAndReportsWhatDoesNotMove) {
+    kvb::Manager m(dataConfig(4, 2));
+    const std::vector<int32_t> prompt = tokenRun(0, 9);
+    std::vector<int32_t> blocks = cacheRequest(m, 0, prompt);
+    ASSERT_TRUE(m.offloadBlock(kWindow, blocks[1]));
+
+    // A host block that holds nothing cached: nothing worth a GPU row.
+    int32_t emptyHostBlock = -1;
+    for (int32_t b = 0; b < 6; ++b) {
+        kvb_block_info_t i = m.getBlockInfo(kWindow, b);
+        if (i.cache_level == KVB_CACHE_LEVEL_SECONDARY && !i.in_reuse_tree) emptyHostBlock = b;
+    }
+    ASSERT_GE(emptyHostBlock, 0);
+    EXPECT_FALSE(m.onboardBlock(kWindow, emptyHostBlock));
+    EXPECT_EQ(m.getBlockInfo(kWindow, emptyHostBlock).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+
+    // Every GPU row held: the block stays on the host.
+    m.addSequence(kvb::Request(1, tokenRun(500, 16)));
+    ASSERT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow).first, 0);
+    kvb_kv_cache_stats_t before = m.getKvCacheStats();
+    EXPECT_FALSE(m.onboardBlock(kWindow, blocks[1]));
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[1]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+    EXPECT_TRUE(rowHolds(m, blocks[1], seedOf(0, 1)));
+    kvb_test::expectSameStats(before, m.getKvCacheStats());
+
+    const int32_t held = m.getCacheBlockIds(1, kWindow)[0];
+    EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow, held); }), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow, 6); }), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow + 1, blocks[1]); }),
+              KVB_STATUS_INVALID_ARGUMENT);
+    kvb_test::expectSameStats(before, m.getKvCacheStats());
+    m.checkInvariants();
+
+    kvb::Manager noHost(dataConfig(4, 0));
+    std::vector<int32_t> b = cacheRequest(noHost, 0, prompt);
+    EXPECT_FALSE(noHost.onboardBlock(kWindow, b[0])) << "on the GPU already, no host tier";
+}
+
+// ---- pinBlock / unpinBlock by id ------------------------------------------------------------
+
+// A pinned free block leaves the free queue: allocation cannot evict it, its bytes and tree place
+// survive memory pressure, and unpinning makes it free and reusable again.
+TEST(PinBlocksByIdTest, APinnedCachedChainSurvivesPressureUntilUnpinned) {
+    kvb::Manager m(dataConfig(5, 0));
+    const std::vector<int32_t> prompt = tokenRun(0, 9);
+    std::vector<int32_t> blocks = cacheRequest(m, 0, prompt);  // 0 -> 1 cached, 2 free
+    const std::vector<int32_t> chain{blocks[0], blocks[1]};
+    m.pinBlocksById(kWindow, chain);
+    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow).first, 3);
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[0]).ref_count, 1);
+    EXPECT_FALSE(m.getBlockInfo(kWindow, blocks[0]).is_free);
+
+    // An unrelated prompt takes every free row; the pinned chain is untouched.
+    m.addSequence(kvb::Request(1, tokenRun(700, 12)));
+    for (int32_t b : m.getCacheBlockIds(1, kWindow)) fillRow(m, b, 200);
+    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow).first, 0);
+    for (size_t i = 0; i < chain.size(); ++i) {
+        EXPECT_TRUE(m.getBlockInfo(kWindow, chain[i]).in_reuse_tree);
+        EXPECT_TRUE(rowHolds(m, chain[i], seedOf(0, i)));
+    }
+    EXPECT_EQ(statusOf([&] { m.addSequence(kvb::Request(2, tokenRun(900, 5))); }),
+              KVB_STATUS_OUT_OF_BLOCKS)
+        << "pinned blocks are not evictable";
+
+    m.unpinBlocksById(kWindow, chain);
+    EXPECT_EQ(m.getNumFreeBlocksPerWindowSize(kWindow).first, 2);
+    EXPECT_TRUE(m.getBlockInfo(kWindow, blocks[1]).is_free);
+    m.removeSequence(1);
+    kvb_admission_t a = m.addSequence(kvb::Request(3, prompt));
+    EXPECT_EQ(a.prepopulated_prompt_len, 8);
+    m.checkInvariants();
+}
+
+// A pin is a reference of its own: a sequence's block pinned by id outlives the sequence, and
+// each pin needs its own unpin.
+TEST(PinBlocksByIdTest, PinsOutliveTheSequenceAndCountOnePerPin) {
+    kvb::Manager m(dataConfig(4, 0));
+    m.addSequence(kvb::Request(0, tokenRun(0, 6)));
+    const int32_t b = m.getCacheBlockIds(0, kWindow)[0];
+    fillRow(m, b, 77);
+    m.pinBlocksById(kWindow, {b, b});
+    EXPECT_EQ(m.getBlockInfo(kWindow, b).ref_count, 3);
+    m.removeSequence(0, /*storeForReuse=*/false);
+    EXPECT_EQ(m.getBlockInfo(kWindow, b).ref_count, 2);
+    EXPECT_FALSE(m.getBlockInfo(kWindow, b).is_free);
+    EXPECT_TRUE(rowHolds(m, b, 77));
+
+    m.unpinBlocksById(kWindow, {b});
+    EXPECT_FALSE(m.getBlockInfo(kWindow, b).is_free);
+    m.unpinBlocksById(kWindow, {b});
+    EXPECT_TRUE(m.getBlockInfo(kWindow, b).is_free);
+    EXPECT_EQ(statusOf([&] { m.unpinBlocksById(kWindow, {b}); }), KVB_STATUS_INVALID_ARGUMENT);
+    m.checkInvariants();
+}
+
+// The ids are checked before any pin is taken: a host block or an id out of range fails the whole
+// call and leaves the valid ids before it unpinned.
+TEST(PinBlocksByIdTest, ABadIdPinsNothing) {
+    kvb::Manager m(dataConfig(4, 2));
+    std::vector<int32_t> blocks = cacheRequest(m, 0, tokenRun(0, 9));
+    ASSERT_TRUE(m.offloadBlock(kWindow, blocks[1]));
+    kvb_kv_cache_stats_t before = m.getKvCacheStats();
+
+    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], blocks[1]}); }),
+              KVB_STATUS_INVALID_ARGUMENT)
+        << "a host block cannot be pinned";
+    EXPECT_NE(std::string(kvb_last_error_message()).find("host tier"), std::string::npos)
+        << kvb_last_error_message();
+    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], 6}); }),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], -1}); }),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[0]).ref_count, 0);
+    EXPECT_TRUE(m.getBlockInfo(kWindow, blocks[0]).is_free);
+    kvb_test::expectSameStats(before, m.getKvCacheStats());
+
+    // Onboarded, it can be pinned.
+    ASSERT_TRUE(m.onboardBlock(kWindow, blocks[1]));
+    m.pinBlocksById(kWindow, {blocks[0], blocks[1]});
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[1]).ref_count, 1);
+    m.unpinBlocksById(kWindow, {blocks[0], blocks[1]});
+    m.checkInvariants();
+}
+
+}  // namespace
