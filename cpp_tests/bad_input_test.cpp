@@ -234,6 +234,10 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
         kvb_manager_get_num_front_blocks_removed(m, kLive, kWindow, &i32));
     rec("get_memory_pool_block_indices",
         kvb_manager_get_memory_pool_block_indices(m, kWindow, &pinned, 1, &j32));
+    rec("onboard_block", kvb_manager_onboard_block(m, kWindow, 0, &flag));
+    rec("pin_blocks_by_id", kvb_manager_pin_blocks_by_id(m, kWindow, &pinned, 1));
+    const int32_t position = 4;
+    rec("copy_recurrent_state", kvb_manager_copy_recurrent_state(m, &rid, &position, 1, &count));
     rec("debug_trigger_panic", kvb_manager_debug_trigger_panic(m));
     return out;
 }

@@ -51,9 +51,9 @@ void fillRow(const kvb::Manager& m, int32_t block, uint8_t seed) {
     auto [row, n] = rowOf(m, block);
     for (size_t i = 0; i < n; ++i) {
         if (row[i] != static_cast<uint8_t>(seed + i * 7)) {
-            return ::testing::AssertionFailure() << "block " << block << " byte " << i << ": got "
-                                                 << int(row[i]) << ", want "
-                                                 << int(static_cast<uint8_t>(seed + i * 7));
+            return ::testing::AssertionFailure()
+                   << "block " << block << " byte " << i << ": got " << int(row[i]) << ", want "
+                   << int(static_cast<uint8_t>(seed + i * 7));
         }
     }
     return ::testing::AssertionSuccess();
@@ -62,7 +62,8 @@ void fillRow(const kvb::Manager& m, int32_t block, uint8_t seed) {
 // Admits `prompt` as request `id`, writes a distinct pattern into each of its blocks (seed =
 // 10 × (index + 1) + id), marks the prompt computed and releases it with storing: its full
 // blocks stay cached and free. Returns its block ids.
-std::vector<int32_t> cacheRequest(kvb::Manager& m, uint64_t id, const std::vector<int32_t>& prompt) {
+std::vector<int32_t> cacheRequest(kvb::Manager& m, uint64_t id,
+                                  const std::vector<int32_t>& prompt) {
     m.addSequence(kvb::Request(id, prompt));
     std::vector<int32_t> blocks = m.getCacheBlockIds(id, kWindow);
     for (size_t i = 0; i < blocks.size(); ++i)
@@ -72,7 +73,9 @@ std::vector<int32_t> cacheRequest(kvb::Manager& m, uint64_t id, const std::vecto
     return blocks;
 }
 
-uint8_t seedOf(uint64_t id, size_t index) { return static_cast<uint8_t>(10 * (index + 1) + id); }
+uint8_t seedOf(uint64_t id, size_t index) {
+    return static_cast<uint8_t>(10 * (index + 1) + id);
+}
 
 // ---- onboardBlock ---------------------------------------------------------------------------
 
@@ -106,22 +109,29 @@ TEST(OnboardBlockTest, BringsAFreeCachedHostBlockBackToTheGpuWithItsBytes) {
     EXPECT_TRUE(rowHolds(m, blocks[1], seedOf(0, 1)));
 }
 
-// Onboarding takes a GPU row as an allocation does: with every GPU row free but cached, the
-// victim's content moves to the host row the onboarded block left, and both stay reusable.
+// Onboarding takes a GPU row as an allocation does: with every GPU row cached, the victim's
+// content moves to a free host row, and everything stays reusable with its bytes.
 TEST(OnboardBlockTest, TheGpuRowItTakesIsOffloadedLikeAnyEviction) {
-    kvb::Manager m(dataConfig(2, 1));
-    std::vector<int32_t> first = cacheRequest(m, 0, tokenRun(0, 5));     // one full block
-    std::vector<int32_t> second = cacheRequest(m, 1, tokenRun(100, 5));  // evicts nothing yet
-    ASSERT_TRUE(m.offloadBlock(kWindow, first[0]));
+    kvb::Manager m(dataConfig(2, 2));
+    std::vector<int32_t> first = cacheRequest(m, 0, tokenRun(0, 5));  // one full block
+    // Two GPU rows for two blocks: the first request's block goes to the host.
+    std::vector<int32_t> second = cacheRequest(m, 1, tokenRun(100, 8));
     ASSERT_EQ(m.getBlockInfo(kWindow, first[0]).cache_level, KVB_CACHE_LEVEL_SECONDARY);
+    for (int32_t b : second) ASSERT_TRUE(m.getBlockInfo(kWindow, b).in_reuse_tree);
+    const uint64_t offloadedBefore = m.getKvCacheStats().offloaded_blocks;
 
     EXPECT_TRUE(m.onboardBlock(kWindow, first[0]));
     EXPECT_EQ(m.getBlockInfo(kWindow, first[0]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
     EXPECT_TRUE(rowHolds(m, first[0], seedOf(0, 0)));
-    // Both prompts are still cached: one block on each tier.
-    EXPECT_EQ(kvb_test::reusableBlocks(m, tokenRun(0, 5), kWindow), 1);
-    EXPECT_EQ(kvb_test::reusableBlocks(m, tokenRun(100, 5), kWindow), 1);
-    EXPECT_EQ(m.getBlockInfo(kWindow, second[0]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    EXPECT_EQ(m.getKvCacheStats().offloaded_blocks, offloadedBefore + 1);
+    int onHost = 0;
+    for (size_t i = 0; i < second.size(); ++i) {
+        kvb_block_info_t info = m.getBlockInfo(kWindow, second[i]);
+        EXPECT_TRUE(info.in_reuse_tree) << "block " << second[i];
+        EXPECT_TRUE(rowHolds(m, second[i], seedOf(1, i)));
+        onHost += info.cache_level == KVB_CACHE_LEVEL_SECONDARY;
+    }
+    EXPECT_EQ(onHost, 1);
     m.checkInvariants();
 }
 
@@ -230,14 +240,20 @@ TEST(PinBlocksByIdTest, ABadIdPinsNothing) {
     ASSERT_TRUE(m.offloadBlock(kWindow, blocks[1]));
     kvb_kv_cache_stats_t before = m.getKvCacheStats();
 
-    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], blocks[1]}); }),
+    EXPECT_EQ(statusOf([&] {
+                  m.pinBlocksById(kWindow, {blocks[0], blocks[1]});
+              }),
               KVB_STATUS_INVALID_ARGUMENT)
         << "a host block cannot be pinned";
     EXPECT_NE(std::string(kvb_last_error_message()).find("host tier"), std::string::npos)
         << kvb_last_error_message();
-    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], 6}); }),
+    EXPECT_EQ(statusOf([&] {
+                  m.pinBlocksById(kWindow, {blocks[0], 6});
+              }),
               KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_EQ(statusOf([&] { m.pinBlocksById(kWindow, {blocks[0], -1}); }),
+    EXPECT_EQ(statusOf([&] {
+                  m.pinBlocksById(kWindow, {blocks[0], -1});
+              }),
               KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(m.getBlockInfo(kWindow, blocks[0]).ref_count, 0);
     EXPECT_TRUE(m.getBlockInfo(kWindow, blocks[0]).is_free);

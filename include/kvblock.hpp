@@ -649,6 +649,20 @@ class Manager {
         check(kvb_manager_onboard_block(handle_, window, block, &done));
         return done;
     }
+    /// Carries each request's recurrent state into its next block where `positions[i]` (tokens
+    /// processed) is a block boundary (kvb_manager_copy_recurrent_state); returns the block
+    /// copies made.
+    size_t copyRecurrentState(const std::vector<uint64_t>& ids,
+                              const std::vector<int32_t>& positions) {
+        if (ids.size() != positions.size()) {
+            throw Error(KVB_STATUS_INVALID_ARGUMENT,
+                        "copyRecurrentState: one position per request id");
+        }
+        size_t n = 0;
+        check(kvb_manager_copy_recurrent_state(handle_, ids.data(), positions.data(), ids.size(),
+                                               &n));
+        return n;
+    }
     int32_t getPriorityByBlockId(int32_t window, int64_t block) const {
         int32_t p = 0;
         check(kvb_manager_get_priority_by_block_id(handle_, window, block, &p));

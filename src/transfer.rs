@@ -459,4 +459,50 @@ mod tests {
         assert_eq!(e.pool_row(0, row(Level::Primary, 1)), &[1, 2, 0, 0]);
         assert_eq!(e.pool_row(1, row(Level::Primary, 1)), &original[1][..]);
     }
+
+    #[test]
+    fn a_state_copy_moves_only_recurrent_state_pools() {
+        let state = PoolGeometry {
+            num_layers: 1,
+            kv_factor: 1,
+            tokens_per_block: 1,
+            ..geometry()
+        };
+        let layout = BlockLayout::new(vec![
+            PoolShape {
+                geometry: geometry(),
+                partial_copies: true,
+                recurrent_state: false,
+            },
+            PoolShape {
+                geometry: state,
+                partial_copies: false,
+                recurrent_state: true,
+            },
+        ]);
+        let mut e = HostMemoryEngine::new(&layout, 2, 0);
+        for (p, r) in e.block_rows_mut(row(Level::Primary, 0)).enumerate() {
+            r.fill(10 + p as u8);
+        }
+        for (p, r) in e.block_rows_mut(row(Level::Primary, 1)).enumerate() {
+            r.fill(20 + p as u8);
+        }
+        let _ = e.submit(&[RowCopy {
+            src: row(Level::Primary, 0),
+            dst: row(Level::Primary, 1),
+            num_tokens: RowCopy::STATE_ONLY,
+        }]);
+        assert!(e
+            .pool_row(0, row(Level::Primary, 1))
+            .iter()
+            .all(|&b| b == 20));
+        assert!(e
+            .pool_row(1, row(Level::Primary, 1))
+            .iter()
+            .all(|&b| b == 11));
+        assert!(e
+            .pool_row(1, row(Level::Primary, 0))
+            .iter()
+            .all(|&b| b == 11));
+    }
 }

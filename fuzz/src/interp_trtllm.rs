@@ -1,6 +1,7 @@
 //! The interpreter's calls of TensorRT-LLM's 2026 surface (`src/ffi/reuse_tree.rs`,
-//! `iteration_stats.rs`, `sequence_info.rs`): fuzzed requests, windows, buffers and counts,
-//! null out-pointers and buffers too small among them.
+//! `iteration_stats.rs`, `sequence_info.rs`, onboard and pin by block id, the recurrent-state
+//! copy): fuzzed requests, windows, buffers and counts, null out-pointers and buffers too small
+//! among them.
 
 use std::ptr::{null, null_mut};
 
@@ -21,7 +22,7 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
     let tpb = m.tpb;
     let mut i32_out = 0i32;
     let mut count = 0usize;
-    match inp.u8() % 11 {
+    match inp.u8() % 14 {
         0 => {
             let r = request(inp, tpb);
             let mut s = unsafe { std::mem::zeroed::<kvb_prefix_reuse_summary_t>() };
@@ -155,6 +156,29 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
                 non_negative(i32_out.into(), "front blocks removed");
             }
             (st, "get_num_front_blocks_removed")
+        }
+        11 => {
+            let mut moved = false;
+            let st = kvb_manager_onboard_block(h, window(inp, m), inp.i32(), &mut moved);
+            (st, "onboard_block")
+        }
+        12 => {
+            let ids: Vec<i32> = (0..inp.u8() % 4).map(|_| inp.i32()).collect();
+            let st = kvb_manager_pin_blocks_by_id(h, window(inp, m), ids.as_ptr(), ids.len());
+            (st, "pin_blocks_by_id")
+        }
+        13 => {
+            let n = usize::from(inp.u8() % 4);
+            let ids: Vec<u64> = (0..n).map(|_| inp.request_id()).collect();
+            let positions: Vec<i32> = (0..n).map(|_| inp.i32()).collect();
+            let st = kvb_manager_copy_recurrent_state(
+                h,
+                ids.as_ptr(),
+                positions.as_ptr(),
+                n,
+                &mut count,
+            );
+            (st, "copy_recurrent_state")
         }
         _ => {
             let ids: Vec<i32> = (0..inp.u8() % 6).map(|_| inp.i32()).collect();
