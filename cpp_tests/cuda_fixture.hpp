@@ -28,8 +28,6 @@ namespace kvb_cuda_test {
 
 using kvb_test::tokenRun;
 
-using kvb_test::tokenRun;
-
 // ---- The engine's side: the CUDA driver API, loaded at run time ------------------------------
 
 using CUresult = int;

@@ -14,6 +14,7 @@
 //
 // The engine's side (the driver, the pattern it writes, the fixture) is cuda_fixture.hpp; the
 // tiers below the host tier are cuda_tiers_test.cpp, the pool model cuda_pool_model_test.cpp.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -39,6 +40,28 @@ TEST(CudaUnavailableTest, CreatingACudaManagerWithoutCudaIsUnsupported) {
     EXPECT_TRUE(message.find("CUDA") != std::string::npos ||
                 message.find("NVRTC") != std::string::npos)
         << message;
+}
+
+// Sizing needs the driver, not a GPU kernel: without a driver library it is a clean
+// KVB_STATUS_UNSUPPORTED naming CUDA; bad arguments are refused the same everywhere.
+TEST(CudaUnavailableTest, FreeMemoryBudgetsWithoutCudaAreUnsupported) {
+    uint64_t primary = 1, secondary = 1;
+    EXPECT_EQ(kvb_calculate_free_mem_bytes(0, 1.0, 0, 0, &primary, &secondary),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_calculate_free_mem_bytes(-1, 0.5, 0, 0, &primary, &secondary),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_calculate_free_mem_bytes(0, 0.5, 0, 0, nullptr, &secondary),
+              KVB_STATUS_NULL_POINTER);
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (driver || simulatedDriver()) {
+        if (driver) dlclose(driver);
+        GTEST_SKIP() << "skipped: a CUDA driver library is present";
+    }
+    EXPECT_EQ(kvb_calculate_free_mem_bytes(0, 0.5, 0, 0, &primary, &secondary),
+              KVB_STATUS_UNSUPPORTED);
+    EXPECT_NE(std::string(kvb_last_error_message()).find("CUDA"), std::string::npos)
+        << kvb_last_error_message();
+    EXPECT_EQ(primary, 1u) << "nothing written on failure";
 }
 
 // An unknown transfer mode is a config error, checked before CUDA is touched.
@@ -243,6 +266,29 @@ TEST_F(CudaBackendTest, RegisteredPoolsAreUsed) {
     EXPECT_TRUE(holdsPattern(m, 3, prompt, 12));
     m.removeSequence(3);
     CU_OK(cu->cuStreamSynchronize(stream));
+}
+
+// The GPU budget follows the device's free memory: half of it with a fraction of 0.5, less by
+// half of what the engine allocates, plus the engine's memory pool's free bytes.
+TEST_F(CudaBackendTest, FreeMemoryBudgetsFollowTheDevicesFreeBytes) {
+    // Allocation granularity (and, on a real GPU, other processes) moves free memory a little.
+    const uint64_t slack = simulatedDriver() ? (1u << 20) : (256u << 20);
+    size_t free = 0, total = 0;
+    CU_OK(cu->cuMemGetInfo(&free, &total));
+    auto [primary, secondary] = kvb::calculateFreeMemBytes(0, 0.5, 0, 12345);
+    EXPECT_EQ(secondary, 12345u);
+    EXPECT_NEAR(double(primary), double(free) * 0.5, double(slack) + 1.0);
+    CUdeviceptr held = 0;
+    const size_t engineBytes = 64u << 20;
+    CU_OK(cu->cuMemAlloc(&held, engineBytes));
+    uint64_t after = kvb::calculateFreeMemBytes(0, 0.5, 0, 0).first;
+    EXPECT_NEAR(double(after), double(free - engineBytes) * 0.5, double(slack) + 1.0);
+    uint64_t withPool = kvb::calculateFreeMemBytes(0, 0.5, engineBytes, 0).first;
+    EXPECT_NEAR(double(withPool), double(after) + double(engineBytes) * 0.5, double(slack) + 1.0);
+    cu->cuMemFree(held);
+    EXPECT_EQ(kvb_test::statusOf([&] { kvb::calculateFreeMemBytes(0, 0.5, total, 0); }),
+              KVB_STATUS_INVALID_ARGUMENT)
+        << "free bytes beyond the device's memory";
 }
 
 // Two engine threads, each with its own stream and manager, move bytes at the same time.

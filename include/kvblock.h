@@ -2923,6 +2923,25 @@ enum kvb_status_t kvb_calculate_auto_host_tier_blocks(int64_t gpu_quota_blocks,
                                                       int64_t *out_blocks);
 
 /**
+ * The memory budgets of a KV cache on CUDA device `cuda_device` (TensorRT-LLM
+ * `calculateFreeMemBytes`): `*out_primary_bytes` = (the device's free bytes after its work
+ * finishes + `memory_pool_free_bytes`) × `free_gpu_memory_fraction`, `*out_secondary_bytes`
+ * = `host_cache_bytes`; feed them to `kvb_calculate_max_num_blocks`. `memory_pool_free_bytes`
+ * is what the engine's stream-ordered memory pool holds free (TensorRT-LLM adds
+ * `BufferManager::memoryPoolFree()`; 0 without one). Waits for the device's queued work
+ * (`cuCtxSynchronize` in its primary context) so that memory it frees counts. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for a negative device, a fraction outside (0, 1) or free
+ * figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device is usable (a
+ * message says which), and `KVB_STATUS_CUDA` for a failed driver call.
+ */
+enum kvb_status_t kvb_calculate_free_mem_bytes(int32_t cuda_device,
+                                               double free_gpu_memory_fraction,
+                                               uint64_t memory_pool_free_bytes,
+                                               uint64_t host_cache_bytes,
+                                               uint64_t *out_primary_bytes,
+                                               uint64_t *out_secondary_bytes);
+
+/**
  * Sizing of a window's disk tier: `out_slot_bytes` gets the bytes one block takes on disk (its
  * row of `row_bytes`, every pool of the window, behind a header holding its key and checksums,
  * aligned to 4 KiB) and `out_blocks` the blocks `disk_bytes` holds: what a manager whose
@@ -3030,6 +3049,37 @@ enum kvb_status_t kvb_manager_find_blocks_in_reuse_tree(struct kvb_manager_t *ma
                                                         int32_t *out_ids,
                                                         size_t capacity,
                                                         size_t *out_count);
+
+/**
+ * Stores blocks whose bytes the engine wrote some other way (a cache transceiver's receive)
+ * under the keys of `request`'s first `num_tokens` tokens in window `window_size`
+ * (TensorRT-LLM `BlockManager::storeBlocks`): `block_ids[i]` under tokens
+ * `[i * tokens_per_block, min((i + 1) * tokens_per_block, num_tokens))` (its tokens, extra
+ * ids, LoRA task, salt and multimodal items make the keys, a partial last block included).
+ * While the tree already holds each key, the cached block is kept and the given one skipped;
+ * from the first key it lacks, each given block joins the tree under the previous one (its
+ * key replaces the tokens kvblock keeps for it: store a sequence's blocks under its own
+ * tokens). The walk stops at a given block already in the tree at another place. With `pin`,
+ * every block on the walked path (the cached one where a key matched) gets a pin, released by
+ * `kvb_manager_unpin_blocks_by_id`, and their ids are written to `out_pinned_ids`
+ * (`capacity` entries, which must be at least `num_ids`; `*out_num_pinned` = how many; pass
+ * NULL and 0 without `pin`). `*out_num_stored` receives how many blocks joined the tree (one
+ * Stored event names them). With reuse off nothing is stored. Fails, changing nothing, with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, `num_tokens` beyond the request's
+ * tokens, or an id out of range or on the host tier, and `KVB_STATUS_BUFFER_TOO_SMALL`
+ * (`*out_num_pinned` = `num_ids`) for a pin buffer smaller than `num_ids`.
+ */
+enum kvb_status_t kvb_manager_store_blocks(struct kvb_manager_t *manager,
+                                           const struct kvb_request_t *request,
+                                           int32_t num_tokens,
+                                           int32_t window_size,
+                                           const int32_t *block_ids,
+                                           size_t num_ids,
+                                           bool pin,
+                                           int32_t *out_pinned_ids,
+                                           size_t capacity,
+                                           size_t *out_num_pinned,
+                                           int32_t *out_num_stored);
 
 /**
  * Drops from every window's reuse tree the cached blocks of the token sequence `tokens`

@@ -52,6 +52,18 @@ inline DiskTierSize calculateDiskTierBlocks(int32_t tokensPerBlock, uint64_t row
     return out;
 }
 
+/// GPU and host byte budgets of a KV cache on `cudaDevice` (kvb_calculate_free_mem_bytes,
+/// TensorRT-LLM calculateFreeMemBytes): {(free + memoryPoolFreeBytes) x fraction, hostBytes}.
+inline std::pair<uint64_t, uint64_t> calculateFreeMemBytes(int32_t cudaDevice,
+                                                           double freeGpuMemoryFraction,
+                                                           uint64_t memoryPoolFreeBytes,
+                                                           uint64_t hostCacheBytes) {
+    std::pair<uint64_t, uint64_t> out{};
+    check(kvb_calculate_free_mem_bytes(cudaDevice, freeGpuMemoryFraction, memoryPoolFreeBytes,
+                                       hostCacheBytes, &out.first, &out.second));
+    return out;
+}
+
 /// Manager configuration: the C config (initialised with defaults) plus owned windows.
 struct Config {
     kvb_manager_config_t raw{};

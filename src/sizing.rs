@@ -1,5 +1,7 @@
 //! Static sizing helpers of TensorRT-LLM's `KVCacheManager` (`calculateMaxNumBlocks` and its
-//! helpers). Sink tokens are not supported, so the sink bubble is always 0 and is not a parameter.
+//! helpers, and `calculateFreeMemBytes`'s arithmetic). Sink tokens are not supported, so the sink bubble is always 0 and is not a parameter.
+
+use crate::error::{KvError, KvResult};
 
 /// Extra block per beam budgeted when a sequence outgrows a sliding window.
 pub const SWA_EXTRA_BLOCK: usize = 1;
@@ -117,6 +119,33 @@ pub fn max_num_blocks(
 pub const AUTO_HOST_TIER_MEMORY_PERCENT: u64 = 50;
 /// Share of the locked-memory limit (`RLIMIT_MEMLOCK`) an automatic host tier may take (80%).
 pub const AUTO_HOST_TIER_MEMLOCK_PERCENT: u64 = 80;
+
+/// The memory budgets of a KV cache (TensorRT-LLM `calculateFreeMemBytes`): GPU bytes =
+/// `(device_free + memory_pool_free) × free_gpu_memory_fraction` (rounded down), host bytes =
+/// `host_cache_bytes`. `memory_pool_free` is what the engine's stream-ordered allocator holds
+/// free (TensorRT-LLM adds `BufferManager::memoryPoolFree()`): it is returned to the device on
+/// demand. The fraction must be in (0, 1), and the free figures cannot exceed `device_total`.
+pub fn free_mem_bytes(
+    device_free: u64,
+    device_total: u64,
+    memory_pool_free: u64,
+    free_gpu_memory_fraction: f64,
+    host_cache_bytes: u64,
+) -> KvResult<(u64, u64)> {
+    if !(free_gpu_memory_fraction > 0.0 && free_gpu_memory_fraction < 1.0) {
+        return Err(KvError::InvalidArgument(format!(
+            "free_gpu_memory_fraction {free_gpu_memory_fraction} is not in (0, 1)"
+        )));
+    }
+    let free = device_free.saturating_add(memory_pool_free);
+    if free > device_total {
+        return Err(KvError::InvalidArgument(format!(
+            "free device memory ({device_free}) plus the memory pool's free bytes \
+             ({memory_pool_free}) exceed the device's {device_total} bytes"
+        )));
+    }
+    Ok(((free as f64 * free_gpu_memory_fraction) as u64, host_cache_bytes))
+}
 
 /// Host blocks of an automatic host tier (a window config's `auto_host_tier`): as many blocks as
 /// the window has GPU blocks (`gpu_quota_blocks`), at most 50% of `available_host_bytes` and at
@@ -238,6 +267,27 @@ pub fn disk_tier_blocks(tokens_per_block: usize, row_bytes: u64, disk_bytes: u64
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn free_memory_budgets_take_the_fraction_of_device_and_pool_free_bytes() {
+        assert_eq!(
+            free_mem_bytes(6_000, 10_000, 1_000, 0.5, 77).unwrap(),
+            (3_500, 77)
+        );
+        assert_eq!(free_mem_bytes(1_000, 1_000, 0, 0.9, 0).unwrap(), (900, 0));
+        for bad in [0.0, 1.0, 1.5, -0.1, f64::NAN] {
+            assert!(matches!(
+                free_mem_bytes(1_000, 1_000, 0, bad, 0),
+                Err(KvError::InvalidArgument(_))
+            ));
+        }
+        assert!(matches!(
+            free_mem_bytes(900, 1_000, 200, 0.5, 0),
+            Err(KvError::InvalidArgument(m)) if m.contains("exceed")
+        ));
+    }
+
     use super::*;
 
     const MIB: u64 = 1 << 20;

@@ -291,3 +291,31 @@ impl Drop for CudaDevice {
         unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
     }
 }
+
+/// Free and total bytes of device `ordinal`'s memory as the driver reports them
+/// (`cuMemGetInfo`), after the device's work has finished (`cuCtxSynchronize`, so memory freed
+/// by queued work counts as free). Runs in the device's primary context, retained for the call.
+pub fn memory_info(ordinal: i32) -> CudaResult<(u64, u64)> {
+    guarded("querying the CUDA device's memory", || {
+        let dev = device(ordinal)?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; released below.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let result = (|| {
+            let _current = ContextGuard::enter(ctx)?;
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: the context is current; out-pointers to locals.
+            unsafe {
+                check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+                check(sys::cuMemGetInfo_v2(&mut free, &mut total), "cuMemGetInfo")?;
+            }
+            Ok((free as u64, total as u64))
+        })();
+        // SAFETY: balances the retain above.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+        result
+    })
+}

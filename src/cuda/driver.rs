@@ -392,6 +392,7 @@ mod tests {
         "cuMemAlloc_v2",
         "cuMemFreeHost",
         "cuMemFree_v2",
+        "cuMemGetInfo_v2",
         "cuMemHostAlloc",
         "cuMemHostGetDevicePointer_v2",
         "cuMemcpyAsync",

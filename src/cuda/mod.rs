@@ -18,7 +18,7 @@ mod nvrtc;
 mod plan;
 
 pub use cubins::{EMBEDDED_CUBINS, EMBEDDED_CUBINS_NOTE};
-pub use device::{CudaConfig, CudaDevice, TransferMode};
+pub use device::{memory_info, CudaConfig, CudaDevice, TransferMode};
 pub use driver::{
     driver_library, driver_library_present, driver_library_supported, version_name, CudaError,
     DriverLibrary, MIN_DRIVER_VERSION,

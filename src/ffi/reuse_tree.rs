@@ -1,10 +1,10 @@
 //! C entry points of TensorRT-LLM's 2026 reuse-tree calls: prefix analysis in one walk (and the
 //! estimates that take its result), lookups of a cached chain by its keys with optional pins,
-//! truncation, dropping the whole tree, and a sequence's committed hash chain.
+//! storing given blocks under given keys, truncation, dropping the whole tree, and a sequence's committed hash chain.
 
 use super::handle::{
-    copy_out, count_arg, i32_result, invalid, kvb_manager_t, null_error, require_out, slice_arg,
-    window_arg, with_manager, write_out, FfiResult,
+    block_id_arg, copy_out, count_arg, i32_result, invalid, kvb_manager_t, null_error, require_out,
+    slice_arg, window_arg, with_manager, write_out, FfiResult,
 };
 use super::status::kvb_status_t;
 use super::types::{kvb_request_state_t, kvb_request_t, request, request_state};
@@ -152,6 +152,69 @@ pub extern "C" fn kvb_manager_find_blocks_in_reuse_tree(
         };
         let ids: Vec<i32> = chain.iter().map(|&b| b as i32).collect();
         copy_out(&ids, out_ids, capacity, out_count)
+    })
+}
+
+/// Stores blocks whose bytes the engine wrote some other way (a cache transceiver's receive)
+/// under the keys of `request`'s first `num_tokens` tokens in window `window_size`
+/// (TensorRT-LLM `BlockManager::storeBlocks`): `block_ids[i]` under tokens
+/// `[i * tokens_per_block, min((i + 1) * tokens_per_block, num_tokens))` (its tokens, extra
+/// ids, LoRA task, salt and multimodal items make the keys, a partial last block included).
+/// While the tree already holds each key, the cached block is kept and the given one skipped;
+/// from the first key it lacks, each given block joins the tree under the previous one (its
+/// key replaces the tokens kvblock keeps for it: store a sequence's blocks under its own
+/// tokens). The walk stops at a given block already in the tree at another place. With `pin`,
+/// every block on the walked path (the cached one where a key matched) gets a pin, released by
+/// `kvb_manager_unpin_blocks_by_id`, and their ids are written to `out_pinned_ids`
+/// (`capacity` entries, which must be at least `num_ids`; `*out_num_pinned` = how many; pass
+/// NULL and 0 without `pin`). `*out_num_stored` receives how many blocks joined the tree (one
+/// Stored event names them). With reuse off nothing is stored. Fails, changing nothing, with
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, `num_tokens` beyond the request's
+/// tokens, or an id out of range or on the host tier, and `KVB_STATUS_BUFFER_TOO_SMALL`
+/// (`*out_num_pinned` = `num_ids`) for a pin buffer smaller than `num_ids`.
+#[no_mangle]
+pub extern "C" fn kvb_manager_store_blocks(
+    manager: *mut kvb_manager_t,
+    request: *const kvb_request_t,
+    num_tokens: i32,
+    window_size: i32,
+    block_ids: *const i32,
+    num_ids: usize,
+    pin: bool,
+    out_pinned_ids: *mut i32,
+    capacity: usize,
+    out_num_pinned: *mut usize,
+    out_num_stored: *mut i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        require_out(out_num_stored, "out_num_stored")?;
+        require_out(out_num_pinned, "out_num_pinned")?;
+        let req = self::request(request)?.to_request();
+        let n = count_arg(num_tokens, "num_tokens")?;
+        let window = window_arg(window_size)?;
+        let ids = slice_arg(block_ids, num_ids, "block_ids")?
+            .iter()
+            .map(|&b| block_id_arg(b))
+            .collect::<Result<Vec<u32>, _>>()?;
+        if pin && capacity < ids.len() {
+            write_out(out_num_pinned, ids.len(), "out_num_pinned")?;
+            return Err(crate::error::KvError::BufferTooSmall {
+                needed: ids.len(),
+                given: capacity,
+            }
+            .into());
+        }
+        if pin && capacity > 0 && out_pinned_ids.is_null() {
+            return Err(null_error("out_pinned_ids"));
+        }
+        let (stored, pinned) = m.store_blocks_by_key(&req, n, window, &ids, pin)?;
+        write_out(
+            out_num_stored,
+            i32_result(stored, "blocks stored")?,
+            "out_num_stored",
+        )?;
+        let pinned: Vec<i32> = pinned.into_iter().map(|b| b as i32).collect();
+        copy_out(&pinned, out_pinned_ids, capacity, out_num_pinned)
     })
 }
 

@@ -1,11 +1,13 @@
 //! C entry points of the static sizing helpers (TensorRT-LLM `KVCacheManager`'s
-//! `calculateMaxNumBlocks`, `calculateMaxAttentionWindow` and their helpers).
+//! `calculateMaxNumBlocks`, `calculateMaxAttentionWindow` and their helpers, and
+//! `calculateFreeMemBytes`).
 
 use super::handle::{
     count_arg, guard, i32_result, positive_arg, require_out, slice_arg, slice_arg_mut, write_out,
     FfiResult,
 };
 use super::status::kvb_status_t;
+use crate::error::KvError;
 use crate::sizing;
 
 /// Blocks one beam needs for `sequence_length` tokens under `window_size`
@@ -209,6 +211,48 @@ pub extern "C" fn kvb_calculate_auto_host_tier_blocks(
             row_bytes,
         );
         write_out(out_blocks, blocks as i64, "out_blocks")
+    })
+}
+
+/// The memory budgets of a KV cache on CUDA device `cuda_device` (TensorRT-LLM
+/// `calculateFreeMemBytes`): `*out_primary_bytes` = (the device's free bytes after its work
+/// finishes + `memory_pool_free_bytes`) × `free_gpu_memory_fraction`, `*out_secondary_bytes`
+/// = `host_cache_bytes`; feed them to `kvb_calculate_max_num_blocks`. `memory_pool_free_bytes`
+/// is what the engine's stream-ordered memory pool holds free (TensorRT-LLM adds
+/// `BufferManager::memoryPoolFree()`; 0 without one). Waits for the device's queued work
+/// (`cuCtxSynchronize` in its primary context) so that memory it frees counts. Fails with
+/// `KVB_STATUS_INVALID_ARGUMENT` for a negative device, a fraction outside (0, 1) or free
+/// figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device is usable (a
+/// message says which), and `KVB_STATUS_CUDA` for a failed driver call.
+#[no_mangle]
+pub extern "C" fn kvb_calculate_free_mem_bytes(
+    cuda_device: i32,
+    free_gpu_memory_fraction: f64,
+    memory_pool_free_bytes: u64,
+    host_cache_bytes: u64,
+    out_primary_bytes: *mut u64,
+    out_secondary_bytes: *mut u64,
+) -> kvb_status_t {
+    guard(|| {
+        require_out(out_primary_bytes, "out_primary_bytes")?;
+        require_out(out_secondary_bytes, "out_secondary_bytes")?;
+        // Arguments first: a bad one is reported the same with or without a GPU.
+        if cuda_device < 0 {
+            return Err(super::handle::invalid(format!(
+                "cuda_device {cuda_device} is negative"
+            )));
+        }
+        sizing::free_mem_bytes(0, 0, 0, free_gpu_memory_fraction, 0)?;
+        let (free, total) = crate::cuda::memory_info(cuda_device).map_err(KvError::from)?;
+        let (primary, secondary) = sizing::free_mem_bytes(
+            free,
+            total,
+            memory_pool_free_bytes,
+            free_gpu_memory_fraction,
+            host_cache_bytes,
+        )?;
+        write_out(out_primary_bytes, primary, "out_primary_bytes")?;
+        write_out(out_secondary_bytes, secondary, "out_secondary_bytes")
     })
 }
 

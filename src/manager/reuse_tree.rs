@@ -56,6 +56,36 @@ impl KvCacheManager {
         Ok(chain)
     }
 
+    /// Stores `block_ids` of `window_size` under the keys of `request`'s first `num_tokens`
+    /// tokens (TensorRT-LLM `BlockManager::storeBlocks`; see `store_blocks_by_key`). Every id
+    /// must be in range and on the GPU tier (checked before anything changes). Returns how many
+    /// blocks joined the tree and, with `pin`, the ids pinned along the path.
+    pub fn store_blocks_by_key(
+        &mut self,
+        request: &Request,
+        num_tokens: usize,
+        window_size: usize,
+        block_ids: &[u32],
+        pin: bool,
+    ) -> KvResult<(usize, Vec<u32>)> {
+        let wi = self.window_index(window_size)?;
+        check_prompt_keys(request)?;
+        if num_tokens > request.token_ids.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "num_tokens {num_tokens} exceeds the request's {} tokens",
+                request.token_ids.len()
+            )));
+        }
+        self.windows[wi].check_gpu_block_ids(block_ids, "stored")?;
+        if !self.cfg.enable_block_reuse {
+            return Ok((0, Vec::new()));
+        }
+        let w = &mut self.windows[wi];
+        let out = w.store_blocks_by_key(&request.key_source(), num_tokens, block_ids, pin);
+        absorb(&mut self.events, w);
+        Ok(out)
+    }
+
     /// Drops from every window's tree the cached blocks of the token sequence `tokens` (plain
     /// tokens: no extra ids, LoRA, salt or multimodal keys) past its first `num_tokens_to_keep`
     /// tokens, rounded up to whole blocks (TensorRT-LLM `truncateBlocks`). Blocks held by

@@ -286,7 +286,7 @@ impl KvCacheManager {
     /// checked before any is pinned.
     pub fn pin_blocks_by_id(&mut self, window_size: usize, ids: &[u32]) -> KvResult<()> {
         let i = self.window_index(window_size)?;
-        self.windows[i].check_pin_by_id(ids)?;
+        self.windows[i].check_gpu_block_ids(ids, "pinned")?;
         self.windows[i].pin_blocks(ids);
         Ok(())
     }

@@ -91,9 +91,9 @@ impl WindowBlockManager {
         }
     }
 
-    /// Checks that every id can take a pin from `pin_blocks_by_id` (in range, on the GPU tier),
-    /// before anything changes.
-    pub fn check_pin_by_id(&self, ids: &[u32]) -> KvResult<()> {
+    /// Checks that every id is in range and on the GPU tier, before anything changes: what
+    /// pinning and storing by id (`purpose`: "pinned", "stored") need.
+    pub fn check_gpu_block_ids(&self, ids: &[u32], purpose: &str) -> KvResult<()> {
         for &b in ids {
             if b as usize >= self.arena.len() {
                 return Err(KvError::InvalidArgument(format!(
@@ -102,8 +102,8 @@ impl WindowBlockManager {
             }
             if self.arena.level(b) != Level::Primary {
                 return Err(KvError::InvalidArgument(format!(
-                    "block {b} is on the host tier; only GPU blocks can be pinned (onboard it \
-                     first)"
+                    "block {b} is on the host tier; only GPU blocks can be {purpose} (onboard \
+                     it first)"
                 )));
             }
         }

@@ -111,6 +111,65 @@ impl WindowBlockManager {
         pinned
     }
 
+    /// Stores `blocks` under the keys of `src`'s first `num_tokens` tokens, block `i` under
+    /// tokens `[i × tpb, min((i + 1) × tpb, num_tokens))` (TensorRT-LLM
+    /// `WindowBlockManager::storeBlocks`, for blocks whose bytes arrived from elsewhere, such
+    /// as a cache transceiver's). The walk follows the tree while it finds each key: there the
+    /// block already cached is kept and the given one skipped; from the first miss on, each
+    /// given block takes its key (written into its slot, where kvblock keeps its holder's
+    /// tokens) and joins the tree under the previous one. It stops at a given block already in
+    /// the tree elsewhere, or off the GPU tier. With `pin`, every block on the walked path (the
+    /// cached ones where matched) gets a pin. Returns how many blocks joined the tree and the
+    /// pinned ids; the joined ones go into one Stored event.
+    pub fn store_blocks_by_key(
+        &mut self,
+        src: &KeySource<'_>,
+        num_tokens: usize,
+        blocks: &[u32],
+        pin: bool,
+    ) -> (usize, Vec<u32>) {
+        let tpb = self.cfg.tokens_per_block;
+        let mut scratch = std::mem::take(&mut self.mm_scratch);
+        let mut parent = self.tree.root();
+        let mut matching = true;
+        let mut stored = Vec::new();
+        let mut pinned = Vec::new();
+        for (i, &block) in blocks.iter().enumerate().take(num_tokens.div_ceil(tpb)) {
+            let key = src.key(i * tpb, ((i + 1) * tpb).min(num_tokens), &mut scratch);
+            let lookup = lookup_hash(&key);
+            let found = if matching {
+                self.tree.find_exact(parent, &key, lookup)
+            } else {
+                None
+            };
+            let node = match found {
+                Some(cached) => cached,
+                None => {
+                    matching = false;
+                    if self.tree.is_in_tree(block) || !self.arena.is_primary(block) {
+                        break;
+                    }
+                    self.tree.set_key_with_lookup(block, &key, lookup);
+                    if !self.tree.insert_with_lookup(parent, block, lookup) {
+                        break;
+                    }
+                    stored.push(block);
+                    block
+                }
+            };
+            if pin {
+                self.arena.pin(node);
+                self.queues.claim(node);
+                pinned.push(node);
+            }
+            parent = node;
+        }
+        self.mm_scratch = scratch;
+        self.remote_write_stored(&stored);
+        self.record_stored(&stored);
+        (stored.len(), pinned)
+    }
+
     pub(super) fn record_stored(&mut self, stored: &[u32]) {
         let (Some(events), Some(&first)) = (&mut self.events, stored.first()) else {
             return;
