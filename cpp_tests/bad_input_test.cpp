@@ -236,6 +236,9 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
         kvb_manager_get_memory_pool_block_indices(m, kWindow, &pinned, 1, &j32));
     rec("onboard_block", kvb_manager_onboard_block(m, kWindow, 0, &flag));
     rec("pin_blocks_by_id", kvb_manager_pin_blocks_by_id(m, kWindow, &pinned, 1));
+    int32_t numStored = 0;
+    rec("store_blocks", kvb_manager_store_blocks(m, &req, 8, kWindow, &pinned, 1, false, nullptr, 0,
+                                                 &count, &numStored));
     const int32_t position = 4;
     rec("copy_recurrent_state", kvb_manager_copy_recurrent_state(m, &rid, &position, 1, &count));
     rec("debug_trigger_panic", kvb_manager_debug_trigger_panic(m));

@@ -268,3 +268,100 @@ TEST(PinBlocksByIdTest, ABadIdPinsNothing) {
 }
 
 }  // namespace
+
+// ---- storeBlocks: given blocks under given keys ---------------------------------------------
+
+namespace {
+
+// A sequence whose blocks received bytes from elsewhere (a cache transceiver) is made reusable
+// under its own tokens; a second request then reuses them with those bytes.
+TEST(StoreBlocksTest, GivenBlocksJoinTheTreeUnderTheKeysAndAreReused) {
+    kvb::Manager m(dataConfig(8, 0));
+    const std::vector<int32_t> prompt = tokenRun(0, 10);
+    m.addSequence(kvb::Request(1, prompt));
+    std::vector<int32_t> blocks = m.getCacheBlockIds(1, kWindow);
+    for (size_t i = 0; i < blocks.size(); ++i) fillRow(m, blocks[i], static_cast<uint8_t>(40 + i));
+    EXPECT_EQ(kvb_test::reusableBlocks(m, prompt, kWindow), 0) << "nothing stored by admission";
+
+    auto [stored, pinned] =
+        m.storeBlocks(kvb::Request(1, prompt), 8, kWindow, {blocks[0], blocks[1]});
+    EXPECT_EQ(stored, 2);
+    EXPECT_TRUE(pinned.empty());
+    EXPECT_TRUE(m.getBlockInfo(kWindow, blocks[1]).in_reuse_tree);
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[1]).parent, blocks[0]);
+    EXPECT_EQ(m.getBlockInfo(kWindow, blocks[1]).num_tokens, 4);
+
+    kvb_admission_t a = m.addSequence(kvb::Request(2, prompt));
+    EXPECT_EQ(a.prepopulated_prompt_len, 8);
+    EXPECT_EQ(m.getCacheBlockIds(2, kWindow)[1], blocks[1]);
+    EXPECT_TRUE(rowHolds(m, blocks[1], 41));
+    m.checkInvariants();
+}
+
+// Where the tree already holds a key, the cached block stays and the given one is skipped; the
+// walk goes on from the cached block, and pins follow the walked path.
+TEST(StoreBlocksTest, CachedKeysKeepTheirBlocksAndPinsFollowThePath) {
+    kvb::Manager m(dataConfig(8, 0));
+    const std::vector<int32_t> prompt = tokenRun(0, 13);
+    std::vector<int32_t> cached = cacheRequest(m, 0, tokenRun(0, 5));  // block for tokens 0..3
+    m.addSequence(kvb::Request(1, tokenRun(0, 13)));
+    std::vector<int32_t> own = m.getCacheBlockIds(1, kWindow);
+    ASSERT_EQ(own[0], cached[0]) << "admission reused the cached first block";
+    // Pretend the whole prompt's blocks arrived; give a fresh id list for them.
+    auto [stored, pinned] =
+        m.storeBlocks(kvb::Request(1, prompt), 12, kWindow, {own[0], own[1], own[2]}, /*pin=*/true);
+    EXPECT_EQ(stored, 2) << "blocks 1 and 2 joined; block 0 was cached";
+    EXPECT_EQ(pinned, (std::vector<int32_t>{own[0], own[1], own[2]}));
+    for (int32_t b : pinned) EXPECT_EQ(m.getBlockInfo(kWindow, b).ref_count, 2) << b;
+    m.unpinBlocksById(kWindow, pinned);
+    for (int32_t b : pinned) EXPECT_EQ(m.getBlockInfo(kWindow, b).ref_count, 1) << b;
+
+    // A different block offered for a cached key is skipped, not inserted.
+    m.addSequence(kvb::Request(2, tokenRun(300, 9)));
+    std::vector<int32_t> other = m.getCacheBlockIds(2, kWindow);
+    auto second = m.storeBlocks(kvb::Request(3, prompt), 8, kWindow, {other[0], other[1]});
+    EXPECT_EQ(second.first, 0);
+    EXPECT_FALSE(m.getBlockInfo(kWindow, other[0]).in_reuse_tree);
+    m.checkInvariants();
+}
+
+// Bad input changes nothing: an id on the host tier or out of range, more tokens than the
+// request has, a pin buffer too small.
+TEST(StoreBlocksTest, BadInputStoresNothing) {
+    kvb::Manager m(dataConfig(4, 2));
+    std::vector<int32_t> hostBound = cacheRequest(m, 0, tokenRun(500, 5));
+    ASSERT_TRUE(m.offloadBlock(kWindow, hostBound[0]));
+    const std::vector<int32_t> prompt = tokenRun(0, 9);
+    m.addSequence(kvb::Request(1, prompt));
+    std::vector<int32_t> own = m.getCacheBlockIds(1, kWindow);
+    EXPECT_EQ(kvb_test::statusOf([&] {
+                  m.storeBlocks(kvb::Request(1, prompt), 8, kWindow, {own[0], hostBound[0]});
+              }),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(kvb_test::statusOf([&] {
+                  m.storeBlocks(kvb::Request(1, prompt), 8, kWindow, {own[0], 6});
+              }),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        kvb_test::statusOf([&] { m.storeBlocks(kvb::Request(1, prompt), 10, kWindow, {own[0]}); }),
+        KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_FALSE(m.getBlockInfo(kWindow, own[0]).in_reuse_tree);
+
+    kvb::Request r(1, prompt);
+    const int32_t ids[2] = {own[0], own[1]};
+    int32_t pinned[1] = {0};
+    size_t numPinned = 0;
+    int32_t stored = -1;
+    r.withC([&](const kvb_request_t* c) {
+        EXPECT_EQ(kvb_manager_store_blocks(m.get(), c, 8, kWindow, ids, 2, true, pinned, 1,
+                                           &numPinned, &stored),
+                  KVB_STATUS_BUFFER_TOO_SMALL);
+    });
+    EXPECT_EQ(numPinned, 2u);
+    EXPECT_EQ(stored, -1);
+    EXPECT_FALSE(m.getBlockInfo(kWindow, own[0]).in_reuse_tree);
+    EXPECT_EQ(m.getBlockInfo(kWindow, own[0]).ref_count, 1);
+    m.checkInvariants();
+}
+
+}  // namespace

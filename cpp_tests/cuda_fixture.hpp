@@ -166,7 +166,7 @@ inline uint8_t patternByte(int32_t pos, int32_t token, int slab, size_t byte) {
 }
 
 inline kvb::Config cudaConfig(int32_t primary, int32_t secondary, CUstream stream,
-                       kvb_cuda_transfer_mode_t mode = KVB_CUDA_TRANSFER_ENGINE_STREAM) {
+                              kvb_cuda_transfer_mode_t mode = KVB_CUDA_TRANSFER_ENGINE_STREAM) {
     kvb::Config c;
     c.addWindow(kWindow, primary, secondary, kLayers, kHeads, kHeadSize);
     c.raw.tokens_per_block = kTokensPerBlock;

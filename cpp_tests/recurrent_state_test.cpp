@@ -150,9 +150,13 @@ TEST_F(RecurrentStateTest, ACachedBlockIsNeverWritten) {
 TEST_F(RecurrentStateTest, AnUnknownRequestOrANegativePositionCopiesNothing) {
     admitAndFill(1, tokenRun(0, 13));
     const auto before = snapshot(1);
-    EXPECT_EQ(statusOf([&] { m_.copyRecurrentState({1, 99}, {4, 4}); }),
+    EXPECT_EQ(statusOf([&] {
+                  m_.copyRecurrentState({1, 99}, {4, 4});
+              }),
               KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_EQ(statusOf([&] { m_.copyRecurrentState({1, 1}, {4, -4}); }),
+    EXPECT_EQ(statusOf([&] {
+                  m_.copyRecurrentState({1, 1}, {4, -4});
+              }),
               KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(statusOf([&] { m_.copyRecurrentState({1}, {}); }), KVB_STATUS_INVALID_ARGUMENT);
     size_t n = 7;

@@ -654,6 +654,22 @@ class Manager {
         check(kvb_manager_offload_block(handle_, window, block, &done));
         return done;
     }
+    /// Stores `ids` of `window` under the keys of `request`'s first `numTokens` tokens
+    /// (kvb_manager_store_blocks): {blocks that joined the tree, ids pinned with `pin`}.
+    std::pair<int32_t, std::vector<int32_t>> storeBlocks(const Request& request, int32_t numTokens,
+                                                         int32_t window,
+                                                         const std::vector<int32_t>& ids,
+                                                         bool pin = false) {
+        std::vector<int32_t> pinned(pin ? ids.size() : 0);
+        size_t numPinned = 0;
+        int32_t stored = 0;
+        request.withC([&](const kvb_request_t* c) {
+            check(kvb_manager_store_blocks(handle_, c, numTokens, window, ids.data(), ids.size(),
+                                           pin, pinned.data(), pinned.size(), &numPinned, &stored));
+        });
+        pinned.resize(numPinned);
+        return {stored, pinned};
+    }
     /// Brings a free cached host block back to the GPU (kvb_manager_onboard_block); false when
     /// it does not move.
     bool onboardBlock(int32_t window, int32_t block) {

@@ -144,7 +144,10 @@ pub fn free_mem_bytes(
              ({memory_pool_free}) exceed the device's {device_total} bytes"
         )));
     }
-    Ok(((free as f64 * free_gpu_memory_fraction) as u64, host_cache_bytes))
+    Ok((
+        (free as f64 * free_gpu_memory_fraction) as u64,
+        host_cache_bytes,
+    ))
 }
 
 /// Host blocks of an automatic host tier (a window config's `auto_host_tier`): as many blocks as

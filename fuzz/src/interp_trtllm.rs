@@ -1,7 +1,7 @@
 //! The interpreter's calls of TensorRT-LLM's 2026 surface (`src/ffi/reuse_tree.rs`,
-//! `iteration_stats.rs`, `sequence_info.rs`, onboard and pin by block id, the recurrent-state
-//! copy): fuzzed requests, windows, buffers and counts, null out-pointers and buffers too small
-//! among them.
+//! `iteration_stats.rs`, `sequence_info.rs`, onboard, pin and store by block id, the
+//! recurrent-state copy): fuzzed requests, windows, buffers and counts, null out-pointers and
+//! buffers too small among them.
 
 use std::ptr::{null, null_mut};
 
@@ -22,7 +22,7 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
     let tpb = m.tpb;
     let mut i32_out = 0i32;
     let mut count = 0usize;
-    match inp.u8() % 14 {
+    match inp.u8() % 15 {
         0 => {
             let r = request(inp, tpb);
             let mut s = unsafe { std::mem::zeroed::<kvb_prefix_reuse_summary_t>() };
@@ -179,6 +179,36 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
                 &mut count,
             );
             (st, "copy_recurrent_state")
+        }
+        14 => {
+            let r = request(inp, tpb);
+            let ids: Vec<i32> = (0..inp.u8() % 4).map(|_| inp.i32()).collect();
+            let pin = inp.bool();
+            let (mut pinned, null_buffer) = buffer(inp, 0i32);
+            let ptr = if null_buffer {
+                null_mut()
+            } else {
+                pinned.as_mut_ptr()
+            };
+            let mut stored = 0i32;
+            let st = kvb_manager_store_blocks(
+                h,
+                &r.raw,
+                inp.i32(),
+                window(inp, m),
+                ids.as_ptr(),
+                ids.len(),
+                pin,
+                ptr,
+                pinned.len(),
+                &mut count,
+                &mut stored,
+            );
+            if st == kvb_status_t::KVB_OK {
+                non_negative(stored.into(), "blocks stored");
+                assert!(count <= ids.len());
+            }
+            (st, "store_blocks")
         }
         _ => {
             let ids: Vec<i32> = (0..inp.u8() % 6).map(|_| inp.i32()).collect();
