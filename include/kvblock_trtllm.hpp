@@ -103,6 +103,8 @@ class LlmRequest {
     virtual bool isContextInitState() const = 0;
     virtual bool isFirstContextChunk() const { return getContextCurrentPosition() == 0; }
     virtual bool isGenerationInProgressState() const = 0;
+    /// Whether the whole prompt's KV is computed (read by copyLinearAttentionBlock).
+    virtual bool isContextFinished() const { return !isContextInitState(); }
     virtual SizeType32 getBeamWidth() const { return 1; }
     virtual SizeType32 getContextChunkSize() const { return getPromptLen(); }
     virtual SizeType32 getNumDraftTokens() const { return 0; }
@@ -258,6 +260,21 @@ struct ReuseTreeMatch {
     BlockIdType lastBlockId() const { return blockIds.back(); }
 };
 
+/// What calculateFreeMemBytes reads from TensorRT-LLM's `runtime::BufferManager`: the device
+/// of its stream and the free bytes of its stream-ordered memory pool (`memoryPoolFree()`).
+struct BufferManager {
+    SizeType32 device = 0;
+    uint64_t memoryPoolFree = 0;
+};
+
+/// What calculateFreeMemBytes reads from TensorRT-LLM's `executor::KvCacheConfig`.
+struct KvCacheConfig {
+    /// Share of the free GPU memory the KV cache takes; TensorRT-LLM's default is 0.9.
+    std::optional<float> freeGpuMemoryFraction;
+    /// Bytes of the host (secondary) tier.
+    std::optional<uint64_t> hostCacheSize;
+};
+
 /// TensorRT-LLM's `KVCacheEventManager` arguments, which kvblock takes in its config.
 struct KVCacheEventManager {
     SizeType32 maxKVEventEntries = 0;
@@ -336,6 +353,23 @@ class BlockManager {
     /// does not move (not cached, no free host block, no host tier); a block in use throws
     /// (KVB_STATUS_INVALID_ARGUMENT) and stays where it is.
     bool offloadBlock(BlockIdType blockId, SizeType32 windowSize) const;
+    /// Brings the free, cached host block `blockId` of `windowSize` back to the GPU now
+    /// (TensorRT-LLM `onboardBlock`): by id, with no sequence, transfer mode or directory (the
+    /// GPU row is taken as an allocation takes one). False when it does not move (already on
+    /// the GPU, nothing cached, no free GPU block); a block in use throws
+    /// (KVB_STATUS_INVALID_ARGUMENT): kvblock onboards a sequence's blocks itself.
+    bool onboardBlock(BlockIdType blockId, SizeType32 windowSize) const;
+    /// Stores `blockIds` under `blockKeys` (one key a block, in order) in `windowSize`'s reuse
+    /// tree (TensorRT-LLM `storeBlocks`): where the tree has a key the cached block is kept and
+    /// the given one skipped, after the first miss each given block joins. Returns {blocks
+    /// that joined, ids pinned along the path with `pinBlocks`} (release with
+    /// KVCacheManager::unpinBlocksById(ids)). The keys' attributes (LoRA, salt, extra ids)
+    /// are the first key's.
+    std::pair<SizeType32, std::vector<BlockIdType>> storeBlocks(
+        std::vector<BlockKey> const& blockKeys, std::vector<BlockIdType> const& blockIds,
+        SizeType32 windowSize, bool pinBlocks = false) const;
+    /// The block manager of one window (TensorRT-LLM `WindowBlockManager`): pinBlock/unpinBlock.
+    [[nodiscard]] class WindowBlockManager getWindowBlockManager(SizeType32 windowSize) const;
     /// Pools; without block-scale pools: the data pools; without indexer K cache pools: not
     /// those (they are the last data pools).
     [[nodiscard]] SizeType32 getNumPools(bool includeBlockScalePools = true,
@@ -372,6 +406,25 @@ class BlockManager {
     std::optional<ReuseTreeMatch> find(BlockKey const& key, SizeType32 windowSize, bool pin,
                                        std::vector<BlockIdType>* pinned) const;
     KVCacheManager const& owner_;
+};
+
+/// One window's block manager (TensorRT-LLM `WindowBlockManager`), for the calls a cache
+/// transceiver makes on single blocks. A view: valid while its KVCacheManager lives.
+class WindowBlockManager {
+  public:
+    WindowBlockManager(KVCacheManager const& owner, SizeType32 windowSize)
+        : owner_(owner), windowSize_(windowSize) {}
+    [[nodiscard]] SizeType32 getWindowSize() const { return windowSize_; }
+    /// Pins a GPU block (TensorRT-LLM `pinBlock(BlockPtr)`, by id): it keeps its row and
+    /// content until unpinned; a host block throws (KVB_STATUS_INVALID_ARGUMENT). Safe from a
+    /// transceiver thread (every call takes the manager's lock).
+    void pinBlock(BlockIdType blockId) const;
+    /// Drops one pin (TensorRT-LLM `unpinBlock`); a block without a pin throws.
+    void unpinBlock(BlockIdType blockId) const;
+
+  private:
+    KVCacheManager const& owner_;
+    SizeType32 windowSize_;
 };
 
 /// TensorRT-LLM's 2026 KVCacheManager over kvblock.
@@ -1028,6 +1081,36 @@ class KVCacheManager {
         return out;
     }
 
+    /// GPU and host bytes for the KV cache (TensorRT-LLM `calculateFreeMemBytes`, as its
+    /// engine calls it before calculateMaxNumBlocks): (the device's free bytes after its work
+    /// + the buffer manager's pool free bytes) x freeGpuMemoryFraction (default 0.9), and
+    /// hostCacheSize (default 0). Throws KVB_STATUS_UNSUPPORTED without a CUDA driver or GPU.
+    [[nodiscard]] static std::tuple<uint64_t, uint64_t> calculateFreeMemBytes(
+        BufferManager const& bufferManager, KvCacheConfig const& config) {
+        auto [primary, secondary] = kvb::calculateFreeMemBytes(
+            bufferManager.device, static_cast<double>(config.freeGpuMemoryFraction.value_or(0.9f)),
+            bufferManager.memoryPoolFree, config.hostCacheSize.value_or(0));
+        return {primary, secondary};
+    }
+
+    /// Carries a hybrid model's recurrent state into the request's next block at a block
+    /// boundary (TensorRT-LLM `copyLinearAttentionBlock`; kvb_manager_copy_recurrent_state):
+    /// the tokens processed are the context position during the context phase and all but the
+    /// newest token after it. True when a copy was issued (it is ordered before the engine's
+    /// next work on the stream). kvblock keeps a state row in every block, so decode
+    /// boundaries copy too (TensorRT-LLM's placeholders make it copy only inside the prompt).
+    /// A request the manager does not hold is skipped, as TensorRT-LLM warns and skips it.
+    bool copyLinearAttentionBlock(LlmRequest const& llmRequest) {
+        return copyRecurrentState({&llmRequest});
+    }
+    /// The batch form: one submission (one kernel launch on the CUDA backend) for all.
+    bool copyLinearAttentionBlockBatch(std::vector<std::shared_ptr<LlmRequest>> const& requests) {
+        std::vector<LlmRequest const*> raw;
+        for (auto const& r : requests)
+            if (r) raw.push_back(r.get());
+        return copyRecurrentState(raw);
+    }
+
     [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
         kvb_sequence_lengths_t l{};
         kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
@@ -1038,6 +1121,19 @@ class KVCacheManager {
 
   private:
     friend class BlockManager;
+
+    bool copyRecurrentState(std::vector<LlmRequest const*> const& requests) {
+        std::vector<uint64_t> ids;
+        std::vector<int32_t> positions;
+        for (LlmRequest const* r : requests) {
+            if (!hasSequence(r->getRequestId())) continue;
+            ids.push_back(r->getRequestId());
+            positions.push_back(r->isContextFinished()
+                                    ? static_cast<int32_t>(r->getTokens(0).size()) - 1
+                                    : r->getContextCurrentPosition());
+        }
+        return !ids.empty() && impl().copyRecurrentState(ids, positions) > 0;
+    }
 
     static void requireNoSink(SizeType32 sinkTokenLength) {
         if (sinkTokenLength != 0)
@@ -1207,6 +1303,45 @@ inline bool BlockManager::schedulingHasFreeBlocks(SizeType32 numRequired,
 }
 inline bool BlockManager::offloadBlock(BlockIdType blockId, SizeType32 windowSize) const {
     return owner_.impl().offloadBlock(windowSize, blockId);
+}
+inline bool BlockManager::onboardBlock(BlockIdType blockId, SizeType32 windowSize) const {
+    return owner_.impl().onboardBlock(windowSize, blockId);
+}
+inline std::pair<SizeType32, std::vector<BlockIdType>> BlockManager::storeBlocks(
+    std::vector<BlockKey> const& blockKeys, std::vector<BlockIdType> const& blockIds,
+    SizeType32 windowSize, bool pinBlocks) const {
+    if (blockKeys.empty() || blockIds.empty()) return {0, {}};
+    BlockKey const& first = blockKeys.front();
+    VecUniqueTokens tokens;
+    for (BlockKey const& k : blockKeys)
+        tokens.insert(tokens.end(), k.uniqueTokens.begin(), k.uniqueTokens.end());
+    kvb::Request r;
+    KVCacheManager::setUniqueTokens(r, tokens, first.usesExtraIds);
+    if (first.loraTaskId) r.withLora(*first.loraTaskId);
+    if (first.cacheSaltID) r.withSalt(*first.cacheSaltID);
+    r.mmItems = first.multimodalItems;
+    size_t n = std::min(blockKeys.size(), blockIds.size());
+    std::vector<BlockIdType> ids(blockIds.begin(), blockIds.begin() + static_cast<ptrdiff_t>(n));
+    auto [stored, pinned] = owner_.impl().storeBlocks(r, static_cast<int32_t>(tokens.size()),
+                                                      windowSize, ids, pinBlocks);
+    if (!pinned.empty()) {
+        auto& self = const_cast<KVCacheManager&>(owner_);
+        std::lock_guard<std::mutex> lock(self.pinMutex_);
+        self.pinGroups_.emplace_back(
+            pinned,
+            std::vector<std::pair<SizeType32, std::vector<BlockIdType>>>{{windowSize, pinned}});
+    }
+    return {stored, pinned};
+}
+inline WindowBlockManager BlockManager::getWindowBlockManager(SizeType32 windowSize) const {
+    (void)owner_.impl().getMaxBlocksPerSeq(windowSize);  // throws for an unknown window
+    return WindowBlockManager(owner_, windowSize);
+}
+inline void WindowBlockManager::pinBlock(BlockIdType blockId) const {
+    owner_.impl().pinBlocksById(windowSize_, {blockId});
+}
+inline void WindowBlockManager::unpinBlock(BlockIdType blockId) const {
+    owner_.impl().unpinBlocksById(windowSize_, {blockId});
 }
 inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools,
                                             bool includeIndexerKCachePools) const {
