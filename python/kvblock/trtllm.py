@@ -14,6 +14,8 @@ means something else under the same name, this class gives TensorRT-LLM's meanin
 * ``get_priority_by_block_id(block_id, window_size)``; ``unpin_blocks_by_id(block_ids)``;
   ``get_cache_block_ids`` returns ``[beam][block]``.
 * ``max_sequence_length`` includes the extra KV tokens and draft tokens.
+* ``copy_linear_attention_block(_batch)`` also copies at decode block boundaries (kvblock keeps a
+  recurrent-state row in every block, so decode blocks stored for reuse need their snapshots).
 
 The engine's request is read duck-typed; :class:`LlmRequest` lists what is read and written.
 kvblock's own manager stays reachable as :attr:`KVCacheManager.impl`.
@@ -192,6 +194,7 @@ class KVCacheManager:
         indexer_k_cache_index_head_dim: int = 0,
         indexer_k_cache_use_fp4: bool = False,
         indexer_k_cache_layer_mask: Optional[Sequence[bool]] = None,
+        extra_layers: Optional[Sequence["_kvb.LayerSpec"]] = None,
     ):
         del max_num_sequences, chunk_size  # kvblock bounds sequences by blocks only
         if sink_token_length:
@@ -228,7 +231,7 @@ class KVCacheManager:
         # groups layers into pools by window and shape as TensorRT-LLM does.
         layers = []
         if (not uniform or cache_type != CacheType.SELF or kv_data_type is not None
-                or enable_indexer_k_cache):
+                or enable_indexer_k_cache or extra_layers):
             data_type = _kvb.KvDataType.DEFAULT if kv_data_type is None else kv_data_type
             layers = [
                 _kvb.LayerSpec(w, kinds[cache_type], h, size_per_head, data_type)
@@ -239,6 +242,9 @@ class KVCacheManager:
             layers += self._indexer_layers(window_of, indexer_k_cache_index_head_dim,
                                            indexer_k_cache_quant_block_size, indexer_k_cache_use_fp4,
                                            indexer_k_cache_layer_mask)
+        # kvblock layers TensorRT-LLM's constructor has no argument for, after the model's (a
+        # hybrid model's recurrent-state layers, which its Mamba cache manager adds).
+        layers += list(extra_layers or [])
         self._num_model_layers = len(num_kv_heads_per_layer)
         config = _kvb.ManagerConfig(
             windows,
@@ -517,9 +523,7 @@ class KVCacheManager:
     def remove_sequence(self, request_id, llm_request=None, pin_on_release=False):
         """Releases a sequence (stored for reuse when the request is given); an unknown id does
         nothing. Returns the last block id of beam 0 when stored or pinned, else None."""
-        try:
-            self.impl.get_sequence_lengths(request_id)
-        except _kvb.UnknownRequestError:
+        if not self._holds(request_id):
             return None
         if llm_request is not None:
             self.sync_tokens(llm_request)
@@ -531,6 +535,13 @@ class KVCacheManager:
         store = llm_request is not None and self._config.enable_block_reuse
         self.impl.remove_sequence(request_id, store)
         return last
+
+    def _holds(self, request_id: int) -> bool:
+        try:
+            self.impl.get_sequence_lengths(request_id)
+        except _kvb.UnknownRequestError:
+            return False
+        return True
 
     def pin_blocks(self, request_id: int) -> None:
         self._pin_sequence(request_id)
@@ -640,11 +651,53 @@ class KVCacheManager:
         self.sync_tokens(llm_request)
         return self.impl.commit_block_hashes(llm_request.request_id, window_size)
 
+    def probe_prefix_match_length(
+        self, input_tokens, lora_task_id: Optional[int] = None, cache_salt: Optional[int] = None
+    ) -> int:
+        """Prefix tokens of ``input_tokens`` already cached here, in whole blocks (what a
+        cache-aware attention-DP router compares between ranks). 0 without reuse, with several
+        windows, or for an empty prompt. ``cache_salt`` is kvblock's salt id (an int: hash a
+        string salt the way the requests' ``cache_salt_id`` is made)."""
+        if not self.enable_block_reuse or self.is_variable_window or not input_tokens:
+            return 0
+        tokens = [int(t) for t in input_tokens]
+        req = _kvb.Request(
+            0,
+            tokens,
+            input_length=len(tokens),
+            lora_task_id=lora_task_id,
+            cache_salt=cache_salt,
+        )
+        blocks = self.impl.count_reusable_blocks(req, self._windows[0], False)
+        return blocks * self.tokens_per_block
+
     def truncate_blocks(self, target_tokens, num_tokens_to_keep: int) -> None:
         self.impl.truncate_blocks(list(target_tokens), num_tokens_to_keep)
 
     def reset_reuse_state(self) -> None:
         self.impl.reset_reuse_state()
+
+    # --- hybrid models: recurrent state -------------------------------------------------
+    def copy_linear_attention_block(self, llm_request) -> bool:
+        """Carries the request's recurrent state into its next block where its processed
+        tokens end a block (TensorRT-LLM ``copyLinearAttentionBlock``): the context position
+        during the prompt, all but the newest token after it. True when a copy was issued; a
+        request the manager does not hold is skipped."""
+        return self.copy_linear_attention_block_batch([llm_request])
+
+    def copy_linear_attention_block_batch(self, llm_requests) -> bool:
+        """The batch form, one submission for all (TensorRT-LLM
+        ``copyLinearAttentionBlockBatch``); True when any copy was issued."""
+        ids, positions = [], []
+        for r in llm_requests:
+            if not self._holds(r.request_id):
+                continue
+            finished = not r.is_context_init_state
+            ids.append(r.request_id)
+            positions.append(
+                len(r.get_tokens(0)) - 1 if finished else r.context_current_position
+            )
+        return bool(ids) and self.impl.copy_recurrent_state(ids, positions) > 0
 
     # --- iteration and scheduling -------------------------------------------------------
     def refresh_blocks(self) -> None:

@@ -156,6 +156,26 @@ void init_manager_lifecycle(ManagerClass& cls) {
             "pin_blocks", [](Manager& self, uint64_t id) { nogil([&] { self.m.pinBlocks(id); }); },
             "request_id"_a, "Pins every block of a sequence (TensorRT-LLM ``pinBlocks``).")
         .def(
+            "pin_blocks_by_id",
+            [](Manager& self, int32_t window_size, const std::vector<int32_t>& ids) {
+                nogil([&] { self.m.pinBlocksById(window_size, ids); });
+            },
+            "window_size"_a, "block_ids"_a,
+            "Pins each listed GPU block (TensorRT-LLM ``WindowBlockManager::pinBlock``): it keeps "
+            "its row and content until :meth:`unpin_blocks_by_id`. A host block or an id out of "
+            "range raises :class:`InvalidArgumentError` and pins nothing.")
+        .def(
+            "copy_recurrent_state",
+            [](Manager& self, const std::vector<uint64_t>& ids,
+               const std::vector<int32_t>& positions) {
+                return nogil([&] { return self.m.copyRecurrentState(ids, positions); });
+            },
+            "request_ids"_a, "positions"_a,
+            "Carries each request's recurrent state into its next block where ``positions[i]`` "
+            "(tokens processed) ends a block (TensorRT-LLM ``copyLinearAttentionBlock(Batch)``): "
+            "the state pools' row of the finished block is copied into the next block's, in one "
+            "submission; returns the block copies made.")
+        .def(
             "unpin_blocks_by_id",
             [](Manager& self, int32_t window_size, const std::vector<int32_t>& ids) {
                 nogil([&] { self.m.unpinBlocksById(window_size, ids); });

@@ -67,6 +67,16 @@ void init_manager_queries(ManagerClass& cls) {
             "Offloads a free primary block to the host tier; False when no host block is free or "
             "offloading is off.")
         .def(
+            "onboard_block",
+            [](Manager& self, int32_t w, int32_t block) {
+                return nogil([&] { return self.m.onboardBlock(w, block); });
+            },
+            "window_size"_a, "block_id"_a,
+            "Brings a free cached host block back to the GPU tier (TensorRT-LLM "
+            "``onboardBlock``), keeping its place in the reuse tree; False when it does not move "
+            "(already on the GPU, nothing cached, no free GPU block). A referenced block raises "
+            ":class:`InvalidArgumentError`.")
+        .def(
             "get_pool_pointer",
             [](Manager& self, int32_t w, kvb_cache_level_t level) {
                 auto [base, row] = nogil([&] { return self.m.getPoolPointer(w, level); });

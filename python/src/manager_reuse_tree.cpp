@@ -125,6 +125,27 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls) {
             "``num_tokens`` tokens (TensorRT-LLM ``findBlocksInReuseTreeByBlockKey``); with "
             "``pin``, its GPU prefix is pinned (release with :meth:`unpin_blocks_by_id`).")
         .def(
+            "store_blocks",
+            [](Manager& self, const PyRequest& request, int32_t num_tokens, int32_t w,
+               const std::vector<int32_t>& ids, bool pin) {
+                std::vector<int32_t> pinned(pin ? ids.size() : 0);
+                size_t n = 0;
+                int32_t stored = 0;
+                with_optional_request(&request, [&](const kvb_request_t* r) {
+                    call([&] {
+                        return kvb_manager_store_blocks(self.h(), r, num_tokens, w, ids.data(),
+                                                        ids.size(), pin, pinned.data(),
+                                                        pinned.size(), &n, &stored);
+                    });
+                });
+                pinned.resize(n);
+                return std::make_pair(stored, pinned);
+            },
+            "request"_a, "num_tokens"_a, "window_size"_a, "block_ids"_a, "pin"_a = false,
+            "Stores ``block_ids`` under the keys of the request's first ``num_tokens`` tokens "
+            "(TensorRT-LLM ``storeBlocks``): where the tree has a key its cached block is kept, "
+            "after the first miss each given block joins. Returns ``(stored, pinned_ids)``.")
+        .def(
             "truncate_blocks",
             [](Manager& self, nb::handle tokens, int32_t keep) {
                 TokenView view(tokens);

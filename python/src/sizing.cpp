@@ -94,6 +94,18 @@ void init_sizing(ManagerClass& cls) {
             "available_host_bytes / row_bytes, 80% of memlock_limit_bytes / row_bytes)``; 0 = an "
             "unknown figure (caps nothing), caps of no block fall back to the quota.")
         .def_static(
+            "calculate_free_mem_bytes",
+            [](int32_t device, double fraction, uint64_t pool_free, uint64_t host_bytes) {
+                return nogil([&] {
+                    return kvb::calculateFreeMemBytes(device, fraction, pool_free, host_bytes);
+                });
+            },
+            "cuda_device"_a, "free_gpu_memory_fraction"_a, "memory_pool_free_bytes"_a = 0,
+            "host_cache_bytes"_a = 0,
+            "``(gpu_bytes, host_bytes)`` for a KV cache (TensorRT-LLM ``calculateFreeMemBytes``): "
+            "(the device's free bytes + ``memory_pool_free_bytes``) x the fraction, and "
+            "``host_cache_bytes``. Raises :class:`UnsupportedError` without a CUDA driver or GPU.")
+        .def_static(
             "calculate_disk_tier_blocks",
             [](int32_t tokens_per_block, uint64_t row_bytes, uint64_t disk_bytes) {
                 int64_t blocks = 0;

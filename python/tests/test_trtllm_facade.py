@@ -326,3 +326,66 @@ def test_the_indexer_k_cache_is_a_pool_after_the_kv_pools():
         plain.get_indexer_k_cache_pool()
     with pytest.raises(kvblock.InvalidConfigError):
         pool_facade([1], {WINDOW: (16, 4)}, enable_indexer_k_cache=True, indexer_k_cache_index_head_dim=100)
+
+
+def test_probe_prefix_match_length_counts_cached_whole_blocks():
+    m = make_facade()
+    prompt = list(range(10, 23))
+    r = LlmRequest.from_prompt(1, prompt, max_new_tokens=2)
+    m.add_sequence_batch([(1, r.prompt_len, 1)], [r])
+    r.context_current_position = r.prompt_len
+    m.store_context_blocks(r)
+    m.remove_sequence(1, r)
+    assert m.probe_prefix_match_length(prompt) == 12
+    req = kvblock.Request(0, prompt, input_length=len(prompt))
+    assert m.probe_prefix_match_length(prompt) == m.impl.count_reusable_blocks(req, WINDOW, False) * TPB
+    assert m.probe_prefix_match_length(prompt[:6]) == 4
+    assert m.probe_prefix_match_length(prompt, lora_task_id=7) == 0, "another LoRA's keys"
+    assert m.probe_prefix_match_length(prompt, cache_salt=3) == 0, "another salt's keys"
+    assert m.probe_prefix_match_length([]) == 0
+    assert make_facade(reuse=False).probe_prefix_match_length(prompt) == 0
+
+
+def test_copy_linear_attention_block_carries_the_recurrent_state():
+    CT, DT = kvblock.CacheType, kvblock.KvDataType
+    m = KVCacheManager(
+        num_kv_heads_per_layer=[2],
+        size_per_head=8,
+        tokens_per_block=TPB,
+        blocks_per_window={WINDOW: (12, 0)},
+        max_num_sequences=4,
+        max_beam_width=1,
+        max_attention_window_vec=[WINDOW],
+        max_sequence_length=WINDOW,
+        copy_backend=kvblock.CopyBackend.HOST,
+        extra_layers=[kvblock.LayerSpec(WINDOW, CT.RECURRENT_STATE, 2, 16, DT.FP32)],
+    )
+    m.allocate_pools(False)
+    state = m.impl.model_pool_view(1)
+    a = LlmRequest.from_prompt(1, list(range(10)), max_new_tokens=4)
+    b = LlmRequest.from_prompt(2, list(range(100, 108)), max_new_tokens=4)
+    m.add_sequence_batch([(1, 10, 1), (2, 8, 1)], [a, b])
+    rows = {r.request_id: [m.impl.get_block_info(WINDOW, x).memory_index
+                           for x in m.get_cache_block_ids(r.request_id, WINDOW)[0]] for r in (a, b)}
+    for rid, rs in rows.items():
+        for i, row in enumerate(rs):
+            state[row] = 10 * rid + i
+    a.context_current_position = 6
+    assert not m.copy_linear_attention_block(a)
+    a.context_current_position = 4
+    assert m.copy_linear_attention_block(a)
+    assert (state[rows[1][1]] == 10).all()
+    # b finished its prompt and generated a token: 8 of its 9 tokens are processed.
+    b.is_context_init_state = False
+    b.is_generation_in_progress_state = True
+    b.add_new_token(5)
+    m.add_token(2)
+    m.sync_tokens(b)
+    rows[2] = [m.impl.get_block_info(WINDOW, x).memory_index
+               for x in m.get_cache_block_ids(2, WINDOW)[0]]
+    state[rows[2][2]] = 99
+    stranger = LlmRequest.from_prompt(7, [1, 2, 3, 4])
+    assert m.copy_linear_attention_block_batch([a, b, stranger])
+    assert (state[rows[2][2]] == 21).all()
+    assert not m.copy_linear_attention_block_batch([stranger])
+    del state
