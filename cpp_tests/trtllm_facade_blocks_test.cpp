@@ -212,8 +212,7 @@ TEST(TrtllmFacade, CalculateFreeMemBytesChecksTheFractionFirst) {
     kvb::trtllm::KvCacheConfig config;
     config.freeGpuMemoryFraction = 1.5f;
     EXPECT_EQ(statusOf([&] {
-                  (void)KVCacheManager::calculateFreeMemBytes(kvb::trtllm::BufferManager{},
-                                                              config);
+                  (void)KVCacheManager::calculateFreeMemBytes(kvb::trtllm::BufferManager{}, config);
               }),
               KVB_STATUS_INVALID_ARGUMENT);
     config.freeGpuMemoryFraction = 0.5f;

@@ -291,8 +291,6 @@ mod tests {
         ));
     }
 
-    use super::*;
-
     const MIB: u64 = 1 << 20;
 
     #[test]
