@@ -15,7 +15,8 @@
  * (onboarding from the host tier, partial-reuse copies, offloads of evicted blocks),
  * kvb_manager_add_token (an eviction's offload), kvb_manager_remove_token and
  * kvb_manager_rewind_kv_cache (a shared block about to be rewritten is copied first),
- * kvb_manager_offload_block and kvb_manager_refresh_blocks; release and store calls never copy.
+ * kvb_manager_offload_block, kvb_manager_onboard_block, kvb_manager_copy_recurrent_state and
+ * kvb_manager_refresh_blocks; release and store calls never copy.
  * With KVB_CUDA_TRANSFER_ENGINE_STREAM (default) the kernel is on the engine's stream: work the
  * engine enqueues on that stream afterwards sees the bytes, and nothing else is needed. With
  * KVB_CUDA_TRANSFER_COPY_STREAM the engine calls kvb_manager_sync_transfers (or
@@ -3108,7 +3109,8 @@ enum kvb_status_t kvb_manager_reset_reuse_state(struct kvb_manager_t *manager, s
  * writes their block hashes (TensorRT-LLM's V1 hash, as in Stored events), first block first,
  * to `out_hashes` (`capacity` entries; `*out_count` = how many) (TensorRT-LLM
  * `commitAndGetBlockHashesForRequest`, for a KV connector). The chain is the same in every
- * window; `window_size` must be one of the manager's. Empty with beam search. Too small a
+ * window; `window_size` must be one of the manager's. Empty with beam search, and with reuse
+ * off (nothing is committed, and kvblock keeps no tokens to hash then). Too small a
  * buffer fails with `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_count` = the needed size) and
  * stores nothing.
  */

@@ -192,6 +192,30 @@ fn a_buffer_too_small_pins_and_commits_nothing() {
     kvb_manager_destroy(m);
 }
 
+/// With reuse off, committing hashes commits nothing and returns none: the blocks' slots, which
+/// hold the tokens a hash is made of, are never written then. (The fuzz target found it reading
+/// an extra-id arena that did not exist, a caught panic that poisoned the manager.)
+#[test]
+fn committing_hashes_without_reuse_returns_none() {
+    let m = manager(false);
+    let toks: Vec<i32> = (0..13).collect();
+    let extra: Vec<u64> = (0..13).map(|i| 1000 + i).collect();
+    let mut r = request(1, &toks);
+    r.token_extra_ids = extra.as_ptr();
+    assert_eq!(kvb_manager_add_sequence(m, &r, null_mut()), KVB_OK);
+    assert_eq!(kvb_manager_advance_history(m, 1, 13), KVB_OK);
+    assert_eq!(kvb_manager_add_token(m, 1, 77), KVB_OK);
+    let mut hashes = [7u64; 4];
+    let mut n = 99usize;
+    assert_eq!(
+        kvb_manager_commit_block_hashes(m, 1, 64, hashes.as_mut_ptr(), 4, &mut n),
+        KVB_OK
+    );
+    assert_eq!(n, 0);
+    assert_eq!(kvb_manager_check_invariants(m), KVB_OK);
+    kvb_manager_destroy(m);
+}
+
 #[test]
 fn iteration_stats_restart_only_when_read() {
     let m = manager(true);

@@ -265,7 +265,8 @@ pub extern "C" fn kvb_manager_reset_reuse_state(
 /// writes their block hashes (TensorRT-LLM's V1 hash, as in Stored events), first block first,
 /// to `out_hashes` (`capacity` entries; `*out_count` = how many) (TensorRT-LLM
 /// `commitAndGetBlockHashesForRequest`, for a KV connector). The chain is the same in every
-/// window; `window_size` must be one of the manager's. Empty with beam search. Too small a
+/// window; `window_size` must be one of the manager's. Empty with beam search, and with reuse
+/// off (nothing is committed, and kvblock keeps no tokens to hash then). Too small a
 /// buffer fails with `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_count` = the needed size) and
 /// stores nothing.
 #[no_mangle]

@@ -131,22 +131,22 @@ impl KvCacheManager {
     pub fn commit_block_hashes(&mut self, id: u64, window_size: usize) -> KvResult<Vec<u64>> {
         self.window_index(window_size)?;
         let seq = self.sequence(id)?;
-        if seq.beam_width > 1 {
+        // Without reuse nothing is committed, and the blocks' slots (which hold the tokens the
+        // hashes are made of) are never written.
+        if seq.beam_width > 1 || !self.cfg.enable_block_reuse {
             return Ok(Vec::new());
         }
         let tpb = self.cfg.tokens_per_block;
         let n = seq.life.history.min(self.stored_limit(id)) / tpb * tpb;
-        if self.cfg.enable_block_reuse {
-            let max_len = self.cfg.max_sequence_length;
-            let attrs = self.sequences[&id].key_attrs();
-            for w in self.windows.iter_mut().rev() {
-                if !w.config().is_swa(max_len) && w.is_valid_for_store(id) {
-                    w.store_blocks(id, &attrs, n, false, false);
-                    absorb(&mut self.events, w);
-                }
+        let max_len = self.cfg.max_sequence_length;
+        let attrs = self.sequences[&id].key_attrs();
+        for w in self.windows.iter_mut().rev() {
+            if !w.config().is_swa(max_len) && w.is_valid_for_store(id) {
+                w.store_blocks(id, &attrs, n, false, false);
+                absorb(&mut self.events, w);
             }
-            self.note_stored(id, n, n);
         }
+        self.note_stored(id, n, n);
         // The hashes follow from the keys in the sequence's own slots, whether its blocks or
         // equal ones already cached hold the tree's copy. The chain is the same in every
         // window; the largest one keeps the front blocks a sliding window detaches.
