@@ -24,7 +24,10 @@ set(prefix "${WORK_DIR}/prefix")
 run("${CMAKE_COMMAND}" --install "${KVBLOCK_BUILD_DIR}" --prefix "${prefix}" --component kvblock)
 
 # 1. The layout.
-set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp lib/cmake/kvblock/kvblockConfig.cmake
+set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp
+    include/kvblock_trtllm/request.hpp include/kvblock_trtllm/types.hpp
+    include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/kv_cache_manager.hpp
+    include/kvblock_trtllm/block_manager_inl.hpp lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)
 if(KVBLOCK_SONAME)
   list(APPEND expected lib/libkvblock.so.${KVBLOCK_VERSION} lib/${KVBLOCK_SONAME} lib/libkvblock.so)

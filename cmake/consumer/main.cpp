@@ -1,6 +1,8 @@
 // Consumer of an installed kvblock: checks the run-time version and that a repeated prompt is
-// reused, through the C++ wrapper. Exit status 0 on success.
+// reused, through the C++ wrapper and through the TensorRT-LLM facade (whose headers are a
+// directory of their own). Exit status 0 on success.
 #include <kvblock.hpp>
+#include <kvblock_trtllm.hpp>
 
 #include <cstdio>
 #include <string>
@@ -28,6 +30,14 @@ int main() {
     const kvb_admission_t again = manager.addSequence(kvb::Request(2, prompt));
     if (again.prepopulated_prompt_len != 8) {
         std::fprintf(stderr, "reused %d tokens, expected 8\n", again.prepopulated_prompt_len);
+        return 1;
+    }
+    kvb::trtllm::KVCacheManager facade(config);
+    facade.allocatePools();
+    kvb::trtllm::Request request(3, prompt);
+    facade.addSequenceBatch({{3, 9, 1}}, {request});
+    if (request.prepopulatedPromptLen != 0) {  // a manager of its own: nothing cached yet
+        std::fprintf(stderr, "the facade reused %d tokens\n", request.prepopulatedPromptLen);
         return 1;
     }
     std::printf("consumer: kvblock %s, reused %d tokens\n", version.c_str(),

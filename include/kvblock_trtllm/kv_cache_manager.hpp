@@ -1,0 +1,883 @@
+// kvblock_trtllm/kv_cache_manager.hpp: the facade's KVCacheManager (TensorRT-LLM's 2026
+// KVCacheManager over a kvb::Manager). Part of kvblock_trtllm.hpp; include that.
+#ifndef KVBLOCK_TRTLLM_KV_CACHE_MANAGER_HPP
+#define KVBLOCK_TRTLLM_KV_CACHE_MANAGER_HPP
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kvblock_trtllm/block_manager.hpp"
+
+namespace kvb::trtllm {
+
+/// TensorRT-LLM's 2026 KVCacheManager over kvblock.
+class KVCacheManager {
+  public:
+    /// Primary and secondary blocks per window size.
+    using BlocksPerWindow = std::map<SizeType32, std::tuple<SizeType32, SizeType32>>;
+
+    /// TensorRT-LLM's constructor. `dtypeBytes` stands for `DataType` (bytes per element);
+    /// layer l attends over `maxAttentionWindowVec[l % size]` with `numKvHeadsPerLayer[l]` heads
+    /// and `cacheType`; layers are grouped into pools by window and shape as TensorRT-LLM groups
+    /// them (kvblock's pool model, `kvb_layer_spec_t`). `sinkTokenLength` must be 0. Pools are
+    /// made by allocatePools().
+    KVCacheManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 dtypeBytes,
+                   SizeType32 sinkTokenLength, void* stream, SizeType32 maxSequenceLength,
+                   SizeType32 chunkSize = 0, bool enableBlockReuse = false,
+                   CacheType cacheType = CacheType::kSELF,
+                   std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
+                   std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
+                   bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                   KvblockOptions const& options = {})
+        : enableBlockReuse_(enableBlockReuse),
+          enablePartialReuse_(enablePartialReuse),
+          cacheType_(cacheType) {
+        (void)maxNumSequences;  // kvblock bounds sequences by blocks only
+        (void)chunkSize;        // the estimates take each request's chunk size
+        if (sinkTokenLength != 0)
+            throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
+        if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
+            throw Error(KVB_STATUS_INVALID_CONFIG, "no layers or no attention windows");
+        for (auto const& [window, blocks] : blocksPerWindow)
+            config_.addWindow(window, std::get<0>(blocks), std::get<1>(blocks));
+        config_.layers = layerSpecs(numKvHeadsPerLayer, sizePerHead, maxAttentionWindowVec,
+                                    cacheType, options.kvDataType);
+        numModelLayers_ = static_cast<SizeType32>(numKvHeadsPerLayer.size());
+        if (options.enableIndexerKCache) addIndexerLayers(options, maxAttentionWindowVec);
+        auto& raw = config_.raw;
+        raw.tokens_per_block = tokensPerBlock;
+        raw.max_beam_width = maxBeamWidth;
+        raw.max_sequence_length =
+            maxSequenceLength - options.numExtraKvTokens - options.maxDraftTokens;
+        raw.num_extra_kv_tokens = options.numExtraKvTokens;
+        raw.max_draft_tokens = options.maxDraftTokens;
+        raw.enable_block_reuse = enableBlockReuse;
+        raw.enable_partial_reuse = enablePartialReuse;
+        raw.copy_on_partial_reuse = copyOnPartialReuse;
+        if (secondaryOffloadMinPriority)
+            raw.secondary_offload_min_priority = *secondaryOffloadMinPriority;
+        raw.bytes_per_element = dtypeBytes;
+        raw.copy_backend = options.copyBackend;
+        raw.manual_clock = options.manualClock;
+        raw.cuda_stream = stream;
+        if (eventManager) {
+            raw.max_kv_event_entries = eventManager->maxKVEventEntries;
+            raw.attention_dp_rank = eventManager->attentionDpRank.value_or(-1);
+        }
+        collectWindows();
+    }
+
+    /// From kvblock's own configuration (an engine already configured for kvblock).
+    explicit KVCacheManager(Config config)
+        : config_(std::move(config)),
+          enableBlockReuse_(config_.raw.enable_block_reuse),
+          enablePartialReuse_(config_.raw.enable_partial_reuse) {
+        auto all = [&](kvb_cache_type_t t) {
+            return !config_.layers.empty() &&
+                   std::all_of(config_.layers.begin(), config_.layers.end(),
+                               [t](kvb_layer_spec_t const& l) { return l.cache_type == t; });
+        };
+        if (all(KVB_CACHE_TYPE_CROSS)) cacheType_ = CacheType::kCROSS;
+        if (all(KVB_CACHE_TYPE_SELF_K_ONLY)) cacheType_ = CacheType::kSELFKONLY;
+        collectWindows();
+    }
+
+    KVCacheManager(KVCacheManager const&) = delete;
+    KVCacheManager& operator=(KVCacheManager const&) = delete;
+
+    /// Creates the manager and its pools (TensorRT-LLM allocates the pool tensors here).
+    void allocatePools(bool useUvm = false) {
+        if (useUvm) throw Error(KVB_STATUS_UNSUPPORTED, "unified memory pools");
+        if (!manager_) manager_.emplace(config_);
+    }
+    /// Frees the pools and forgets every sequence and cached block.
+    void releasePools() {
+        manager_.reset();
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        pinGroups_.clear();
+    }
+
+    /// kvblock's own API on the same manager (e.g. kvblock's token-carrying addToken).
+    [[nodiscard]] Manager& impl() const {
+        if (!manager_) throw Error(KVB_STATUS_INVALID_ARGUMENT, "call allocatePools() first");
+        return *manager_;
+    }
+
+    // --- sizes and counters -------------------------------------------------------------
+    [[nodiscard]] SizeType32 getTokensPerBlock() const { return config_.raw.tokens_per_block; }
+    [[nodiscard]] SizeType32 getMaxNumBlocks() const { return getKvCacheStats().maxNumBlocks; }
+    [[nodiscard]] SizeType32 getUsedNumBlocks() const { return getKvCacheStats().usedNumBlocks; }
+    [[nodiscard]] SizeType32 getNumFreeBlocks() const {
+        return static_cast<SizeType32>(impl().getNumFreeBlocks());
+    }
+    [[nodiscard]] SizeType32 getNumPools() const {
+        return impl().getOffsetTableDimensions().second;
+    }
+    [[nodiscard]] SizeType32 getNumAllocTotalBlocks() const {
+        return getKvCacheStats().allocTotalBlocks;
+    }
+    [[nodiscard]] SizeType32 getNumAllocNewBlocks() const {
+        return getKvCacheStats().allocNewBlocks;
+    }
+    [[nodiscard]] SizeType32 getNumReusedBlocks() const { return getKvCacheStats().reusedBlocks; }
+    [[nodiscard]] SizeType32 getNumMissedBlocks() const { return getKvCacheStats().missedBlocks; }
+    [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const {
+        std::map<SizeType32, SizeType32> out;
+        for (SizeType32 w : windows_)
+            out[w] = static_cast<SizeType32>(impl().getNumFreeBlocksPerWindowSize(w).first);
+        return out;
+    }
+    [[nodiscard]] KvCacheStats getKvCacheStats() const {
+        kvb_kv_cache_stats_t s = impl().getKvCacheStats();
+        KvCacheStats out;
+        out.maxNumBlocks = static_cast<SizeType32>(s.max_num_blocks);
+        out.freeNumBlocks = static_cast<SizeType32>(s.free_num_blocks);
+        out.usedNumBlocks = static_cast<SizeType32>(s.used_num_blocks);
+        out.toksPerBlock = static_cast<SizeType32>(s.tokens_per_block);
+        out.allocTotalBlocks = static_cast<SizeType32>(s.alloc_total_blocks);
+        out.allocNewBlocks = static_cast<SizeType32>(s.alloc_new_blocks);
+        out.reusedBlocks = static_cast<SizeType32>(s.reused_blocks);
+        out.missedBlocks = static_cast<SizeType32>(s.missed_blocks);
+        out.cacheHitRate = static_cast<float>(s.cache_hit_rate);
+        out.numFreeBlocksPerWindowSize = getNumFreeBlocksPerWindowSize();
+        out.allocatedBytes = static_cast<std::size_t>(s.allocated_bytes);
+        return out;
+    }
+    /// Per window size: the statistics since the previous call (the first: since creation).
+    std::map<SizeType32, KvCacheIterationStats> getIterationStats() {
+        std::vector<kvb_iteration_stats_t> raw(windows_.size());
+        size_t n = 0;
+        check(kvb_manager_get_iteration_stats(impl().get(), raw.data(), raw.size(), &n));
+        std::map<SizeType32, KvCacheIterationStats> out;
+        for (size_t i = 0; i < n; ++i) {
+            auto const& r = raw[i];
+            KvCacheIterationStats s;
+            s.primaryMaxNumBlocks = static_cast<SizeType32>(r.primary_max_blocks);
+            s.primaryFreeNumBlocks = static_cast<SizeType32>(r.primary_free_blocks);
+            s.primaryUsedNumBlocks = static_cast<SizeType32>(r.primary_used_blocks);
+            s.primaryPeakUsedNumBlocks = static_cast<SizeType32>(r.primary_peak_used_blocks);
+            s.primaryEvictableNumBlocks = static_cast<SizeType32>(r.primary_evictable_blocks);
+            s.secondaryMaxNumBlocks = static_cast<SizeType32>(r.secondary_max_blocks);
+            s.secondaryFreeNumBlocks = static_cast<SizeType32>(r.secondary_free_blocks);
+            s.secondaryEvictableNumBlocks = static_cast<SizeType32>(r.secondary_evictable_blocks);
+            s.iterAllocTotalBlocks = static_cast<SizeType32>(r.iter_alloc_total_blocks);
+            s.iterAllocNewBlocks = static_cast<SizeType32>(r.iter_alloc_new_blocks);
+            s.iterReusedBlocks = static_cast<SizeType32>(r.iter_reused_blocks);
+            s.iterMissedBlocks = static_cast<SizeType32>(r.iter_missed_blocks);
+            s.iterCacheHitRate = static_cast<float>(r.iter_cache_hit_rate);
+            s.iterOnboardBlocks = static_cast<SizeType32>(r.iter_onboard_blocks);
+            s.iterOnboardBytes = static_cast<SizeType64>(r.iter_onboard_bytes);
+            s.iterOffloadBlocks = static_cast<SizeType32>(r.iter_offload_blocks);
+            s.iterOffloadBytes = static_cast<SizeType64>(r.iter_offload_bytes);
+            s.iterEvictedBlocks = static_cast<SizeType32>(r.iter_evicted_blocks);
+            out[r.window_size] = s;
+        }
+        return out;
+    }
+    [[nodiscard]] OffsetTableDimensions getOffsetTableDimensions() const {
+        auto [blocks, pools] = impl().getOffsetTableDimensions();
+        return {blocks, pools, cacheType_};
+    }
+    [[nodiscard]] SizeType32 getMaxBlocksPerSeq() const {
+        return getOffsetTableDimensions().maxBlocksPerSeq;
+    }
+
+    // --- configuration queries -----------------------------------------------------------
+    [[nodiscard]] bool isEnableBlockReuse() const { return enableBlockReuse_; }
+    [[nodiscard]] bool isEnablePartialReuse() const { return enablePartialReuse_; }
+    [[nodiscard]] bool isCrossKv() const { return cacheType_ == CacheType::kCROSS; }
+    [[nodiscard]] CacheType getCacheType() const { return cacheType_; }
+    [[nodiscard]] bool isVariableWindow() const { return windows_.size() > 1; }
+    [[nodiscard]] std::vector<SizeType32> const& getWindowSizes() const { return windows_; }
+    [[nodiscard]] BlockManager const& getBlockManager() const { return blockManager_; }
+
+    // --- pools (kvblock's pool model) ------------------------------------------------------
+    /// [data pool][primary, secondary] base addresses (TensorRT-LLM's `[numPools, 2]` tensor);
+    /// null where a pool has no memory at that level (no host tier, or an unregistered CUDA
+    /// pool).
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockPoolPointers() const {
+        SizeType32 n = getBlockManager().getNumPools(false);
+        std::vector<std::array<void*, 2>> out(static_cast<size_t>(n));
+        for (SizeType32 p = 0; p < n; ++p)
+            out[static_cast<size_t>(p)] = {poolBase(p, KVB_CACHE_LEVEL_PRIMARY),
+                                           poolBase(p, KVB_CACHE_LEVEL_SECONDARY)};
+        return out;
+    }
+    /// [data pool][primary, secondary] addresses of each data pool's block-scale pool (NVFP4),
+    /// null where the pool has none.
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockScalePoolPointers() const {
+        auto primary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
+        auto secondary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
+        std::vector<std::array<void*, 2>> out(primary.size());
+        for (size_t p = 0; p < out.size(); ++p)
+            out[p] = {primary[p], p < secondary.size() ? secondary[p] : nullptr};
+        return out;
+    }
+    /// [layer][pool, index of the layer in its pool] (TensorRT-LLM's `[numLayers, 2]` tensor).
+    [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const {
+        std::vector<std::array<SizeType32, 2>> out;
+        for (auto const& [pool, index] : impl().getLayerToPoolMapping()) {
+            if (numModelLayers_ && out.size() == static_cast<size_t>(numModelLayers_))
+                break;  // the indexer's layers come after the model's
+            out.push_back({pool, index});
+        }
+        return out;
+    }
+
+    // --- the indexer K cache (DeepSeek-V3.2 sparse attention) ----------------------------
+    [[nodiscard]] bool isEnableIndexerKCache() const { return indexer_.enabled; }
+    [[nodiscard]] SizeType32 getIndexerKCacheIndexHeadDim() const { return indexer_.headDim; }
+    [[nodiscard]] SizeType32 getIndexerKCacheQuantBlockSize() const {
+        return indexer_.quantBlockSize;
+    }
+    [[nodiscard]] bool getIndexerKCacheUseFp4() const { return indexer_.useFp4; }
+    /// The indexer K cache pool in GPU memory: a K-only pool `[blocks][layers with an
+    /// indexer][1][tokens x bytes per token]` (FP8 elements then their FP32 scales per token;
+    /// with FP4, the NVFP4 elements, their scales in the pool's block-scale pool). With several
+    /// attention windows each has its own; this is the first (TensorRT-LLM has one). Throws
+    /// KVB_STATUS_UNSUPPORTED without an indexer.
+    [[nodiscard]] PoolView getIndexerKCachePool() const {
+        SizeType32 n = impl().getNumPools(false);
+        for (SizeType32 p = 0; p < n; ++p)
+            if (impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K)
+                return getBlockManager().getPrimaryPool(p);
+        throw Error(KVB_STATUS_UNSUPPORTED, "this manager has no indexer K cache");
+    }
+    /// The index of layer `layerIdx` in its pool.
+    [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const {
+        return getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[1];
+    }
+    /// Whether layer `layerIdx` is the first layer of its pool.
+    [[nodiscard]] bool isPoolLayerFirst(SizeType32 layerIdx) const {
+        return getPoolLayerIdx(layerIdx) == 0;
+    }
+    /// The primary pool when there is exactly one data pool (throws otherwise).
+    [[nodiscard]] PoolView getUniquePrimaryPool() const {
+        if (getBlockManager().getNumPools(false) != 1)
+            throw Error(KVB_STATUS_UNSUPPORTED, "getUniquePrimaryPool needs exactly one pool");
+        return getBlockManager().getPrimaryPool(0);
+    }
+    /// The primary pool holding layer `layerIdx`.
+    [[nodiscard]] PoolView getPrimaryPool(SizeType32 layerIdx) const {
+        return getBlockManager().getPrimaryPool(getBlockManager().getLayerPoolIdx(layerIdx));
+    }
+
+    // --- admission -----------------------------------------------------------------------
+    /// Admits every request (id, input length, beam width) with its engine request, claiming
+    /// every reusable block of the batch before allocating; writes the prepopulated prompt
+    /// length and the per-request block counts into each request. All or nothing: a batch
+    /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none.
+    void addSequenceBatch(
+        std::vector<std::tuple<RequestIdType, SizeType32, SizeType32>> const& requestInfos,
+        std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests) {
+        if (requestInfos.size() != llmRequests.size())
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "requestInfos and llmRequests differ in size");
+        std::vector<kvb::Request> batch;
+        batch.reserve(requestInfos.size());
+        for (size_t i = 0; i < requestInfos.size(); ++i) {
+            auto const& [id, inputLength, beamWidth] = requestInfos[i];
+            kvb::Request r = toKvb(llmRequests[i].get());
+            r.id = id;
+            r.inputLength = inputLength;
+            r.beamWidth = beamWidth;
+            batch.push_back(std::move(r));
+        }
+        auto admissions = impl().addSequenceBatch(batch);
+        for (size_t i = 0; i < admissions.size(); ++i) {
+            LlmRequest& req = llmRequests[i].get();
+            auto const& a = admissions[i];
+            req.setPrepopulatedPromptLen(a.prepopulated_prompt_len, getTokensPerBlock());
+            req.updateAllocTotalBlocksPerRequest(
+                static_cast<SizeType32>(a.stats.alloc_total_blocks));
+            req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
+            req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
+            req.updateMissedBlocksPerRequest(static_cast<SizeType32>(a.stats.missed_blocks));
+        }
+    }
+
+    // --- tokens --------------------------------------------------------------------------
+    /// Grows a sequence by one KV slot (a decode step's token, an extra KV token, a draft
+    /// token), allocating a block at a block boundary. The slot's token id comes later from
+    /// the request (see the file comment). Throws KVB_STATUS_OUT_OF_BLOCKS when no block is
+    /// left, KVB_STATUS_UNSUPPORTED with beam search.
+    void addToken(RequestIdType requestId) {
+        auto l = impl().getSequenceLengths(requestId);
+        if (!impl().resize(requestId, l.capacity + 1))
+            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for the new slot");
+    }
+    /// KV slots of a sequence: its tokens plus the slots addToken reserved.
+    [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const {
+        return static_cast<SizeType32>(impl().getSequenceLengths(requestId).capacity);
+    }
+    /// Drops the last `numTokens` slots (rejected drafts): reserved slots first, then tokens.
+    void rewindKVCache(RequestIdType requestId, SizeType32 numTokens) {
+        auto l = impl().getSequenceLengths(requestId);
+        size_t reserved = l.capacity - std::min(l.capacity, l.num_tokens);
+        size_t n = static_cast<size_t>(numTokens);
+        if (n <= reserved) {
+            if (n > 0) impl().resize(requestId, l.capacity - n);
+        } else {
+            impl().rewindKVCache(requestId, static_cast<int32_t>(n - reserved));
+        }
+    }
+    void removeToken(RequestIdType requestId) { rewindKVCache(requestId, 1); }
+    /// Gives the manager the request's token ids for the slots it has reserved (kvblock keeps
+    /// block content); with `storeNewBlocks`, each block a token completes is stored for reuse.
+    void syncTokens(LlmRequest const& llmRequest, bool storeNewBlocks = false) {
+        RequestIdType id = llmRequest.getRequestId();
+        auto l = impl().getSequenceLengths(id);
+        VecTokens const& tokens = llmRequest.getTokens(0);
+        size_t target = std::min(tokens.size(), l.capacity);
+        if (target <= l.num_tokens) return;
+        std::vector<uint64_t> ids(target - l.num_tokens, id);
+        std::vector<int32_t> toks(tokens.begin() + static_cast<std::ptrdiff_t>(l.num_tokens),
+                                  tokens.begin() + static_cast<std::ptrdiff_t>(target));
+        if (impl().addTokenBatch(ids, toks, storeNewBlocks) != ids.size())
+            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for a token");
+    }
+
+    // --- store, release, pins ------------------------------------------------------------
+    void storeContextBlocks(LlmRequest const& llmRequest) {
+        impl().storeContextBlocks(llmRequest.getRequestId(),
+                                  llmRequest.getContextCurrentPosition());
+    }
+    void storeNewBlock(LlmRequest const& llmRequest) {
+        syncTokens(llmRequest, /*storeNewBlocks*/ true);
+        impl().storeNewBlock(llmRequest.getRequestId());
+    }
+    /// Stores every computed token for reuse; with `pinBlocks`, pins the sequence's blocks in
+    /// every window and returns those of the smallest window (beam 0) for unpinBlocksById.
+    std::vector<BlockIdType> storeBlocksForReuse(RequestIdType requestId,
+                                                 OptionalRef<LlmRequest const> llmRequest,
+                                                 bool pinBlocks = false) {
+        if (llmRequest) syncTokens(*llmRequest);
+        impl().storeBlocksForReuse(requestId, false);
+        if (!pinBlocks) return {};
+        return pinSequence(requestId);
+    }
+    /// Releases a sequence; stores it for reuse when the request is given (and reuse is on);
+    /// with `pinOnRelease` its blocks stay allocated until unpinBlocksById. Returns the last
+    /// block of beam 0 in the smallest window when the sequence was stored or pinned. An
+    /// unknown id does nothing.
+    std::optional<BlockIdType> removeSequence(RequestIdType requestId,
+                                              OptionalRef<LlmRequest const> llmRequest = nullptr,
+                                              bool pinOnRelease = false) {
+        if (!hasSequence(requestId)) return std::nullopt;
+        if (llmRequest) syncTokens(*llmRequest);
+        std::optional<BlockIdType> last;
+        if (llmRequest || pinOnRelease) last = impl().getLastBlockId(requestId);
+        if (pinOnRelease) pinSequence(requestId);
+        impl().removeSequence(requestId, llmRequest.has_value() && enableBlockReuse_);
+        return last;
+    }
+    void pinBlocks(RequestIdType requestId) { pinSequence(requestId); }
+    /// Drops the pins of a group of blocks pinned through this facade (by its ids in the
+    /// smallest window, as storeBlocksForReuse returned them, or ids pinned by a reuse-tree
+    /// lookup in that window).
+    void unpinBlocksById(std::vector<BlockIdType> const& blockIds) {
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        for (auto it = pinGroups_.begin(); it != pinGroups_.end(); ++it) {
+            if (it->first == blockIds) {
+                for (auto const& [window, ids] : it->second) impl().unpinBlocksById(window, ids);
+                pinGroups_.erase(it);
+                return;
+            }
+        }
+        impl().unpinBlocksById(windows_.front(), blockIds);
+    }
+    void schedulingRemoveSequence(RequestIdType requestId) {
+        impl().schedulingRemoveSequence(requestId);
+    }
+    void startScheduling() { impl().startScheduling(); }
+
+    // --- block ids and offsets ------------------------------------------------------------
+    /// Block ids of every beam of a sequence in one window: [beam][block].
+    [[nodiscard]] std::vector<std::vector<SizeType32>> getCacheBlockIds(
+        RequestIdType requestId, SizeType32 windowSize) const {
+        int32_t beams = 0;
+        check(kvb_manager_get_beam_width(impl().get(), requestId, &beams));
+        std::vector<std::vector<SizeType32>> out;
+        for (int32_t b = 0; b < beams; ++b)
+            out.push_back(impl().getCacheBlockIds(requestId, windowSize, b));
+        return out;
+    }
+    [[nodiscard]] std::vector<std::vector<std::vector<SizeType32>>> getBatchCacheBlockIds(
+        std::vector<RequestIdType> const& requestIds, SizeType32 windowSize) const {
+        std::vector<std::vector<std::vector<SizeType32>>> out;
+        out.reserve(requestIds.size());
+        for (auto id : requestIds) out.push_back(getCacheBlockIds(id, windowSize));
+        return out;
+    }
+    [[nodiscard]] std::optional<BlockIdType> getLastBlockId(RequestIdType requestId) const {
+        if (!hasSequence(requestId)) return std::nullopt;
+        return impl().getLastBlockId(requestId);
+    }
+    [[nodiscard]] SizeType32 getNumFrontBlocksRemoved(RequestIdType requestId,
+                                                      SizeType32 windowSize) const {
+        int32_t n = 0;
+        check(kvb_manager_get_num_front_blocks_removed(impl().get(), requestId, windowSize, &n));
+        return n;
+    }
+    /// Writes one request's offsets at slot `outputSlotOffset`; returns its block count.
+    SizeType32 copyBlockOffsets(BlockOffsetsTensor& output, SizeType32 outputSlotOffset,
+                                RequestIdType requestId) const {
+        return impl().copyBlockOffsets(output.data, output.numSlots, outputSlotOffset, requestId);
+    }
+    /// The offsets of `batchSize` requests whose ids are `firstBatchSlotIdx + i`, at slots
+    /// `i * beamWidth`.
+    void getBlockOffsetsOfBatch(BlockOffsetsTensor& output, SizeType32 firstBatchSlotIdx,
+                                SizeType32 batchSize, SizeType32 beamWidth) const {
+        for (SizeType32 i = 0; i < batchSize; ++i)
+            copyBlockOffsets(output, i * beamWidth,
+                             static_cast<RequestIdType>(firstBatchSlotIdx + i));
+    }
+    /// The executor's batch form: request i at slots `offset + i * beamWidth`.
+    void copyBatchBlockOffsets(BlockOffsetsTensor& output,
+                               std::vector<RequestIdType> const& requestIds, SizeType32 beamWidth,
+                               SizeType32 offset) const {
+        for (size_t i = 0; i < requestIds.size(); ++i)
+            copyBlockOffsets(output, offset + static_cast<SizeType32>(i) * beamWidth,
+                             requestIds[i]);
+    }
+    /// The GPU-pool row of each block id of a window; -1 for a block on the host tier.
+    [[nodiscard]] std::vector<SizeType32> getMemoryPoolBlockIndicesByBlockIds(
+        std::vector<BlockIdType> const& blockIds, SizeType32 windowSize) const {
+        std::vector<SizeType32> rows(blockIds.size());
+        check(kvb_manager_get_memory_pool_block_indices(impl().get(), windowSize, blockIds.data(),
+                                                        blockIds.size(), rows.data()));
+        return rows;
+    }
+    [[nodiscard]] SizeType32 getPriorityByBlockId(BlockIdType blockId,
+                                                  SizeType32 windowSize) const {
+        return impl().getPriorityByBlockId(windowSize, blockId);
+    }
+
+    // --- reuse ----------------------------------------------------------------------------
+    /// One walk of the largest window's tree along `uniqueTokens` keyed as `llmRequest`'s
+    /// blocks (LoRA task, salt, multimodal items).
+    [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
+                                                        LlmRequest const& llmRequest) const {
+        return analyzePrefixReuse(uniqueTokens, llmRequest, windows_.back());
+    }
+    [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
+                                                        LlmRequest const& llmRequest,
+                                                        SizeType32 windowSize) const {
+        kvb::Request r = toKvb(llmRequest);
+        setUniqueTokens(r, uniqueTokens, llmRequest.getTokenExtraIds().has_value());
+        kvb_prefix_reuse_summary_t s{};
+        r.withC([&](kvb_request_t const* c) {
+            check(kvb_manager_analyze_prefix_reuse(impl().get(), c, windowSize, &s));
+        });
+        return fromC(s);
+    }
+    [[nodiscard]] SizeType32 getNeededBlocksOneStep(
+        LlmRequest const& req, bool twoStepsLookAhead, SizeType32 windowSize,
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
+        kvb_request_state_t state = stateOf(req);
+        int32_t n = 0;
+        if (cachedSummary) {
+            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
+            check(kvb_manager_get_needed_blocks_one_step_cached(impl().get(), &state, &s,
+                                                                twoStepsLookAhead, windowSize, &n));
+        } else {
+            kvb::Request r = toKvb(req);
+            r.withC([&](kvb_request_t const* c) {
+                check(kvb_manager_get_needed_blocks_one_step(impl().get(), &state, c,
+                                                             twoStepsLookAhead, windowSize, &n));
+            });
+        }
+        return n;
+    }
+    [[nodiscard]] SizeType32 getRemainingBlocksToCompletion(
+        LlmRequest const& req, SizeType32 windowSize,
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
+        kvb_request_state_t state = stateOf(req);
+        int32_t n = 0;
+        if (cachedSummary) {
+            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
+            check(kvb_manager_get_remaining_blocks_to_completion_cached(impl().get(), &state, &s,
+                                                                        windowSize, &n));
+        } else {
+            kvb::Request r = toKvb(req);
+            r.withC([&](kvb_request_t const* c) {
+                check(kvb_manager_get_remaining_blocks_to_completion(impl().get(), &state, c,
+                                                                     windowSize, &n));
+            });
+        }
+        return n;
+    }
+    /// Stores the request's full computed blocks and returns their hash chain.
+    std::vector<SizeType64> commitAndGetBlockHashesForRequest(LlmRequest const& llmRequest,
+                                                              SizeType32 windowSize) {
+        syncTokens(llmRequest);
+        RequestIdType id = llmRequest.getRequestId();
+        size_t n = 0;
+        kvb_status_t s =
+            kvb_manager_commit_block_hashes(impl().get(), id, windowSize, nullptr, 0, &n);
+        if (s != KVB_OK && s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
+        std::vector<uint64_t> hashes(n);
+        check(kvb_manager_commit_block_hashes(impl().get(), id, windowSize, hashes.data(),
+                                              hashes.size(), &n));
+        return {hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(n)};
+    }
+    /// Drops cached blocks of `targetTokens` past its first `numTokensToKeep` tokens.
+    void truncateBlocks(VecTokens const& targetTokens, SizeType32 numTokensToKeep) {
+        check(kvb_manager_truncate_blocks(impl().get(), targetTokens.data(), targetTokens.size(),
+                                          numTokensToKeep, nullptr));
+    }
+    void resetReuseState() { check(kvb_manager_reset_reuse_state(impl().get(), nullptr)); }
+
+    // --- iteration -------------------------------------------------------------------------
+    void refreshBlocks() { impl().refreshBlocks(); }
+    void flushIterationEvents() { impl().flushIterationEvents(); }
+    /// kvblock enqueues its copies on the engine stream: nothing to order here.
+    void syncTransferManagerWithBufferManager() {}
+    /// Flushed events; no timeout waits until there is one (at once when events are off).
+    [[nodiscard]] std::deque<Event> getLatestEvents(
+        std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+        std::vector<Event> events;
+        if (timeout) {
+            events = impl().getLatestEvents(timeout->count());
+        } else {
+            do {
+                events = impl().getLatestEvents(1000);
+            } while (events.empty() && config_.raw.max_kv_event_entries > 0);
+        }
+        return {events.begin(), events.end()};
+    }
+    [[nodiscard]] SizeType32 getMaxCapacityBatchSize(SizeType32 inputLength,
+                                                     SizeType32 outputLength) const {
+        return impl().getMaxCapacityBatchSize(inputLength, outputLength);
+    }
+
+    // --- static sizing helpers (sink tokens: only 0, as TensorRT-LLM's manager requires) --
+    [[nodiscard]] static SizeType32 getSinkBubbleLength(SizeType32 sinkTokenLen,
+                                                        SizeType32 tokensPerBlock) {
+        (void)tokensPerBlock;
+        requireNoSink(sinkTokenLen);
+        return 0;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxBlockRequirementsPerBeam(
+        SizeType32 sequenceLength, SizeType32 sinkTokenLength, SizeType32 windowSize,
+        SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_block_requirements_per_beam(sequenceLength, windowSize,
+                                                            tokensPerBlock, &n));
+        return n;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxBlockRequirements(
+        SizeType32 inputLength, SizeType32 outputLength, SizeType32 sinkTokenLength,
+        SizeType32 windowSize, SizeType32 beamWidth, SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_block_requirements(inputLength, outputLength, windowSize, beamWidth,
+                                                   tokensPerBlock, &n));
+        return n;
+    }
+    [[nodiscard]] static SizeType32 calculateMaxAttentionWindow(
+        SizeType32 inputLength, SizeType32 outputLength, SizeType32 sinkTokenLength,
+        SizeType32 blockCapacity, SizeType32 beamWidth, SizeType32 tokensPerBlock) {
+        requireNoSink(sinkTokenLength);
+        int32_t n = 0;
+        check(kvb_calculate_max_attention_window(inputLength, outputLength, blockCapacity,
+                                                 beamWidth, tokensPerBlock, &n));
+        return n;
+    }
+
+    /// Layer indices per window size; layer l has `maxAttentionWindowVec[l % size]`.
+    [[nodiscard]] static std::map<SizeType32, std::vector<SizeType32>> groupLayersByWindowSize(
+        std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 numLayers) {
+        if (maxAttentionWindowVec.empty())
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "no attention windows");
+        std::map<SizeType32, std::vector<SizeType32>> out;
+        for (SizeType32 l = 0; l < numLayers; ++l)
+            out[maxAttentionWindowVec[static_cast<size_t>(l) % maxAttentionWindowVec.size()]]
+                .push_back(l);
+        return out;
+    }
+    /// Elements one token takes in the layers `windowSizeLayers` (sum over them of
+    /// `kvFactor x numKvHeadsPerLayer[l] x sizePerHead`), through
+    /// kvb_calculate_window_bytes_per_token; TensorRT-LLM reads heads from its ModelConfig.
+    [[nodiscard]] static SizeType32 calculateCacheSizePerTokenForSingleWindowSize(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& windowSizeLayers, bool isCrossAttention,
+        SizeType32 kvFactor) {
+        if (kvFactor != 1 && kvFactor != 2)
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "kvFactor must be 1 or 2");
+        if (windowSizeLayers.empty()) return 0;
+        kvb_cache_type_t type = kvFactor == 1      ? KVB_CACHE_TYPE_SELF_K_ONLY
+                                : isCrossAttention ? KVB_CACHE_TYPE_CROSS
+                                                   : KVB_CACHE_TYPE_SELF;
+        std::vector<kvb_layer_spec_t> layers;
+        for (SizeType32 l : windowSizeLayers)
+            layers.push_back(kvb_layer_spec_t{1, type,
+                                              numKvHeadsPerLayer.at(static_cast<size_t>(l)),
+                                              sizePerHead, KVB_KV_DATA_TYPE_DEFAULT});
+        // One byte per element and one token per block: the byte count is the element count.
+        int32_t window = 0;
+        uint64_t bytes = 0;
+        size_t n = 0;
+        check(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), 1, 1, &window,
+                                                   &bytes, 1, &n));
+        return static_cast<SizeType32>(bytes);
+    }
+    /// Primary and secondary blocks per window that the memory budgets allow (TensorRT-LLM's
+    /// `calculateMaxNumBlocks` on one rank): bytes per token of each window over its layers
+    /// (kvb_calculate_window_bytes_per_token, block scales included), the budget split by
+    /// `window x bytes per token` (kvb_calculate_window_size_to_share), then
+    /// kvb_calculate_max_num_blocks. `maxTokens` caps a single window's primary tokens.
+    [[nodiscard]] static BlocksPerWindow calculateMaxNumBlocks(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& maxAttentionWindowVec, SizeType32 dtypeBytes,
+        SizeType32 tokensPerBlock, uint64_t allottedPrimaryMemBytes,
+        uint64_t allottedSecondaryMemBytes, std::size_t extraCostMemory = 0,
+        CacheType cacheType = CacheType::kSELF,
+        kvb_kv_data_type_t kvDataType = KVB_KV_DATA_TYPE_DEFAULT,
+        std::optional<SizeType64> maxTokens = std::nullopt) {
+        auto layers = layerSpecs(numKvHeadsPerLayer, sizePerHead, maxAttentionWindowVec, cacheType,
+                                 kvDataType);
+        std::vector<int32_t> windows(layers.size());
+        std::vector<uint64_t> bytes(layers.size());
+        size_t n = 0;
+        check(kvb_calculate_window_bytes_per_token(layers.data(), layers.size(), dtypeBytes,
+                                                   tokensPerBlock, windows.data(), bytes.data(),
+                                                   windows.size(), &n));
+        windows.resize(n);
+        bytes.resize(n);
+        std::vector<int32_t> perToken(bytes.begin(), bytes.end());
+        std::vector<double> shares(n);
+        check(
+            kvb_calculate_window_size_to_share(windows.data(), perToken.data(), n, shares.data()));
+        std::vector<uint64_t> primary(n), secondary(n);
+        check(kvb_calculate_max_num_blocks(bytes.data(), shares.data(), n, allottedPrimaryMemBytes,
+                                           allottedSecondaryMemBytes, extraCostMemory,
+                                           maxTokens.value_or(-1), tokensPerBlock, primary.data(),
+                                           secondary.data()));
+        BlocksPerWindow out;
+        for (size_t i = 0; i < n; ++i)
+            out[windows[i]] = {static_cast<SizeType32>(primary[i]),
+                               static_cast<SizeType32>(secondary[i])};
+        return out;
+    }
+
+    /// GPU and host bytes for the KV cache (TensorRT-LLM `calculateFreeMemBytes`, as its
+    /// engine calls it before calculateMaxNumBlocks): (the device's free bytes after its work
+    /// + the buffer manager's pool free bytes) x freeGpuMemoryFraction (default 0.9), and
+    /// hostCacheSize (default 0). Throws KVB_STATUS_UNSUPPORTED without a CUDA driver or GPU.
+    [[nodiscard]] static std::tuple<uint64_t, uint64_t> calculateFreeMemBytes(
+        BufferManager const& bufferManager, KvCacheConfig const& config) {
+        auto [primary, secondary] = kvb::calculateFreeMemBytes(
+            bufferManager.device, static_cast<double>(config.freeGpuMemoryFraction.value_or(0.9f)),
+            bufferManager.memoryPoolFree, config.hostCacheSize.value_or(0));
+        return {primary, secondary};
+    }
+
+    /// Carries a hybrid model's recurrent state into the request's next block at a block
+    /// boundary (TensorRT-LLM `copyLinearAttentionBlock`; kvb_manager_copy_recurrent_state):
+    /// the tokens processed are the context position during the context phase and all but the
+    /// newest token after it. True when a copy was issued (it is ordered before the engine's
+    /// next work on the stream). kvblock keeps a state row in every block, so decode
+    /// boundaries copy too (TensorRT-LLM's placeholders make it copy only inside the prompt).
+    /// A request the manager does not hold is skipped, as TensorRT-LLM warns and skips it.
+    bool copyLinearAttentionBlock(LlmRequest const& llmRequest) {
+        return copyRecurrentState({&llmRequest});
+    }
+    /// The batch form: one submission (one kernel launch on the CUDA backend) for all.
+    bool copyLinearAttentionBlockBatch(std::vector<std::shared_ptr<LlmRequest>> const& requests) {
+        std::vector<LlmRequest const*> raw;
+        for (auto const& r : requests)
+            if (r) raw.push_back(r.get());
+        return copyRecurrentState(raw);
+    }
+
+    [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
+        kvb_sequence_lengths_t l{};
+        kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
+        if (s == KVB_STATUS_UNKNOWN_REQUEST) return false;
+        check(s);
+        return true;
+    }
+
+  private:
+    friend class BlockManager;
+
+    bool copyRecurrentState(std::vector<LlmRequest const*> const& requests) {
+        std::vector<uint64_t> ids;
+        std::vector<int32_t> positions;
+        for (LlmRequest const* r : requests) {
+            if (!hasSequence(r->getRequestId())) continue;
+            ids.push_back(r->getRequestId());
+            positions.push_back(r->isContextFinished()
+                                    ? static_cast<int32_t>(r->getTokens(0).size()) - 1
+                                    : r->getContextCurrentPosition());
+        }
+        return !ids.empty() && impl().copyRecurrentState(ids, positions) > 0;
+    }
+
+    static void requireNoSink(SizeType32 sinkTokenLength) {
+        if (sinkTokenLength != 0)
+            throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
+    }
+
+    /// Layer l: window `maxAttentionWindowVec[l % size]`, `numKvHeadsPerLayer[l]` heads.
+    static std::vector<kvb_layer_spec_t> layerSpecs(
+        std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+        std::vector<SizeType32> const& maxAttentionWindowVec, CacheType cacheType,
+        kvb_kv_data_type_t kvDataType) {
+        if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
+            throw Error(KVB_STATUS_INVALID_CONFIG, "no layers or no attention windows");
+        kvb_cache_type_t type = cacheType == CacheType::kCROSS       ? KVB_CACHE_TYPE_CROSS
+                                : cacheType == CacheType::kSELFKONLY ? KVB_CACHE_TYPE_SELF_K_ONLY
+                                                                     : KVB_CACHE_TYPE_SELF;
+        std::vector<kvb_layer_spec_t> layers;
+        for (size_t l = 0; l < numKvHeadsPerLayer.size(); ++l)
+            layers.push_back(
+                kvb_layer_spec_t{maxAttentionWindowVec[l % maxAttentionWindowVec.size()], type,
+                                 numKvHeadsPerLayer[l], sizePerHead, kvDataType});
+        return layers;
+    }
+
+    /// Appends an indexer K layer for every model layer the mask keeps (after the model's).
+    void addIndexerLayers(KvblockOptions const& o, std::vector<SizeType32> const& windows) {
+        if (o.indexerKCacheIndexHeadDim <= 0 || o.indexerKCacheQuantBlockSize <= 0 ||
+            o.indexerKCacheIndexHeadDim % o.indexerKCacheQuantBlockSize != 0)
+            throw Error(KVB_STATUS_INVALID_CONFIG,
+                        "the indexer K cache needs a positive head dim that is a multiple of its "
+                        "quant block size");
+        if (o.indexerKCacheUseFp4 && o.indexerKCacheQuantBlockSize != 16)
+            throw Error(KVB_STATUS_UNSUPPORTED,
+                        "an FP4 indexer K cache takes kvblock's NVFP4 layout: quant blocks of 16");
+        if (!o.indexerKCacheLayerMask.empty() &&
+            o.indexerKCacheLayerMask.size() != static_cast<size_t>(numModelLayers_))
+            throw Error(KVB_STATUS_INVALID_CONFIG, "indexerKCacheLayerMask needs one per layer");
+        SizeType32 const headDim = o.indexerKCacheIndexHeadDim;
+        // FP8: the elements, then one FP32 scale per quant block, as bytes of an FP8 row.
+        SizeType32 const fp8Bytes = headDim + headDim / o.indexerKCacheQuantBlockSize * 4;
+        for (SizeType32 l = 0; l < numModelLayers_; ++l) {
+            if (!o.indexerKCacheLayerMask.empty() && !o.indexerKCacheLayerMask[l]) continue;
+            config_.layers.push_back(kvb_layer_spec_t{
+                windows[static_cast<size_t>(l) % windows.size()], KVB_CACHE_TYPE_INDEXER_K, 1,
+                o.indexerKCacheUseFp4 ? headDim : fp8Bytes,
+                o.indexerKCacheUseFp4 ? KVB_KV_DATA_TYPE_NVFP4 : KVB_KV_DATA_TYPE_FP8});
+        }
+        indexer_ = {true, headDim, o.indexerKCacheQuantBlockSize, o.indexerKCacheUseFp4};
+    }
+
+    /// Base of data pool `pool` at `level`; null where it has no memory there.
+    void* poolBase(SizeType32 pool, kvb_cache_level_t level) const {
+        uint8_t* base = nullptr;
+        size_t rowBytes = 0;
+        kvb_status_t s = kvb_manager_get_model_pool_pointer(
+            impl().get(), pool, static_cast<int32_t>(level), &base, &rowBytes);
+        if (s == KVB_STATUS_UNSUPPORTED) return nullptr;
+        check(s);
+        return base;
+    }
+
+    void collectWindows() {
+        for (auto const& w : config_.windows) windows_.push_back(w.window_size);
+        std::sort(windows_.begin(), windows_.end());
+    }
+
+    /// Pins every listed block of a sequence in every window and remembers the group.
+    std::vector<BlockIdType> pinSequence(RequestIdType requestId) {
+        std::vector<std::pair<SizeType32, std::vector<BlockIdType>>> group;
+        for (SizeType32 w : windows_) {
+            std::vector<BlockIdType> ids;
+            SizeType32 front = getNumFrontBlocksRemoved(requestId, w);
+            for (auto const& beam : getCacheBlockIds(requestId, w))
+                ids.insert(ids.end(), beam.begin() + front, beam.end());
+            group.emplace_back(w, std::move(ids));
+        }
+        auto beam0 = getCacheBlockIds(requestId, windows_.front()).at(0);
+        std::vector<BlockIdType> key(
+            beam0.begin() + getNumFrontBlocksRemoved(requestId, windows_.front()), beam0.end());
+        impl().pinBlocks(requestId);
+        std::lock_guard<std::mutex> lock(pinMutex_);
+        pinGroups_.emplace_back(key, std::move(group));
+        return key;
+    }
+
+    static kvb::Request toKvb(LlmRequest const& req) {
+        kvb::Request r(req.getRequestId(), req.getTokens(0));
+        r.inputLength = req.getPromptLen();
+        if (auto extra = req.getTokenExtraIds()) r.extraIds = *extra;
+        if (auto lora = req.getLoraTaskId()) r.withLora(*lora);
+        if (auto salt = req.getCacheSaltID()) r.withSalt(*salt);
+        r.mmItems = req.getMultimodalItems();
+        return r;
+    }
+    static void setUniqueTokens(kvb::Request& r, VecUniqueTokens const& tokens, bool extra) {
+        r.tokens.clear();
+        r.extraIds.clear();
+        for (auto const& t : tokens) {
+            r.tokens.push_back(t.tokenId);
+            if (extra) r.extraIds.push_back(t.tokenExtraId);
+        }
+        r.inputLength = static_cast<int32_t>(tokens.size());
+    }
+    static kvb_request_state_t stateOf(LlmRequest const& req) {
+        kvb_request_state_t s{};
+        check(kvb_request_state_init(&s));
+        s.request_id = req.getRequestId();
+        s.phase =
+            req.isContextInitState()
+                ? (req.isFirstContextChunk() ? KVB_PHASE_CONTEXT_INIT : KVB_PHASE_CONTEXT_CONTINUE)
+                : (req.isGenerationInProgressState() ? KVB_PHASE_GENERATION : KVB_PHASE_OTHER);
+        s.prompt_len = req.getPromptLen();
+        s.beam_width = req.getBeamWidth();
+        s.context_chunk_size = req.getContextChunkSize();
+        s.num_draft_tokens = req.getNumDraftTokens();
+        s.max_new_tokens = req.getMaxNewTokens();
+        s.num_generated_tokens = req.getNumGeneratedTokens();
+        return s;
+    }
+    static PrefixReuseSummary fromC(kvb_prefix_reuse_summary_t const& s) {
+        PrefixReuseSummary out{s.reusable_blocks_allocated, s.reusable_blocks_all, std::nullopt};
+        if (s.first_new_block_index >= 0) out.firstNewBlock = s.first_new_block_index;
+        return out;
+    }
+    static kvb_prefix_reuse_summary_t toC(PrefixReuseSummary const& s) {
+        return {s.reusableBlocksAllocated, s.reusableBlocksAll, s.firstNewBlock.value_or(-1)};
+    }
+
+    Config config_;
+    bool enableBlockReuse_ = false;
+    bool enablePartialReuse_ = false;
+    CacheType cacheType_ = CacheType::kSELF;
+    /// The model's layers (0: not known, a manager built from kvblock's own Config).
+    SizeType32 numModelLayers_ = 0;
+    struct IndexerKCache {
+        bool enabled = false;
+        SizeType32 headDim = 0;
+        SizeType32 quantBlockSize = 0;
+        bool useFp4 = false;
+    } indexer_;
+    std::vector<SizeType32> windows_;
+    mutable std::optional<Manager> manager_;
+    BlockManager blockManager_{*this};
+    /// Pins made through the facade: the smallest window's beam-0 ids -> every window's ids.
+    std::mutex pinMutex_;
+    std::vector<std::pair<std::vector<BlockIdType>,
+                          std::vector<std::pair<SizeType32, std::vector<BlockIdType>>>>>
+        pinGroups_;
+};
+
+}  // namespace kvb::trtllm
+
+#endif  // KVBLOCK_TRTLLM_KV_CACHE_MANAGER_HPP
