@@ -242,6 +242,14 @@ pub(crate) fn destroy_handle(mgr: *mut kvb_manager_t) -> bool {
     true
 }
 
+/// Block ids from a (pointer, length) pair, each checked as `block_id_arg` checks one.
+pub(crate) fn block_ids_arg(ptr: *const i32, len: usize, what: &str) -> FfiResult<Vec<u32>> {
+    slice_arg(ptr, len, what)?
+        .iter()
+        .map(|&b| block_id_arg(b))
+        .collect()
+}
+
 /// A slice from a (pointer, length) pair; null is allowed only for length 0.
 pub(crate) fn slice_arg<'a, T>(ptr: *const T, len: usize, what: &str) -> FfiResult<&'a [T]> {
     if len == 0 {

@@ -3,8 +3,8 @@
 //! storing given blocks under given keys, truncation, dropping the whole tree, and a sequence's committed hash chain.
 
 use super::handle::{
-    block_id_arg, copy_out, count_arg, i32_result, invalid, kvb_manager_t, null_error, require_out,
-    slice_arg, window_arg, with_manager, write_out, FfiResult,
+    block_ids_arg, copy_out, count_arg, i32_result, invalid, kvb_manager_t, null_error,
+    require_out, slice_arg, window_arg, with_manager, write_out, FfiResult,
 };
 use super::status::kvb_status_t;
 use super::types::{kvb_request_state_t, kvb_request_t, request, request_state};
@@ -192,10 +192,7 @@ pub extern "C" fn kvb_manager_store_blocks(
         let req = self::request(request)?.to_request();
         let n = count_arg(num_tokens, "num_tokens")?;
         let window = window_arg(window_size)?;
-        let ids = slice_arg(block_ids, num_ids, "block_ids")?
-            .iter()
-            .map(|&b| block_id_arg(b))
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = block_ids_arg(block_ids, num_ids, "block_ids")?;
         if pin && capacity < ids.len() {
             write_out(out_num_pinned, ids.len(), "out_num_pinned")?;
             return Err(crate::error::KvError::BufferTooSmall {

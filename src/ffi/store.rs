@@ -2,8 +2,8 @@
 //! pin and unpin blocks.
 
 use super::handle::{
-    block_id_arg, copy_out, count_arg, kvb_manager_t, null_error, require_out, slice_arg,
-    window_arg, with_manager, write_out,
+    block_ids_arg, copy_out, count_arg, kvb_manager_t, null_error, require_out, window_arg,
+    with_manager, write_out,
 };
 use super::status::kvb_status_t;
 use crate::error::KvError;
@@ -115,10 +115,7 @@ pub extern "C" fn kvb_manager_pin_blocks_by_id(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         let w = window_arg(window_size)?;
-        let ids = slice_arg(block_ids, num_ids, "block_ids")?
-            .iter()
-            .map(|&b| block_id_arg(b))
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = block_ids_arg(block_ids, num_ids, "block_ids")?;
         Ok(m.pin_blocks_by_id(w, &ids)?)
     })
 }
@@ -134,10 +131,7 @@ pub extern "C" fn kvb_manager_unpin_blocks_by_id(
 ) -> kvb_status_t {
     with_manager(manager, |m| {
         let w = window_arg(window_size)?;
-        let ids = slice_arg(block_ids, num_ids, "block_ids")?
-            .iter()
-            .map(|&b| block_id_arg(b))
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = block_ids_arg(block_ids, num_ids, "block_ids")?;
         Ok(m.unpin_blocks_by_id(w, &ids)?)
     })
 }

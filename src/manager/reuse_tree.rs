@@ -40,13 +40,7 @@ impl KvCacheManager {
         pin: bool,
     ) -> KvResult<Vec<u32>> {
         let wi = self.window_index(window_size)?;
-        check_prompt_keys(request)?;
-        if num_tokens > request.token_ids.len() {
-            return Err(KvError::InvalidArgument(format!(
-                "num_tokens {num_tokens} exceeds the request's {} tokens",
-                request.token_ids.len()
-            )));
-        }
+        check_key_range(request, num_tokens)?;
         let w = &mut self.windows[wi];
         let mut chain = w.find_chain(&request.key_source(), num_tokens);
         if pin {
@@ -69,13 +63,7 @@ impl KvCacheManager {
         pin: bool,
     ) -> KvResult<(usize, Vec<u32>)> {
         let wi = self.window_index(window_size)?;
-        check_prompt_keys(request)?;
-        if num_tokens > request.token_ids.len() {
-            return Err(KvError::InvalidArgument(format!(
-                "num_tokens {num_tokens} exceeds the request's {} tokens",
-                request.token_ids.len()
-            )));
-        }
+        check_key_range(request, num_tokens)?;
         self.windows[wi].check_gpu_block_ids(block_ids, "stored")?;
         if !self.cfg.enable_block_reuse {
             return Ok((0, Vec::new()));
@@ -195,4 +183,16 @@ impl KvCacheManager {
     pub fn beam_width(&self, id: u64) -> KvResult<usize> {
         Ok(self.sequence(id)?.beam_width)
     }
+}
+
+/// A request whose first `num_tokens` tokens key blocks: valid prompt keys, enough tokens.
+fn check_key_range(request: &Request, num_tokens: usize) -> KvResult<()> {
+    check_prompt_keys(request)?;
+    if num_tokens > request.token_ids.len() {
+        return Err(KvError::InvalidArgument(format!(
+            "num_tokens {num_tokens} exceeds the request's {} tokens",
+            request.token_ids.len()
+        )));
+    }
+    Ok(())
 }

@@ -184,10 +184,9 @@ impl WindowBlockManager {
         self.record_level_change(block, Level::Secondary, Level::Primary);
     }
 
-    /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
-    /// Returns false when it was not moved: no free host block, offloading off, or the host
-    /// block is its ancestor.
-    pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
+    /// An id in range whose block nobody references: what the explicit offload and onboard of
+    /// one block need (`what`: how the block would move).
+    fn check_free_block(&self, block: u32, what: &str) -> KvResult<()> {
         if block as usize >= self.arena.len() {
             return Err(KvError::InvalidArgument(format!(
                 "block id {block} out of range"
@@ -195,9 +194,17 @@ impl WindowBlockManager {
         }
         if self.arena.ref_count(block) > 0 {
             return Err(KvError::InvalidArgument(format!(
-                "block {block} is referenced; only free blocks can be offloaded"
+                "block {block} is referenced; only free blocks can be {what}"
             )));
         }
+        Ok(())
+    }
+
+    /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
+    /// Returns false when it was not moved: no free host block, offloading off, or the host
+    /// block is its ancestor.
+    pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
+        self.check_free_block(block, "offloaded")?;
         if !self.arena.is_primary(block) {
             return Ok(false);
         }
@@ -224,17 +231,10 @@ impl WindowBlockManager {
     /// nothing cached in it, onboarding off, or no free primary block. A referenced block is an
     /// error: a sequence's blocks come back through admission or resume.
     pub fn onboard_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
-        if block as usize >= self.arena.len() {
-            return Err(KvError::InvalidArgument(format!(
-                "block id {block} out of range"
-            )));
-        }
-        if self.arena.ref_count(block) > 0 {
-            return Err(KvError::InvalidArgument(format!(
-                "block {block} is referenced; only free blocks can be onboarded (a sequence's \
-                 blocks are onboarded by admission and resume)"
-            )));
-        }
+        self.check_free_block(
+            block,
+            "onboarded (a sequence's blocks come back through admission and resume)",
+        )?;
         if self.arena.is_primary(block)
             || !self.cfg.onboard_blocks
             || !self.tree.is_in_tree(block)

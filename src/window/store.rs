@@ -98,9 +98,7 @@ impl WindowBlockManager {
                 }
             };
             if pin {
-                self.arena.pin(node);
-                self.queues.claim(node);
-                pinned.push(node);
+                self.pin_on_path(node, &mut pinned);
             }
             parent = node;
         }
@@ -158,9 +156,7 @@ impl WindowBlockManager {
                 }
             };
             if pin {
-                self.arena.pin(node);
-                self.queues.claim(node);
-                pinned.push(node);
+                self.pin_on_path(node, &mut pinned);
             }
             parent = node;
         }
@@ -168,6 +164,13 @@ impl WindowBlockManager {
         self.remote_write_stored(&stored);
         self.record_stored(&stored);
         (stored.len(), pinned)
+    }
+
+    /// Pins a block on a stored path (a free one leaves its free queue).
+    fn pin_on_path(&mut self, node: u32, pinned: &mut Vec<u32>) {
+        self.arena.pin(node);
+        self.queues.claim(node);
+        pinned.push(node);
     }
 
     pub(super) fn record_stored(&mut self, stored: &[u32]) {
