@@ -26,7 +26,8 @@ run("${CMAKE_COMMAND}" --install "${KVBLOCK_BUILD_DIR}" --prefix "${prefix}" --c
 # 1. The layout.
 set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp
     include/kvblock_trtllm/request.hpp include/kvblock_trtllm/types.hpp
-    include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/kv_cache_manager.hpp
+    include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/sizing.hpp
+    include/kvblock_trtllm/kv_cache_manager.hpp
     include/kvblock_trtllm/block_manager_inl.hpp lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)
 if(KVBLOCK_SONAME)
