@@ -135,6 +135,22 @@ TEST(OnboardBlockTest, TheGpuRowItTakesIsOffloadedLikeAnyEviction) {
     m.checkInvariants();
 }
 
+// The block keeps its retention priority through offload and onboard (eviction order depends on
+// it).
+TEST(OnboardBlockTest, KeepsTheBlocksPriority) {
+    kvb::Manager m(dataConfig(4, 4));
+    const std::vector<int32_t> prompt = tokenRun(0, 9);
+    m.addSequence(kvb::Request(0, prompt).withRange(0, -1, 80));
+    std::vector<int32_t> blocks = m.getCacheBlockIds(0, kWindow);
+    kvb_test::markPrefillComputed(m, 0);
+    m.removeSequence(0);
+    ASSERT_EQ(m.getPriorityByBlockId(kWindow, blocks[1]), 80);
+    ASSERT_TRUE(m.offloadBlock(kWindow, blocks[1]));
+    ASSERT_TRUE(m.onboardBlock(kWindow, blocks[1]));
+    EXPECT_EQ(m.getPriorityByBlockId(kWindow, blocks[1]), 80);
+    m.checkInvariants();
+}
+
 // What does not move reports false and changes nothing; what cannot move is an error that
 // changes nothing.
 TEST(OnboardBlockTest, RefusesReferencedBlocksAndReportsWhatDoesNotMove) {

@@ -544,6 +544,18 @@ TEST(TrtllmFacade, CommittedHashesMatchStoredEvents) {
     EXPECT_EQ(hashes, stored);
 }
 
+// Row commitAndGetBlockHashesForRequest, a difference: with block reuse off nothing is committed
+// and kvblock keeps no tokens to hash, so the chain is empty (TensorRT-LLM hashes the request's
+// tokens anyway).
+TEST(TrtllmFacade, CommittedHashesAreEmptyWithoutReuse) {
+    auto f = makeFacade(/*reuse=*/false);
+    Request r(1, tokenRun(10, 13));
+    admit(*f, r);
+    r.contextCurrentPosition = 13;
+    f->impl().advanceHistory(1, 13);
+    EXPECT_TRUE(f->commitAndGetBlockHashesForRequest(r, kWindow).empty());
+}
+
 // Row getMemoryPoolBlockIndicesByBlockIds: ids to GPU rows; -1 once a block moved to host.
 TEST(TrtllmFacade, MemoryPoolIndicesFollowOffload) {
     auto f = makeFacade();

@@ -1,5 +1,6 @@
 //! Static sizing helpers of TensorRT-LLM's `KVCacheManager` (`calculateMaxNumBlocks` and its
-//! helpers, and `calculateFreeMemBytes`'s arithmetic). Sink tokens are not supported, so the sink bubble is always 0 and is not a parameter.
+//! helpers, and `calculateFreeMemBytes`'s arithmetic). Sink tokens are not supported, so the
+//! sink bubble is always 0 and is not a parameter.
 
 use crate::error::{KvError, KvResult};
 
@@ -132,11 +133,7 @@ pub fn free_mem_bytes(
     free_gpu_memory_fraction: f64,
     host_cache_bytes: u64,
 ) -> KvResult<(u64, u64)> {
-    if !(free_gpu_memory_fraction > 0.0 && free_gpu_memory_fraction < 1.0) {
-        return Err(KvError::InvalidArgument(format!(
-            "free_gpu_memory_fraction {free_gpu_memory_fraction} is not in (0, 1)"
-        )));
-    }
+    check_free_gpu_memory_fraction(free_gpu_memory_fraction)?;
     let free = device_free.saturating_add(memory_pool_free);
     if free > device_total {
         return Err(KvError::InvalidArgument(format!(
@@ -148,6 +145,17 @@ pub fn free_mem_bytes(
         (free as f64 * free_gpu_memory_fraction) as u64,
         host_cache_bytes,
     ))
+}
+
+/// The share of free GPU memory a KV cache may take must be in (0, 1).
+pub fn check_free_gpu_memory_fraction(fraction: f64) -> KvResult<()> {
+    if fraction > 0.0 && fraction < 1.0 {
+        Ok(())
+    } else {
+        Err(KvError::InvalidArgument(format!(
+            "free_gpu_memory_fraction {fraction} is not in (0, 1)"
+        )))
+    }
 }
 
 /// Host blocks of an automatic host tier (a window config's `auto_host_tier`): as many blocks as

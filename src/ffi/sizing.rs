@@ -222,8 +222,8 @@ pub extern "C" fn kvb_calculate_auto_host_tier_blocks(
 /// `BufferManager::memoryPoolFree()`; 0 without one). Waits for the device's queued work
 /// (`cuCtxSynchronize` in its primary context) so that memory it frees counts. Fails with
 /// `KVB_STATUS_INVALID_ARGUMENT` for a negative device, a fraction outside (0, 1) or free
-/// figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device is usable (a
-/// message says which), and `KVB_STATUS_CUDA` for a failed driver call.
+/// figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device
+/// is usable (a message says which), and `KVB_STATUS_CUDA` for a failed driver call.
 #[no_mangle]
 pub extern "C" fn kvb_calculate_free_mem_bytes(
     cuda_device: i32,
@@ -242,7 +242,7 @@ pub extern "C" fn kvb_calculate_free_mem_bytes(
                 "cuda_device {cuda_device} is negative"
             )));
         }
-        sizing::free_mem_bytes(0, 0, 0, free_gpu_memory_fraction, 0)?;
+        sizing::check_free_gpu_memory_fraction(free_gpu_memory_fraction)?;
         let (free, total) = crate::cuda::memory_info(cuda_device).map_err(KvError::from)?;
         let (primary, secondary) = sizing::free_mem_bytes(
             free,

@@ -1,5 +1,5 @@
-//! Once-per-iteration work: expiring retentions, explicit offload and onboard, and flushing and delivering
-//! the iteration's events.
+//! Once-per-iteration work: expiring retentions, explicit offload and onboard, and flushing and
+//! delivering the iteration's events.
 
 use std::sync::Arc;
 
