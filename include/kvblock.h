@@ -2932,8 +2932,8 @@ enum kvb_status_t kvb_calculate_auto_host_tier_blocks(int64_t gpu_quota_blocks,
  * `BufferManager::memoryPoolFree()`; 0 without one). Waits for the device's queued work
  * (`cuCtxSynchronize` in its primary context) so that memory it frees counts. Fails with
  * `KVB_STATUS_INVALID_ARGUMENT` for a negative device, a fraction outside (0, 1) or free
- * figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device is usable (a
- * message says which), and `KVB_STATUS_CUDA` for a failed driver call.
+ * figures beyond the device's memory, `KVB_STATUS_UNSUPPORTED` where no CUDA driver or device
+ * is usable (a message says which), and `KVB_STATUS_CUDA` for a failed driver call.
  */
 enum kvb_status_t kvb_calculate_free_mem_bytes(int32_t cuda_device,
                                                double free_gpu_memory_fraction,
