@@ -1,4 +1,4 @@
-//! Scaling of the hot paths (the README's scaling tables): the cost of one decode step per running
+//! Scaling of the hot paths (docs/performance.md, Scaling): the cost of one decode step per running
 //! sequence from 64 to 1,024 sequences, and the cost of an admission per prompt block from 1,000-
 //! to 131,072-token prompts and from 30,000 to 1,200,000 pool blocks. Each admission is the
 //! replay's: add the sequence, store its prompt blocks, release it with store, so the tree fills

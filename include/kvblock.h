@@ -8,7 +8,7 @@
  * passes is kept after a call returns. Calls on one manager may come from any thread (serialized
  * by an internal lock); kvb_manager_get_latest_events may wait on another thread while the
  * executor keeps calling. A panic inside the library returns KVB_STATUS_INTERNAL and poisons the
- * handle. See README.md for an engine iteration in call order.
+ * handle. See docs/c-api.md for an engine iteration in call order.
  *
  * CUDA backend (KVB_COPY_BACKEND_CUDA): the calls that may move KV bytes enqueue one batched copy
  * kernel on the GPU and return without waiting for it: kvb_manager_add_sequence(_batch)

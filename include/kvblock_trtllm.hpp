@@ -14,7 +14,7 @@
 //    [beam][block], getBlockOffsetsOfBatch(output, firstBatchSlotIdx, batchSize, beamWidth).
 //  - maxSequenceLength includes the extra KV tokens and draft tokens, as the executor passes it.
 // The engine's request is abstracted as kvb::trtllm::LlmRequest (what the manager reads from
-// TensorRT-LLM's LlmRequest and writes back into it). README.md ("Porting from TensorRT-LLM")
+// TensorRT-LLM's LlmRequest and writes back into it). docs/porting-from-trtllm.md
 // lists every difference that remains.
 //
 // The facade is split by concept under kvblock_trtllm/: request.hpp (the engine's request),

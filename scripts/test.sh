@@ -40,7 +40,7 @@ cmake --build build -j2
 step "ctest (all but the simulated-driver cases, run next)"
 ctest --test-dir build --output-on-failure --no-tests=error -j2 -E '^CudaSim\.'
 
-# The CUDA suites on the simulated driver (cpp_tests/sim_cuda; README "GPU data path"): the CUDA
+# The CUDA suites on the simulated driver (cpp_tests/sim_cuda; docs/gpu-data-path.md): the CUDA
 # GoogleTests and the simulator's own tests in its three scheduling modes, then the Rust CUDA
 # property workload. Nothing GPU-related may skip here; the counts say what ran.
 step "CUDA suites on the simulated driver (ctest -R '^CudaSim\.', Rust CUDA workload)"

@@ -1,4 +1,4 @@
-"""The engine loop: the README's engine iteration with kvblock's calls, every forward pass
+"""The engine loop: the engine iteration of docs/c-api.md with kvblock's calls, every forward pass
 reading and writing the KV cache through kvblock's offset tables and pools.
 
 Each step: (0) `resume` suspended requests, oldest first, while it says yes (when it says no and
