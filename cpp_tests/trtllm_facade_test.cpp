@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <variant>
 
 #include "kvblock_trtllm.hpp"
 #include "test_support.hpp"
@@ -13,6 +14,8 @@
 namespace {
 
 using kvb::trtllm::KVCacheManager;
+using kvb::trtllm::KVCacheRemovedData;
+using kvb::trtllm::KVCacheStoredData;
 using kvb::trtllm::Request;
 using kvb_test::statusOf;
 using kvb_test::tokenRun;
@@ -199,10 +202,17 @@ TEST(TrtllmFacade, ExecutorIterationMatchesKvblock) {
     auto ke = k.getLatestEvents(0);
     ASSERT_EQ(fe.size(), ke.size());
     for (size_t i = 0; i < ke.size(); ++i) {
-        EXPECT_EQ(fe[i].type, ke[i].type);
-        ASSERT_EQ(fe[i].storedBlocks.size(), ke[i].storedBlocks.size());
-        for (size_t b = 0; b < ke[i].storedBlocks.size(); ++b)
-            EXPECT_EQ(fe[i].storedBlocks[b].hash, ke[i].storedBlocks[b].hash);
+        // TensorRT-LLM's shape: the payload is a variant in kvblock's event-type order.
+        EXPECT_EQ(fe[i].data.index(), static_cast<size_t>(ke[i].type));
+        EXPECT_EQ(fe[i].eventId, ke[i].id);
+        if (ke[i].type != KVB_EVENT_STORED) continue;
+        auto const& stored = std::get<KVCacheStoredData>(fe[i].data);
+        EXPECT_EQ(stored.parentHash, ke[i].parentHash);
+        ASSERT_EQ(stored.blocks.size(), ke[i].storedBlocks.size());
+        for (size_t b = 0; b < ke[i].storedBlocks.size(); ++b) {
+            EXPECT_EQ(stored.blocks[b].blockHash, ke[i].storedBlocks[b].hash);
+            EXPECT_EQ(stored.blocks[b].tokens.size(), ke[i].storedBlocks[b].tokens.size());
+        }
     }
 
     // Removal with pinning (a disaggregated context request): the blocks outlive the sequence
@@ -522,7 +532,8 @@ TEST(TrtllmFacade, ResetReuseStateEmptiesTheTree) {
     f->flushIterationEvents();
     size_t removed = 0;
     for (auto const& e : f->getLatestEvents(std::chrono::milliseconds(0)))
-        if (e.type == KVB_EVENT_REMOVED) removed += e.removedHashes.size();
+        if (auto const* r = std::get_if<KVCacheRemovedData>(&e.data))
+            removed += r->blockHashes.size();
     EXPECT_EQ(removed, 3u);   // the three full prompt blocks
     f->removeSequence(2, b);  // stores again: the live sequence's blocks are still its own
     EXPECT_EQ(f->impl().countReusableBlocks(probe, kWindow), 3);
@@ -540,7 +551,8 @@ TEST(TrtllmFacade, CommittedHashesMatchStoredEvents) {
     f->flushIterationEvents();
     std::vector<int64_t> stored;
     for (auto const& e : f->getLatestEvents(std::chrono::milliseconds(0)))
-        for (auto const& b : e.storedBlocks) stored.push_back(static_cast<int64_t>(b.hash));
+        if (auto const* s = std::get_if<KVCacheStoredData>(&e.data))
+            for (auto const& b : s->blocks) stored.push_back(static_cast<int64_t>(b.blockHash));
     EXPECT_EQ(hashes, stored);
 }
 
@@ -638,16 +650,21 @@ TEST(TrtllmFacade, BatchBlockOffsetsTakeASlotOffset) {
 }
 
 // Rows allocatePools / releasePools: no manager before, none after.
-TEST(TrtllmFacade, PoolsExistBetweenAllocateAndRelease) {
+TEST(TrtllmFacade, PoolsAreMadeOnFirstUseAndForgottenOnRelease) {
     KVCacheManager f(std::vector<int32_t>{1}, 8, kTpb,
                      KVCacheManager::BlocksPerWindow{{16, {10, 0}}}, 4, 1, std::vector<int32_t>{16},
                      2, 0, nullptr, 16);
-    EXPECT_EQ(statusOf([&] { (void)f.getNumFreeBlocks(); }), KVB_STATUS_INVALID_ARGUMENT);
+    // TensorRT-LLM admits sequences before allocatePools(): the manager is made on first use.
+    EXPECT_EQ(f.getNumFreeBlocks(), 10);
     EXPECT_EQ(statusOf([&] { f.allocatePools(true); }), KVB_STATUS_UNSUPPORTED);
     f.allocatePools();
+    Request r(1, tokenRun(0, 9));
+    admit(f, r);
+    EXPECT_EQ(f.getNumFreeBlocks(), 7);
+    EXPECT_TRUE(f.hasSequence(1));
+    f.releasePools();  // forgets every sequence and cached block
+    EXPECT_FALSE(f.hasSequence(1));
     EXPECT_EQ(f.getNumFreeBlocks(), 10);
-    f.releasePools();
-    EXPECT_EQ(statusOf([&] { (void)f.getNumFreeBlocks(); }), KVB_STATUS_INVALID_ARGUMENT);
 }
 
 // Row constructor: maxSequenceLength counts extra and draft tokens (kvblock takes them apart).
@@ -685,8 +702,14 @@ TEST(TrtllmFacade, StaticSizingHelpersTakeTheSinkArgument) {
     EXPECT_EQ(KVCacheManager::calculateMaxBlockRequirements(60, 40, 0, 64, 2, kTpb), total);
     EXPECT_EQ(KVCacheManager::calculateMaxAttentionWindow(60, 40, 0, 30, 2, kTpb), window);
     EXPECT_EQ(KVCacheManager::getSinkBubbleLength(0, kTpb), 0);
-    EXPECT_EQ(statusOf([] { (void)KVCacheManager::getSinkBubbleLength(4, kTpb); }),
-              KVB_STATUS_UNSUPPORTED);
+    // Sink tokens: the bubble pads them to a block; the per-beam requirement counts it, and
+    // a sequence longer than the window holds one extra block.
+    EXPECT_EQ(KVCacheManager::getSinkBubbleLength(4, kTpb), 0);
+    EXPECT_EQ(KVCacheManager::getSinkBubbleLength(5, kTpb), 3);
+    EXPECT_EQ(KVCacheManager::calculateMaxBlockRequirementsPerBeam(20, 5, 64, kTpb), 6);
+    EXPECT_EQ(KVCacheManager::calculateMaxBlockRequirementsPerBeam(100, 5, 64, kTpb), 18);
+    EXPECT_EQ(statusOf([] { (void)KVCacheManager::getSinkBubbleLength(-1, kTpb); }),
+              KVB_STATUS_INVALID_ARGUMENT);
 }
 
 // Rows BlockManager::getBlockById (a snapshot) and getAndResetIterationStats.

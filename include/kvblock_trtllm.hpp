@@ -24,10 +24,13 @@
 #ifndef KVBLOCK_TRTLLM_HPP
 #define KVBLOCK_TRTLLM_HPP
 
+#include "kvblock_trtllm/vocabulary.hpp"
+#include "kvblock_trtllm/executor_types.hpp"
 #include "kvblock_trtllm/request.hpp"
 #include "kvblock_trtllm/types.hpp"
 #include "kvblock_trtllm/block_manager.hpp"
 #include "kvblock_trtllm/sizing.hpp"
+#include "kvblock_trtllm/generation_request.hpp"
 #include "kvblock_trtllm/kv_cache_manager.hpp"
 #include "kvblock_trtllm/block_manager_inl.hpp"
 

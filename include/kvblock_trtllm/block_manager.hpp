@@ -18,7 +18,19 @@ class KVCacheManager;
 /// Window-level queries (TensorRT-LLM `BlockManager`, reached through getBlockManager()).
 class BlockManager {
   public:
+    using SizeType32 = kvb::trtllm::SizeType32;
     explicit BlockManager(KVCacheManager const& owner) : owner_(owner) {}
+    // Counts over every window (TensorRT-LLM sums its window managers).
+    [[nodiscard]] SizeType32 getNumFreeBlocks() const;
+    [[nodiscard]] SizeType32 getNumAllocatedBlocks() const;
+    [[nodiscard]] SizeType32 getMaxNumBlocks() const;
+    [[nodiscard]] SizeType32 getNumPrimaryBlocks() const;
+    [[nodiscard]] SizeType32 getTokensPerBlock() const;
+    /// Elements of one layer's K (or V) in a block of pool `poolIdx` (heads x tokens x head
+    /// size), as TensorRT-LLM counts it.
+    [[nodiscard]] SizeType32 getBlockSize(SizeType32 poolIdx) const;
+    /// Whether layers differ in their number of KV heads.
+    [[nodiscard]] bool isVariableGQA() const;
     [[nodiscard]] bool isVariableWindow() const;
     [[nodiscard]] SizeType32 getFirstWindowSize() const;
     [[nodiscard]] SizeType32 getLastWindowSize() const;
@@ -74,8 +86,9 @@ class BlockManager {
     /// Lookup from per-block keys: the keys are concatenated (the tree keys whole blocks).
     [[nodiscard]] std::optional<ReuseTreeMatch> findBlocksInReuseTreeByBlockKeys(
         std::vector<BlockKey> const& blockKeys, SizeType32 windowSize) const;
-    /// TensorRT-LLM's queue check; kvblock checks every invariant of the manager.
-    void verifyQueueIntegrity(SizeType32 windowSize) const;
+    /// TensorRT-LLM's queue check; kvblock checks every invariant of the manager. True when
+    /// they hold (a broken invariant is reported, not thrown, as TensorRT-LLM reports it).
+    [[nodiscard]] bool verifyQueueIntegrity(SizeType32 windowSize) const;
     /// The manager's getIterationStats (one interval for both).
     std::map<SizeType32, KvCacheIterationStats> getAndResetIterationStats() const;
 

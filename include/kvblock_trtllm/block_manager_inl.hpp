@@ -171,8 +171,37 @@ inline std::optional<ReuseTreeMatch> BlockManager::findBlocksInReuseTreeByBlockK
 inline std::map<SizeType32, KvCacheIterationStats> BlockManager::getAndResetIterationStats() const {
     return const_cast<KVCacheManager&>(owner_).getIterationStats();
 }
-inline void BlockManager::verifyQueueIntegrity(SizeType32) const {
-    owner_.impl().checkInvariants();
+inline bool BlockManager::verifyQueueIntegrity(SizeType32) const {
+    return kvb_manager_check_invariants(owner_.impl().get()) == KVB_OK;
+}
+inline SizeType32 BlockManager::getNumFreeBlocks() const {
+    return owner_.getNumFreeBlocks();
+}
+inline SizeType32 BlockManager::getNumAllocatedBlocks() const {
+    return getMaxNumBlocks() - getNumFreeBlocks();
+}
+inline SizeType32 BlockManager::getMaxNumBlocks() const {
+    return getNumPrimaryBlocks();
+}
+inline SizeType32 BlockManager::getNumPrimaryBlocks() const {
+    SizeType32 n = 0;
+    for (auto const& w : owner_.config_.windows) n += static_cast<SizeType32>(w.primary_blocks);
+    return n;
+}
+inline SizeType32 BlockManager::getTokensPerBlock() const {
+    return owner_.getTokensPerBlock();
+}
+inline SizeType32 BlockManager::getBlockSize(SizeType32 poolIdx) const {
+    kvb_pool_info_t info = owner_.impl().getPoolInfo(poolIdx);
+    SizeType32 elementBytes = std::max<SizeType32>(1, owner_.elementBytes_);
+    return static_cast<SizeType32>(static_cast<int64_t>(info.num_kv_heads) * info.tokens_per_block *
+                                   info.bytes_per_head_token / elementBytes);
+}
+inline bool BlockManager::isVariableGQA() const {
+    auto const& layers = owner_.config_.layers;
+    return std::any_of(layers.begin(), layers.end(), [&](kvb_layer_spec_t const& l) {
+        return l.num_kv_heads != layers.front().num_kv_heads;
+    });
 }
 inline std::optional<ReuseTreeMatch> BlockManager::find(BlockKey const& key, SizeType32 windowSize,
                                                         bool pin,

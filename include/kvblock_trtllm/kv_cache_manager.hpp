@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvblock_trtllm/block_manager.hpp"
+#include "kvblock_trtllm/generation_request.hpp"
 #include "kvblock_trtllm/sizing.hpp"
 
 namespace kvb::trtllm {
@@ -26,6 +27,56 @@ namespace kvb::trtllm {
 class KVCacheManager : public BaseKVCacheManager {
   public:
     using BaseKVCacheManager::BlocksPerWindow;
+    using SizeType32 = kvb::trtllm::SizeType32;
+    using CudaStreamPtr = std::shared_ptr<void>;
+
+    /// TensorRT-LLM's constructor as engines call it: the element type as TensorRT's
+    /// `nvinfer1::DataType` (or kvb::trtllm::nvinfer1::DataType, same values) and the stream
+    /// as the engine's shared stream object, whose `get()` is the `cudaStream_t` kvblock
+    /// enqueues its copies on (kept alive as long as the manager). Otherwise as the
+    /// byte-sized constructor below.
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    KVCacheManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                   SizeType32 sinkTokenLength, std::shared_ptr<Stream> stream,
+                   SizeType32 maxSequenceLength, SizeType32 chunkSize = 0,
+                   bool enableBlockReuse = false, CacheType cacheType = CacheType::kSELF,
+                   std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
+                   std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
+                   bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                   KvblockOptions options = {})
+        : KVCacheManager(
+              numKvHeadsPerLayer, sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences,
+              maxBeamWidth, maxAttentionWindowVec, withDataType(options, dtype), sinkTokenLength,
+              stream ? stream->get() : nullptr, maxSequenceLength, chunkSize, enableBlockReuse,
+              cacheType, secondaryOffloadMinPriority, std::move(eventManager), enablePartialReuse,
+              copyOnPartialReuse, withDataTypeOptions(options, dtype)) {
+        stream_ = std::move(stream);
+    }
+    /// The same with every layer having `numKvHeads` heads (TensorRT-LLM's uniform overload).
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    KVCacheManager(SizeType32 numLayers, SizeType32 numKvHeads, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                   SizeType32 sinkTokenLength, std::shared_ptr<Stream> stream,
+                   SizeType32 maxSequenceLength, SizeType32 chunkSize = 0,
+                   bool enableBlockReuse = false, CacheType cacheType = CacheType::kSELF,
+                   std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
+                   std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
+                   bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                   KvblockOptions options = {})
+        : KVCacheManager(
+              std::vector<SizeType32>(static_cast<size_t>(std::max(numLayers, 0)), numKvHeads),
+              sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences, maxBeamWidth,
+              maxAttentionWindowVec, dtype, sinkTokenLength, std::move(stream), maxSequenceLength,
+              chunkSize, enableBlockReuse, cacheType, secondaryOffloadMinPriority,
+              std::move(eventManager), enablePartialReuse, copyOnPartialReuse, std::move(options)) {
+    }
 
     /// TensorRT-LLM's constructor. `dtypeBytes` stands for `DataType` (bytes per element);
     /// layer l attends over `maxAttentionWindowVec[l % size]` with `numKvHeadsPerLayer[l]` heads
@@ -71,6 +122,7 @@ class KVCacheManager : public BaseKVCacheManager {
         if (secondaryOffloadMinPriority)
             raw.secondary_offload_min_priority = *secondaryOffloadMinPriority;
         raw.bytes_per_element = dtypeBytes;
+        elementBytes_ = dtypeBytes;
         raw.copy_backend = options.copyBackend;
         raw.manual_clock = options.manualClock;
         raw.cuda_stream = stream;
@@ -107,14 +159,23 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Frees the pools and forgets every sequence and cached block.
     void releasePools() {
         manager_.reset();
+        sequences_.clear();
         std::lock_guard<std::mutex> lock(pinMutex_);
         pinGroups_.clear();
     }
 
     /// kvblock's own API on the same manager (e.g. kvblock's token-carrying addToken).
+    /// Made on first use when allocatePools() was not called (TensorRT-LLM's manager admits
+    /// sequences before its pools are allocated); after releasePools() it is made anew.
     [[nodiscard]] Manager& impl() const {
-        if (!manager_) throw Error(KVB_STATUS_INVALID_ARGUMENT, "call allocatePools() first");
+        if (!manager_) manager_.emplace(config_);
         return *manager_;
+    }
+    /// The manager's record of a live sequence (TensorRT-LLM `getSequence`), refreshed now; the
+    /// reference stays valid, and is refreshed by every facade call that changes the sequence,
+    /// until removeSequence. An unknown id throws (KVB_STATUS_UNKNOWN_REQUEST).
+    [[nodiscard]] GenerationRequest const& getSequence(RequestIdType requestId) const {
+        return refreshSequence(requestId);
     }
 
     // --- sizes and counters -------------------------------------------------------------
@@ -306,6 +367,7 @@ class KVCacheManager : public BaseKVCacheManager {
             req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
             req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
             req.updateMissedBlocksPerRequest(static_cast<SizeType32>(a.stats.missed_blocks));
+            refreshSequence(std::get<0>(requestInfos[i]));
         }
     }
 
@@ -318,6 +380,7 @@ class KVCacheManager : public BaseKVCacheManager {
         auto l = impl().getSequenceLengths(requestId);
         if (!impl().resize(requestId, l.capacity + 1))
             throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for the new slot");
+        refreshSequence(requestId);
     }
     /// KV slots of a sequence: its tokens plus the slots addToken reserved.
     [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const {
@@ -333,6 +396,7 @@ class KVCacheManager : public BaseKVCacheManager {
         } else {
             impl().rewindKVCache(requestId, static_cast<int32_t>(n - reserved));
         }
+        refreshSequence(requestId);
     }
     void removeToken(RequestIdType requestId) { rewindKVCache(requestId, 1); }
     /// Gives the manager the request's token ids for the slots it has reserved (kvblock keeps
@@ -348,6 +412,7 @@ class KVCacheManager : public BaseKVCacheManager {
                                   tokens.begin() + static_cast<std::ptrdiff_t>(target));
         if (impl().addTokenBatch(ids, toks, storeNewBlocks) != ids.size())
             throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for a token");
+        refreshSequence(id);
     }
 
     // --- store, release, pins ------------------------------------------------------------
@@ -364,7 +429,7 @@ class KVCacheManager : public BaseKVCacheManager {
     std::vector<BlockIdType> storeBlocksForReuse(RequestIdType requestId,
                                                  OptionalRef<LlmRequest const> llmRequest,
                                                  bool pinBlocks = false) {
-        if (llmRequest) syncTokens(*llmRequest);
+        if (llmRequest) syncComputed(*llmRequest);
         impl().storeBlocksForReuse(requestId, false);
         if (!pinBlocks) return {};
         return pinSequence(requestId);
@@ -377,11 +442,12 @@ class KVCacheManager : public BaseKVCacheManager {
                                               OptionalRef<LlmRequest const> llmRequest = nullptr,
                                               bool pinOnRelease = false) {
         if (!hasSequence(requestId)) return std::nullopt;
-        if (llmRequest) syncTokens(*llmRequest);
+        if (llmRequest) syncComputed(*llmRequest);
         std::optional<BlockIdType> last;
         if (llmRequest || pinOnRelease) last = impl().getLastBlockId(requestId);
         if (pinOnRelease) pinSequence(requestId);
         impl().removeSequence(requestId, llmRequest.has_value() && enableBlockReuse_);
+        sequences_.erase(requestId);
         return last;
     }
     void pinBlocks(RequestIdType requestId) { pinSequence(requestId); }
@@ -406,14 +472,11 @@ class KVCacheManager : public BaseKVCacheManager {
 
     // --- block ids and offsets ------------------------------------------------------------
     /// Block ids of every beam of a sequence in one window: [beam][block].
-    [[nodiscard]] std::vector<std::vector<SizeType32>> getCacheBlockIds(
+    /// The reference is the sequence's record (see getSequence): it reads current ids until
+    /// the sequence is removed, so `auto const& ids = getCacheBlockIds(id, w)[0]` is safe.
+    [[nodiscard]] std::vector<std::vector<SizeType32>> const& getCacheBlockIds(
         RequestIdType requestId, SizeType32 windowSize) const {
-        int32_t beams = 0;
-        check(kvb_manager_get_beam_width(impl().get(), requestId, &beams));
-        std::vector<std::vector<SizeType32>> out;
-        for (int32_t b = 0; b < beams; ++b)
-            out.push_back(impl().getCacheBlockIds(requestId, windowSize, b));
-        return out;
+        return refreshSequence(requestId).getCacheBlockIds(windowSize);
     }
     [[nodiscard]] std::vector<std::vector<std::vector<SizeType32>>> getBatchCacheBlockIds(
         std::vector<RequestIdType> const& requestIds, SizeType32 windowSize) const {
@@ -547,7 +610,9 @@ class KVCacheManager : public BaseKVCacheManager {
     /// kvblock enqueues its copies on the engine stream: nothing to order here.
     void syncTransferManagerWithBufferManager() {}
     /// Flushed events; no timeout waits until there is one (at once when events are off).
-    [[nodiscard]] std::deque<Event> getLatestEvents(
+    /// Events in TensorRT-LLM's shape (a variant payload); kvblock's own form is
+    /// impl().getLatestEvents().
+    [[nodiscard]] std::deque<KVCacheEvent> getLatestEvents(
         std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
         std::vector<Event> events;
         if (timeout) {
@@ -557,7 +622,9 @@ class KVCacheManager : public BaseKVCacheManager {
                 events = impl().getLatestEvents(1000);
             } while (events.empty() && config_.raw.max_kv_event_entries > 0);
         }
-        return {events.begin(), events.end()};
+        std::deque<KVCacheEvent> out;
+        for (auto const& e : events) out.push_back(toTrtllmEvent(e));
+        return out;
     }
     [[nodiscard]] SizeType32 getMaxCapacityBatchSize(SizeType32 inputLength,
                                                      SizeType32 outputLength) const {
@@ -592,6 +659,61 @@ class KVCacheManager : public BaseKVCacheManager {
 
   private:
     friend class BlockManager;
+
+    template <typename DataType>
+    static SizeType32 withDataType(KvblockOptions const& options, DataType dtype) {
+        (void)options;
+        auto [bytes, kind] = kvDataTypeOf(static_cast<int32_t>(dtype));
+        (void)kind;
+        if (bytes == 0) throw Error(KVB_STATUS_UNSUPPORTED, "the KV cache cannot hold this type");
+        return bytes;
+    }
+    template <typename DataType>
+    static KvblockOptions withDataTypeOptions(KvblockOptions options, DataType dtype) {
+        auto kind = kvDataTypeOf(static_cast<int32_t>(dtype)).second;
+        if (options.kvDataType == KVB_KV_DATA_TYPE_DEFAULT) options.kvDataType = kind;
+        return options;
+    }
+
+    /// Hands kvblock the request's tokens and its computed extent (the context position, or
+    /// every token once the context is finished) before a store, as TensorRT-LLM stores up to
+    /// the materialized context: kvblock never caches KV nobody computed.
+    void syncComputed(LlmRequest const& req) {
+        syncTokens(req);
+        RequestIdType id = req.getRequestId();
+        auto l = impl().getSequenceLengths(id);
+        size_t extent = static_cast<size_t>(std::max(req.getContextCurrentPosition(), 0));
+        size_t const prompt = static_cast<size_t>(std::max(req.getPromptLen(), 0));
+        size_t const tpb = static_cast<size_t>(getTokensPerBlock());
+        // Mid-prefill only whole blocks are materialized; a finished prompt stores its
+        // partial last block too, and after the context every known token.
+        if (extent < prompt && !req.isContextFinished()) extent = extent / tpb * tpb;
+        if (req.isContextFinished()) extent = std::max(extent, req.getTokens(0).size());
+        extent = std::min({extent, l.capacity, l.num_tokens});
+        if (extent > l.history) impl().advanceHistory(id, extent);
+    }
+
+    /// Reads a live sequence's block ids into its record (made on first use).
+    GenerationRequest& refreshSequence(RequestIdType requestId) const {
+        int32_t beams = 0;
+        check(kvb_manager_get_beam_width(impl().get(), requestId, &beams));
+        auto l = impl().getSequenceLengths(requestId);
+        auto [it, fresh] = sequences_.try_emplace(requestId, requestId, 0, beams);
+        (void)fresh;
+        GenerationRequest& seq = it->second;
+        seq.numTokens_ = static_cast<SizeType32>(l.capacity);
+        seq.beamWidth_ = beams;
+        for (SizeType32 w : windows_) {
+            auto& ids = seq.cacheBlockIds_[w];
+            ids.resize(static_cast<size_t>(beams));
+            for (int32_t b = 0; b < beams; ++b)
+                ids[static_cast<size_t>(b)] = impl().getCacheBlockIds(requestId, w, b);
+            int32_t front = 0;
+            check(kvb_manager_get_num_front_blocks_removed(impl().get(), requestId, w, &front));
+            seq.frontBlocksRemoved_[w] = front;
+        }
+        return seq;
+    }
 
     bool copyRecurrentState(std::vector<LlmRequest const*> const& requests) {
         std::vector<uint64_t> ids;
@@ -674,6 +796,14 @@ class KVCacheManager : public BaseKVCacheManager {
         if (auto lora = req.getLoraTaskId()) r.withLora(*lora);
         if (auto salt = req.getCacheSaltID()) r.withSalt(*salt);
         r.mmItems = req.getMultimodalItems();
+        if (auto retention = req.getKvCacheRetentionConfig()) {
+            for (auto const& range : retention->getTokenRangeRetentionConfigs())
+                r.withRange(range.tokenStart, range.tokenEnd.value_or(-1), range.priority,
+                            range.durationMs ? range.durationMs->count() : -1);
+            auto decode = retention->getDecodeDurationMs();
+            r.withDecodeRetention(retention->getDecodeRetentionPriority(),
+                                  decode ? decode->count() : -1);
+        }
         return r;
     }
     static void setUniqueTokens(kvb::Request& r, VecUniqueTokens const& tokens, bool extra) {
@@ -695,7 +825,8 @@ class KVCacheManager : public BaseKVCacheManager {
                 : (req.isGenerationInProgressState() ? KVB_PHASE_GENERATION : KVB_PHASE_OTHER);
         s.prompt_len = req.getPromptLen();
         s.beam_width = req.getBeamWidth();
-        s.context_chunk_size = req.getContextChunkSize();
+        // TensorRT-LLM's request has a chunk size only in the context phase (it throws after).
+        s.context_chunk_size = req.isContextInitState() ? req.getContextChunkSize() : 0;
         s.num_draft_tokens = req.getNumDraftTokens();
         s.max_new_tokens = req.getMaxNewTokens();
         s.num_generated_tokens = req.getNumGeneratedTokens();
@@ -723,7 +854,11 @@ class KVCacheManager : public BaseKVCacheManager {
         bool useFp4 = false;
     } indexer_;
     std::vector<SizeType32> windows_;
+    SizeType32 elementBytes_ = 0;
+    std::shared_ptr<void> stream_;  // the engine's stream object, kept alive
     mutable std::optional<Manager> manager_;
+    /// TensorRT-LLM's per-sequence records, refreshed from kvblock (see getSequence).
+    mutable std::map<RequestIdType, GenerationRequest> sequences_;
     BlockManager blockManager_{*this};
     /// Pins made through the facade: the smallest window's beam-0 ids -> every window's ids.
     std::mutex pinMutex_;

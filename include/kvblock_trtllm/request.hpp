@@ -1,6 +1,5 @@
-// kvblock_trtllm/request.hpp: the facade's vocabulary types and the engine's request as the
-// manager sees it (TensorRT-LLM's LlmRequest reduced to what its KVCacheManager reads and
-// writes). Part of kvblock_trtllm.hpp; include that.
+// kvblock_trtllm/request.hpp: the engine's request as the manager sees it (TensorRT-LLM's
+// LlmRequest reduced to what its KVCacheManager reads and writes). Part of kvblock_trtllm.hpp; include that.
 #ifndef KVBLOCK_TRTLLM_REQUEST_HPP
 #define KVBLOCK_TRTLLM_REQUEST_HPP
 
@@ -10,48 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "kvblock.hpp"
+#include "kvblock_trtllm/executor_types.hpp"
 
 namespace kvb::trtllm {
-
-using SizeType32 = int32_t;
-using SizeType64 = int64_t;
-using TokenIdType = int32_t;
-using TokenExtraIdType = uint64_t;
-using RequestIdType = uint64_t;
-using BlockIdType = int32_t;
-using VecTokens = std::vector<TokenIdType>;
-
-/// A token with its extra id (TensorRT-LLM `UniqueToken`).
-struct UniqueToken {
-    TokenIdType tokenId = 0;
-    TokenExtraIdType tokenExtraId = 0;
-};
-using VecUniqueTokens = std::vector<UniqueToken>;
-
-/// Cache types of TensorRT-LLM, each a kvblock cache type of every layer (kvb_cache_type_t):
-/// kSELF K and V, kCROSS the encoder's K and V (a manager of its own, reuse off), kSELFKONLY
-/// one K row per token (MLA's latent).
-enum class CacheType { kSELF = 0, kCROSS = 1, kSELFKONLY = 2 };
-
-/// `std::nullopt`-or-reference argument (TensorRT-LLM `common::OptionalRef`).
-template <typename T>
-class OptionalRef {
-  public:
-    OptionalRef() = default;
-    OptionalRef(std::nullopt_t) {}
-    OptionalRef(std::nullptr_t) {}
-    OptionalRef(T& ref) : ptr_(&ref) {}
-    template <typename U, typename = std::enable_if_t<std::is_convertible_v<U*, T*>>>
-    OptionalRef(U& ref) : ptr_(&ref) {}
-    explicit operator bool() const noexcept { return ptr_ != nullptr; }
-    bool has_value() const noexcept { return ptr_ != nullptr; }
-    T& operator*() const { return *ptr_; }
-    T* operator->() const { return ptr_; }
-
-  private:
-    T* ptr_ = nullptr;
-};
 
 /// What the manager reads from an engine's request and writes back into it (the parts of
 /// TensorRT-LLM's `LlmRequest` its KVCacheManager touches). An engine adapts its own request
@@ -75,6 +35,10 @@ class LlmRequest {
     virtual std::optional<uint64_t> getCacheSaltID() const { return std::nullopt; }
     /// Multimodal items (content digest, position, length) that key the blocks they cover.
     virtual std::vector<kvb_multimodal_item_t> getMultimodalItems() const { return {}; }
+    /// Retention priorities of the prompt's token ranges and of decode blocks; none: defaults.
+    virtual std::optional<KvCacheRetentionConfig> getKvCacheRetentionConfig() const {
+        return std::nullopt;
+    }
 
     // Read by the scheduler's estimates.
     virtual bool isContextInitState() const = 0;
@@ -97,6 +61,9 @@ class LlmRequest {
     virtual void updateAllocNewBlocksPerRequest(SizeType32 n) = 0;
     virtual void updateReusedBlocksPerRequest(SizeType32 n) = 0;
     virtual void updateMissedBlocksPerRequest(SizeType32 n) = 0;
+    /// Written by the estimates: prompt tokens the reuse tree supplies (TensorRT-LLM's
+    /// scheduler reads it back). Ignored by default.
+    virtual void setEstimatedReusableTokens(SizeType32 n) { (void)n; }
 };
 
 /// A plain LlmRequest: fields the engine fills, fields the manager writes.

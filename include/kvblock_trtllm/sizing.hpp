@@ -5,6 +5,7 @@
 #ifndef KVBLOCK_TRTLLM_SIZING_HPP
 #define KVBLOCK_TRTLLM_SIZING_HPP
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -19,19 +20,30 @@ namespace kvb::trtllm {
 /// TensorRT-LLM `BaseKVCacheManager`'s static helpers over kvblock's sizing calls.
 class BaseKVCacheManager {
   public:
+    using SizeType32 = kvb::trtllm::SizeType32;
     /// Primary and secondary blocks per window size.
     using BlocksPerWindow = std::map<SizeType32, std::tuple<SizeType32, SizeType32>>;
 
+    /// Slots left empty after the sink tokens so that the first non-sink token starts a block
+    /// (TensorRT-LLM's sink bubble). kvblock's managers take no sink tokens; the sizing helpers
+    /// compute with them, so an engine's capacity planning ports unchanged.
     [[nodiscard]] static SizeType32 getSinkBubbleLength(SizeType32 sinkTokenLen,
                                                         SizeType32 tokensPerBlock) {
-        (void)tokensPerBlock;
-        requireNoSink(sinkTokenLen);
-        return 0;
+        if (sinkTokenLen < 0 || tokensPerBlock <= 0)
+            throw Error(KVB_STATUS_INVALID_ARGUMENT, "negative sink length or empty blocks");
+        SizeType32 rest = sinkTokenLen % tokensPerBlock;
+        return rest == 0 ? 0 : tokensPerBlock - rest;
     }
     [[nodiscard]] static SizeType32 calculateMaxBlockRequirementsPerBeam(
         SizeType32 sequenceLength, SizeType32 sinkTokenLength, SizeType32 windowSize,
         SizeType32 tokensPerBlock) {
-        requireNoSink(sinkTokenLength);
+        if (sinkTokenLength != 0) {
+            // The window's tokens plus the bubble, and the extra block a sliding window holds.
+            SizeType32 bubble = getSinkBubbleLength(sinkTokenLength, tokensPerBlock);
+            SizeType32 tokens = std::min(sequenceLength, windowSize) + bubble;
+            SizeType32 blocks = (tokens + tokensPerBlock - 1) / tokensPerBlock;
+            return sequenceLength > windowSize ? blocks + 1 : blocks;
+        }
         int32_t n = 0;
         check(kvb_calculate_max_block_requirements_per_beam(sequenceLength, windowSize,
                                                             tokensPerBlock, &n));

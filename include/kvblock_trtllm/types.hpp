@@ -108,6 +108,12 @@ struct KvCacheConfig {
 
 /// TensorRT-LLM's `KVCacheEventManager` arguments, which kvblock takes in its config.
 struct KVCacheEventManager {
+    KVCacheEventManager() = default;
+    /// TensorRT-LLM's constructor: the event queue's capacity, and the attention-DP rank its
+    /// events carry.
+    explicit KVCacheEventManager(SizeType32 maxKVEventEntries,
+                                 std::optional<SizeType32> attentionDpRank = std::nullopt)
+        : maxKVEventEntries(maxKVEventEntries), attentionDpRank(attentionDpRank) {}
     SizeType32 maxKVEventEntries = 0;
     std::optional<SizeType32> attentionDpRank;
 };
