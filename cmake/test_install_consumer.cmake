@@ -28,7 +28,9 @@ set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp
     include/kvblock_trtllm/request.hpp include/kvblock_trtllm/types.hpp
     include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/sizing.hpp
     include/kvblock_trtllm/kv_cache_manager.hpp
-    include/kvblock_trtllm/block_manager_inl.hpp lib/cmake/kvblock/kvblockConfig.cmake
+    include/kvblock_trtllm/block_manager_inl.hpp include/kvblock_trtllm/vocabulary.hpp
+    include/kvblock_trtllm/executor_types.hpp include/kvblock_trtllm/generation_request.hpp
+    lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)
 if(KVBLOCK_SONAME)
   list(APPEND expected lib/libkvblock.so.${KVBLOCK_VERSION} lib/${KVBLOCK_SONAME} lib/libkvblock.so)
