@@ -2163,7 +2163,9 @@ enum kvb_status_t kvb_manager_add_sequence_batch(struct kvb_manager_t *manager,
 
 /**
  * Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
- * at block boundaries and detaches blocks that left a sliding window. Fails with
+ * at block boundaries and detaches blocks that left a sliding window — only blocks wholly
+ * before the window of the step's first token (see `kvb_manager_refresh_blocks`), so drafts
+ * added in the same iteration never free a block that token attends. Fails with
  * `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
  * (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
  * failed CUDA launch).
@@ -2621,7 +2623,10 @@ enum kvb_status_t kvb_manager_get_iteration_stats(struct kvb_manager_t *manager,
 
 /**
  * Expires timed retentions and syncs outstanding copies; call once per iteration
- * (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
+ * (TensorRT-LLM `refreshBlocks`). It also marks the step: the tokens a sequence gets between
+ * two calls are one step (its token and any drafts), and a sliding window keeps every block
+ * the step's first token attends, whatever `max_draft_tokens` says. Before the first call,
+ * every token is a step of its own. Fails only with the copy backend's errors
  * (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
  */
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);

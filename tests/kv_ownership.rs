@@ -247,3 +247,81 @@ fn a_rewind_past_the_kept_blocks_is_refused_and_changes_nothing() {
     assert_eq!(m.sequence_lengths(1).unwrap(), lengths);
     m.check_invariants().unwrap();
 }
+
+/// A step of one token and `drafts` drafts per iteration (`refresh_blocks` between steps) on a
+/// manager configured for no drafts: after the step, another request takes every free block and
+/// writes its own KV there, and then the step's first token attends its window.
+fn draft_steps_in_iterations(m: &mut KvCacheManager, sliding: usize, drafts: usize) {
+    let probe = Probe {
+        window: sliding,
+        pool: 0,
+    };
+    let mut tokens: Vec<i32> = (0..6).collect();
+    m.add_sequence(&Request::new(1, tokens.clone())).unwrap();
+    probe.compute(m, 1, &tokens, 0..tokens.len());
+    m.store_context_blocks(1, tokens.len()).unwrap();
+    let mut next_token = 1000;
+    let mut intruder = 2;
+    while tokens.len() + drafts + 1 < MAX_LEN {
+        m.refresh_blocks();
+        let first = tokens.len();
+        for _ in 0..=drafts {
+            m.add_token(1, next_token).unwrap();
+            tokens.push(next_token);
+            next_token += 1;
+            probe.compute(m, 1, &tokens, tokens.len() - 1..tokens.len());
+        }
+        m.check_invariants().unwrap();
+        let free = m.num_free_blocks_of_window(sliding).unwrap().0;
+        if free > 0 {
+            let theirs: Vec<i32> = (0..(free * TPB) as i32).map(|t| 7000 + t).collect();
+            m.add_sequence(&Request::new(intruder, theirs.clone()))
+                .unwrap();
+            probe.compute(m, intruder, &theirs, 0..theirs.len());
+            m.remove_sequence(intruder, false).unwrap();
+            intruder += 1;
+        }
+        // The step's first token (position `first`) attends `first + 1 - sliding ..= first`.
+        probe.attend(
+            m,
+            1,
+            &tokens,
+            (first + 1).saturating_sub(sliding)..first + 1,
+        );
+        // Rejecting every draft of the step never reaches a detached block.
+        m.rewind(1, drafts).unwrap();
+        tokens.truncate(tokens.len() - drafts);
+        m.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_steps_drafts_never_free_a_block_its_first_token_attends() {
+    const SLIDING: usize = 10;
+    // No draft tokens configured: the iteration tells the manager how many tokens a step
+    // added, and the window keeps every block the step's first token attends.
+    for drafts in [1, 2, 3, 5] {
+        let mut m = manager(vec![window(SLIDING, 12, 0), window(MAX_LEN, 32, 0)], 0);
+        draft_steps_in_iterations(&mut m, SLIDING, drafts);
+        assert!(
+            m.window(SLIDING).unwrap().front_blocks_removed(1) > 0,
+            "{drafts} drafts: the window slid"
+        );
+    }
+}
+
+#[test]
+fn without_iterations_each_token_is_a_step_and_the_window_slides_per_token() {
+    const SLIDING: usize = 8;
+    // An engine that never calls refresh_blocks slides the window token by token, as before.
+    let mut m = manager(vec![window(SLIDING, 12, 0), window(MAX_LEN, 32, 0)], 0);
+    let prompt: Vec<i32> = (0..6).collect();
+    m.add_sequence(&Request::new(1, prompt)).unwrap();
+    m.store_context_blocks(1, 6).unwrap();
+    for t in 0..14 {
+        m.add_token(1, 100 + t).unwrap();
+    }
+    // 20 tokens, window 8: blocks wholly before token 12 (0..12, three blocks) are detached.
+    assert_eq!(m.window(SLIDING).unwrap().front_blocks_removed(1), 3);
+    m.check_invariants().unwrap();
+}

@@ -7,7 +7,10 @@ use super::handle::{
 use super::status::kvb_status_t;
 
 /// Expires timed retentions and syncs outstanding copies; call once per iteration
-/// (TensorRT-LLM `refreshBlocks`). Fails only with the copy backend's errors
+/// (TensorRT-LLM `refreshBlocks`). It also marks the step: the tokens a sequence gets between
+/// two calls are one step (its token and any drafts), and a sliding window keeps every block
+/// the step's first token attends, whatever `max_draft_tokens` says. Before the first call,
+/// every token is a step of its own. Fails only with the copy backend's errors
 /// (`KVB_STATUS_COPY_FAILED` rolled back; `KVB_STATUS_CUDA`, poisoned).
 #[no_mangle]
 pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb_status_t {

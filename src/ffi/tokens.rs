@@ -8,7 +8,9 @@ use super::handle::{
 use super::status::kvb_status_t;
 
 /// Appends generated token `token_id` to a sequence (TensorRT-LLM `addToken`): allocates a block
-/// at block boundaries and detaches blocks that left a sliding window. Fails with
+/// at block boundaries and detaches blocks that left a sliding window — only blocks wholly
+/// before the window of the step's first token (see `kvb_manager_refresh_blocks`), so drafts
+/// added in the same iteration never free a block that token attends. Fails with
 /// `KVB_STATUS_OUT_OF_BLOCKS`, `KVB_STATUS_SEQUENCE_TOO_LONG`, and `KVB_STATUS_COPY_FAILED`
 /// (rolled back) when offloading an evicted block fails (`KVB_STATUS_CUDA`, poisoned, for a
 /// failed CUDA launch).

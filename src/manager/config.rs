@@ -465,6 +465,7 @@ impl KvCacheManager {
             pool_model: model,
             stall: super::stall::StallDetector::default(),
             iteration_baseline: Vec::new(),
+            iteration: 0,
             disk_io,
             remote_workers,
         })

@@ -19,6 +19,7 @@ impl KvCacheManager {
                         input_length: s.input_length,
                         capacity: s.life.capacity,
                         history: s.life.history,
+                        step_slack: s.life.step_slack(s.num_tokens),
                     })
                 },
                 max_len,

@@ -8,8 +8,11 @@ use crate::error::KvResult;
 use crate::events::{EventDelivery, KvCacheEvent};
 
 impl KvCacheManager {
-    /// Expires timed retentions and syncs transfers (once per iteration).
+    /// Expires timed retentions and syncs transfers (once per iteration). It also ends the
+    /// step: the tokens a sequence gets until the next call are one step, whose first token's
+    /// window a sliding window keeps whole (`WindowBlockManager::add_token`).
     pub fn refresh_blocks(&mut self) {
+        self.iteration += 1;
         let now = self.op_now_ms();
         for w in &mut self.windows {
             w.refresh(now);

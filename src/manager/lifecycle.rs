@@ -93,6 +93,18 @@ pub(super) struct SeqLifecycle {
     generation: Option<GenerationAllocation>,
     /// This iteration's context allocation, when it grew the capacity.
     context: Option<ContextAllocation>,
+    /// The current step: the iteration it belongs to and the tokens the sequence had when
+    /// it began (see `step_slack`).
+    step: StepMark,
+}
+
+/// Where a sequence's current step began.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct StepMark {
+    /// The manager's iteration (`refresh_blocks` calls) when the step began; 0 before any.
+    pub(super) iteration: u64,
+    /// Tokens the sequence had when the step began: its first token is token number `start`.
+    pub(super) start: usize,
 }
 
 impl SeqLifecycle {
@@ -109,6 +121,10 @@ impl SeqLifecycle {
                 pre_capacity: reused,
                 counted,
             }),
+            step: StepMark {
+                iteration: 0,
+                start: input_length,
+            },
             ..SeqLifecycle::default()
         }
     }
@@ -121,6 +137,42 @@ impl SeqLifecycle {
         self.capacity = self.capacity.max(num_tokens);
         self.history = self.history.max(num_tokens - 1);
         self.generation = None;
+    }
+
+    /// The step a growth to `num_tokens` tokens (from `prev_tokens`) belongs to, and how many
+    /// tokens that step added before the newest (drafts after the step's token): a sliding
+    /// window holds every block the step's first token attends. A step is the tokens added in
+    /// one iteration (between two `refresh_blocks`); an engine that never calls
+    /// `refresh_blocks` (`iteration` 0) makes each growth a step of its own. Pure: the caller
+    /// records the mark once the growth succeeded.
+    pub(super) fn step_for(
+        &self,
+        iteration: u64,
+        prev_tokens: usize,
+        num_tokens: usize,
+    ) -> (StepMark, usize) {
+        let mark = if iteration == 0 || self.step.iteration != iteration {
+            StepMark {
+                iteration,
+                start: prev_tokens,
+            }
+        } else {
+            self.step
+        };
+        (
+            mark,
+            num_tokens.saturating_sub(1).saturating_sub(mark.start),
+        )
+    }
+
+    /// Records the step of a successful growth (`step_for`).
+    pub(super) fn set_step(&mut self, mark: StepMark) {
+        self.step = mark;
+    }
+
+    /// Tokens the current step added after its first, as the last growth counted them.
+    pub(super) fn step_slack(&self, num_tokens: usize) -> usize {
+        num_tokens.saturating_sub(1).saturating_sub(self.step.start)
     }
 
     /// The least capacity a shrink may reach.

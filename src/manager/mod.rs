@@ -122,6 +122,9 @@ pub struct KvCacheManager {
     stall: stall::StallDetector,
     /// Each window's counters at the previous `take_iteration_stats`.
     iteration_baseline: Vec<crate::window::WindowStats>,
+    /// `refresh_blocks` calls so far: the iteration a growth's step belongs to (0: the engine
+    /// never marked an iteration, each growth is a step).
+    iteration: u64,
     /// The disk tier's I/O workers (declared last: dropped after the windows, so that it
     /// finishes their queued writes before it stops).
     disk_io: Option<Arc<crate::tier::io::IoPool>>,

@@ -19,6 +19,9 @@ impl KvCacheManager {
             .ok_or(KvError::UnknownRequest(id))?;
         Self::check_generating(id, seq)?;
         let num_tokens = seq.num_tokens + 1;
+        let (step, step_slack) = seq
+            .life
+            .step_for(self.iteration, seq.num_tokens, num_tokens);
         if num_tokens > max_len {
             return Err(KvError::SequenceTooLong {
                 length: num_tokens,
@@ -31,12 +34,12 @@ impl KvCacheManager {
         let in_place = match self.windows.as_mut_slice() {
             [w] => {
                 let swa = w.config().is_swa(max_len);
-                w.write_token_if_in_place(id, num_tokens, token_id, extra, swa)
+                w.write_token_if_in_place(id, num_tokens, token_id, extra, swa, step_slack)
             }
             windows => {
-                let fits = windows
-                    .iter()
-                    .all(|w| w.token_fits_in_place(id, num_tokens, w.config().is_swa(max_len)));
+                let fits = windows.iter().all(|w| {
+                    w.token_fits_in_place(id, num_tokens, w.config().is_swa(max_len), step_slack)
+                });
                 if fits {
                     for w in windows.iter_mut() {
                         w.write_last_token(id, num_tokens, token_id, extra);
@@ -48,21 +51,25 @@ impl KvCacheManager {
         if in_place {
             seq.num_tokens = num_tokens;
             seq.life.token_added(num_tokens);
+            seq.life.set_step(step);
             return Ok(num_tokens);
         }
         let decode = seq.retention.decode_retention();
         for w in &self.windows {
-            w.check_add_token(id, num_tokens, w.config().is_swa(max_len))?;
+            w.check_add_token(id, num_tokens, w.config().is_swa(max_len), step_slack)?;
         }
         let now = self.op_now_ms();
         for w in &mut self.windows {
             let swa = w.config().is_swa(max_len);
-            w.add_token(id, num_tokens, token_id, extra, swa, decode, now);
+            w.add_token(
+                id, num_tokens, token_id, extra, swa, step_slack, decode, now,
+            );
             absorb(&mut self.events, w);
         }
         let seq = self.sequences.get_mut(&id).expect("checked");
         seq.num_tokens = num_tokens;
         seq.life.token_added(num_tokens);
+        seq.life.set_step(step);
         Ok(num_tokens)
     }
 

@@ -142,7 +142,7 @@ fn sliding_window_detaches_front_blocks_and_reallocation_invalidates_store() {
     admit(&mut w, 1, &prompt);
     // 4 tokens + 4 generated: at 8 tokens the first block (tokens 0..4) left the window.
     for n in 5..=8 {
-        w.add_token(1, n, n as i32, None, true, BlockRetention::default(), 0);
+        w.add_token(1, n, n as i32, None, true, 0, BlockRetention::default(), 0);
     }
     assert_eq!(w.front_blocks_removed(1), 1);
     assert!(w.is_valid_for_store(1));

@@ -54,13 +54,19 @@ impl WindowBlockManager {
     /// blocks it frees first by detaching out-of-window front blocks.
     /// Runs for every decode token: inlined, and without a division.
     #[inline(always)]
-    fn token_needs(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> TokenNeeds {
+    fn token_needs(
+        &self,
+        seq: &SeqBlocks,
+        num_tokens: usize,
+        swa: bool,
+        step_slack: usize,
+    ) -> TokenNeeds {
         let tpb = self.cfg.tokens_per_block;
         let mut detach = 0;
         let mut freed = 0;
         if swa && seq.beams.len() == 1 {
             let mut removed = seq.front_removed;
-            let reach = self.cfg.window_size + tpb + self.cfg.detach_slack_tokens;
+            let reach = self.cfg.window_size + tpb + self.cfg.detach_slack_tokens.max(step_slack);
             while num_tokens - removed * tpb >= reach {
                 let b = seq.beams[0][removed];
                 if self.arena.ref_count(b) == 1 {
@@ -84,14 +90,21 @@ impl WindowBlockManager {
         }
     }
 
-    /// Checks that growing sequence `id` to `num_tokens` tokens can be served.
-    pub fn check_add_token(&self, id: u64, num_tokens: usize, swa: bool) -> KvResult<()> {
+    /// Checks that growing sequence `id` to `num_tokens` tokens can be served. `step_slack`:
+    /// tokens of the current step after its first (see `add_token`).
+    pub fn check_add_token(
+        &self,
+        id: u64,
+        num_tokens: usize,
+        swa: bool,
+        step_slack: usize,
+    ) -> KvResult<()> {
         let seq = &self.seqs[&id];
         let TokenNeeds {
             freed,
             new_blocks: needed,
             ..
-        } = self.token_needs(seq, num_tokens, swa);
+        } = self.token_needs(seq, num_tokens, swa, step_slack);
         let mut available = self.queues.num_free(Level::Primary) + freed;
         if needed > available {
             available += self.movable_count(&|_| false, 0);
@@ -110,6 +123,11 @@ impl WindowBlockManager {
     /// `extra` when the sequence has extra ids): detaches out-of-window blocks (SWA), allocates a
     /// new last block (per beam with beam search) when a block boundary is crossed, and writes
     /// the token into the last block's slot (with reuse on: storing reads the slots).
+    ///
+    /// A block is detached only when it lies wholly before the window of the current step's
+    /// first token: `step_slack` is how many tokens the step added before this one (drafts
+    /// after the step's token), so the blocks that token attends stay held, however many
+    /// drafts follow it in the same step (the configured `detach_slack_tokens` is a floor).
     #[allow(clippy::too_many_arguments)]
     pub fn add_token(
         &mut self,
@@ -118,6 +136,7 @@ impl WindowBlockManager {
         token: i32,
         extra: Option<u64>,
         swa: bool,
+        step_slack: usize,
         decode: BlockRetention,
         now_ms: u64,
     ) {
@@ -125,7 +144,7 @@ impl WindowBlockManager {
             detach,
             new_blocks: needed,
             ..
-        } = self.token_needs(&self.seqs[&id], num_tokens, swa);
+        } = self.token_needs(&self.seqs[&id], num_tokens, swa, step_slack);
         for _ in 0..detach {
             let seq = self.seqs.get_mut(&id).expect("sequence exists");
             let b = seq.beams[0][seq.front_removed];
@@ -157,14 +176,26 @@ impl WindowBlockManager {
     /// Whether growing sequence `id` to `num_tokens` tokens only writes the token into a block
     /// it already holds (nothing to detach, no block to allocate): `add_token`'s common case,
     /// which needs no check and cannot fail.
-    pub fn token_fits_in_place(&self, id: u64, num_tokens: usize, swa: bool) -> bool {
-        self.fits_in_place(&self.seqs[&id], num_tokens, swa)
+    pub fn token_fits_in_place(
+        &self,
+        id: u64,
+        num_tokens: usize,
+        swa: bool,
+        step_slack: usize,
+    ) -> bool {
+        self.fits_in_place(&self.seqs[&id], num_tokens, swa, step_slack)
     }
 
     /// `token_needs` is all zeros: nothing to detach, no block to allocate.
     #[inline(always)]
-    fn fits_in_place(&self, seq: &SeqBlocks, num_tokens: usize, swa: bool) -> bool {
-        let needs = self.token_needs(seq, num_tokens, swa);
+    fn fits_in_place(
+        &self,
+        seq: &SeqBlocks,
+        num_tokens: usize,
+        swa: bool,
+        step_slack: usize,
+    ) -> bool {
+        let needs = self.token_needs(seq, num_tokens, swa, step_slack);
         needs.detach == 0 && needs.new_blocks == 0
     }
 
@@ -177,9 +208,10 @@ impl WindowBlockManager {
         token: i32,
         extra: Option<u64>,
         swa: bool,
+        step_slack: usize,
     ) -> bool {
         let seq = &self.seqs[&id];
-        if !self.fits_in_place(seq, num_tokens, swa) {
+        if !self.fits_in_place(seq, num_tokens, swa, step_slack) {
             return false;
         }
         write_slots(&mut self.tree, &self.cfg, seq, num_tokens, token, extra);

@@ -14,6 +14,9 @@ pub struct SeqLengths {
     pub capacity: usize,
     /// Tokens with KV computed.
     pub history: usize,
+    /// Tokens the current step added after its first (see `WindowBlockManager::add_token`):
+    /// blocks that first token attends are held past the configured slack.
+    pub step_slack: usize,
 }
 
 impl WindowBlockManager {
@@ -57,6 +60,7 @@ impl WindowBlockManager {
                 input_length,
                 capacity,
                 history,
+                step_slack,
             }) = lengths_of(id)
             else {
                 return Err(format!("window {w}: blocks held for unknown sequence {id}"));
@@ -100,7 +104,7 @@ impl WindowBlockManager {
             }
             // The prompt is allocated whole; detaching starts with the first generated token.
             let generating = num_tokens > input_length;
-            let reach = w + tpb + self.cfg.detach_slack_tokens;
+            let reach = w + tpb + self.cfg.detach_slack_tokens.max(step_slack);
             if swa
                 && generating
                 && seq.beams.len() == 1
