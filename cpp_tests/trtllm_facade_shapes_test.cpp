@@ -210,3 +210,24 @@ TEST(TrtllmFacadeShapes, ChopVectorIntoBlocks) {
     ASSERT_EQ(partial.size(), 2u);
     EXPECT_EQ(partial[1], (std::vector<int>{4, 5, 6}));
 }
+
+TEST(TrtllmFacadeShapes, EstimatesTellAnUnadmittedRequestItsReusableTokens) {
+    auto m = makeManager();
+    Request first(1, tokenRun(0, 12));
+    admit(*m, first, 12);
+    first.contextCurrentPosition = 12;
+    (void)m->removeSequence(1, std::make_shared<Request>(first));  // 11 tokens: 2 whole blocks
+    Request next(2, tokenRun(0, 12));
+    next.estimatedReusableTokens = -1;
+    // The block budget counts every block; the token budget learns what reuse supplies.
+    EXPECT_EQ(m->getRemainingBlocksToCompletion(next, kWindow), 3);
+    EXPECT_EQ(next.estimatedReusableTokens, 2 * kTpb);
+    next.estimatedReusableTokens = -1;
+    (void)m->getNeededBlocksOneStep(next, false, kWindow);
+    EXPECT_EQ(next.estimatedReusableTokens, 2 * kTpb);
+    admit(*m, next, 12);
+    EXPECT_EQ(next.estimatedReusableTokens, 0);  // admitted: the reuse is applied
+    Request other(3, tokenRun(100, 12));
+    (void)m->getRemainingBlocksToCompletion(other, kWindow);
+    EXPECT_EQ(other.estimatedReusableTokens, 0);
+}

@@ -367,6 +367,7 @@ class KVCacheManager : public BaseKVCacheManager {
             req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
             req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
             req.updateMissedBlocksPerRequest(static_cast<SizeType32>(a.stats.missed_blocks));
+            req.setEstimatedReusableTokens(0);  // admitted: the reuse is applied now
             refreshSequence(std::get<0>(requestInfos[i]));
         }
     }
@@ -563,6 +564,7 @@ class KVCacheManager : public BaseKVCacheManager {
                                                              twoStepsLookAhead, windowSize, &n));
             });
         }
+        estimateReusableTokens(req, windowSize, cachedSummary);
         return n;
     }
     [[nodiscard]] SizeType32 getRemainingBlocksToCompletion(
@@ -581,6 +583,7 @@ class KVCacheManager : public BaseKVCacheManager {
                                                                      windowSize, &n));
             });
         }
+        estimateReusableTokens(req, windowSize, cachedSummary);
         return n;
     }
     /// Stores the request's full computed blocks and returns their hash chain.
@@ -673,6 +676,30 @@ class KVCacheManager : public BaseKVCacheManager {
         auto kind = kvDataTypeOf(static_cast<int32_t>(dtype)).second;
         if (options.kvDataType == KVB_KV_DATA_TYPE_DEFAULT) options.kvDataType = kind;
         return options;
+    }
+
+    /// The estimates' side effect in TensorRT-LLM: a request not yet admitted learns how many
+    /// prompt tokens the reuse tree would supply (whole blocks, free or in use, at most the
+    /// prompt's whole blocks), which its scheduler counts against the token budget. Block
+    /// budgets are not reduced by it.
+    void estimateReusableTokens(LlmRequest const& req, SizeType32 windowSize,
+                                std::optional<PrefixReuseSummary> const& cachedSummary) const {
+        if (!enableBlockReuse_ || !req.isContextInitState() || hasSequence(req.getRequestId()))
+            return;
+        PrefixReuseSummary summary;
+        if (cachedSummary) {
+            summary = *cachedSummary;
+        } else {
+            VecUniqueTokens tokens;
+            auto const& ids = req.getTokens(0);
+            auto extra = req.getTokenExtraIds();
+            for (size_t i = 0; i < ids.size(); ++i)
+                tokens.push_back({ids[i], extra && i < extra->size() ? (*extra)[i] : 0});
+            summary = analyzePrefixReuse(tokens, req, windowSize);
+        }
+        SizeType32 const tpb = getTokensPerBlock();
+        SizeType32 const blocks = std::min(summary.reusableBlocksAll, req.getPromptLen() / tpb);
+        req.setEstimatedReusableTokens(blocks * tpb);
     }
 
     /// Hands kvblock the request's tokens and its computed extent (the context position, or

@@ -61,9 +61,10 @@ class LlmRequest {
     virtual void updateAllocNewBlocksPerRequest(SizeType32 n) = 0;
     virtual void updateReusedBlocksPerRequest(SizeType32 n) = 0;
     virtual void updateMissedBlocksPerRequest(SizeType32 n) = 0;
-    /// Written by the estimates: prompt tokens the reuse tree supplies (TensorRT-LLM's
-    /// scheduler reads it back). Ignored by default.
-    virtual void setEstimatedReusableTokens(SizeType32 n) { (void)n; }
+    /// Written by the estimates, which take the request const as TensorRT-LLM's do (keep the
+    /// field mutable): prompt tokens the reuse tree would supply to a request not yet
+    /// admitted, 0 once admitted (TensorRT-LLM's scheduler reads it back). Ignored by default.
+    virtual void setEstimatedReusableTokens(SizeType32 n) const { (void)n; }
 };
 
 /// A plain LlmRequest: fields the engine fills, fields the manager writes.
@@ -87,6 +88,7 @@ struct Request : LlmRequest {
     SizeType32 allocNewBlocks = 0;
     SizeType32 reusedBlocks = 0;
     SizeType32 missedBlocks = 0;
+    mutable SizeType32 estimatedReusableTokens = 0;
 
     Request() = default;
     Request(RequestIdType id, VecTokens prompt, SizeType32 maxNew = 0)
@@ -126,6 +128,7 @@ struct Request : LlmRequest {
     void updateAllocNewBlocksPerRequest(SizeType32 n) override { allocNewBlocks += n; }
     void updateReusedBlocksPerRequest(SizeType32 n) override { reusedBlocks += n; }
     void updateMissedBlocksPerRequest(SizeType32 n) override { missedBlocks += n; }
+    void setEstimatedReusableTokens(SizeType32 n) const override { estimatedReusableTokens = n; }
 };
 
 }  // namespace kvb::trtllm
