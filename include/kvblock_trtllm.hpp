@@ -18,9 +18,9 @@
 // lists every difference that remains.
 //
 // The facade is split by concept under kvblock_trtllm/: request.hpp (the engine's request),
-// types.hpp (the calls' structs), block_manager.hpp (the window-level views), sizing.hpp (the
-// static sizing helpers), kv_cache_manager.hpp (the manager) and block_manager_inl.hpp (the
-// views' definitions).
+// types.hpp (the calls' structs), block.hpp (block handles), block_manager.hpp (the
+// window-level views and the owning BlockManager), sizing.hpp (the static sizing helpers),
+// kv_cache_manager.hpp (the manager) and block_manager_inl.hpp (the views' definitions).
 #ifndef KVBLOCK_TRTLLM_HPP
 #define KVBLOCK_TRTLLM_HPP
 
@@ -28,6 +28,7 @@
 #include "kvblock_trtllm/executor_types.hpp"
 #include "kvblock_trtllm/request.hpp"
 #include "kvblock_trtllm/types.hpp"
+#include "kvblock_trtllm/block.hpp"
 #include "kvblock_trtllm/block_manager.hpp"
 #include "kvblock_trtllm/sizing.hpp"
 #include "kvblock_trtllm/generation_request.hpp"

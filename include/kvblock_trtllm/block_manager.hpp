@@ -4,22 +4,126 @@
 #ifndef KVBLOCK_TRTLLM_BLOCK_MANAGER_HPP
 #define KVBLOCK_TRTLLM_BLOCK_MANAGER_HPP
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "kvblock_trtllm/block.hpp"
+#include "kvblock_trtllm/executor_types.hpp"
 #include "kvblock_trtllm/types.hpp"
 
 namespace kvb::trtllm {
 
 class KVCacheManager;
+class GenerationRequest;
 
-/// Window-level queries (TensorRT-LLM `BlockManager`, reached through getBlockManager()).
+/// What BlockManager::addSequenceBatch returns for each sequence (TensorRT-LLM's per-sequence
+/// result): the prompt tokens whose KV the reused blocks already hold, and the request's block
+/// counters of this admission (summed over windows).
+struct AddSequenceResult {
+    SizeType32 prepopulatedLen = 0;
+    SizeType32 allocTotalBlocks = 0;
+    SizeType32 allocNewBlocks = 0;
+    SizeType32 reusedBlocks = 0;
+    SizeType32 missedBlocks = 0;
+};
+
+/// TensorRT-LLM `BlockManager`, in two modes. A view: what KVCacheManager::getBlockManager()
+/// returns (window-level queries on that manager). Owning: built by TensorRT-LLM's constructor,
+/// it owns a KVCacheManager and drives it with GenerationRequest records its caller owns, as
+/// TensorRT-LLM's tests and engines that use a BlockManager on its own do: each call that
+/// changes a sequence writes the sequence's block ids back into the caller's GenerationRequest.
 class BlockManager {
   public:
     using SizeType32 = kvb::trtllm::SizeType32;
-    explicit BlockManager(KVCacheManager const& owner) : owner_(owner) {}
+    using BlocksPerWindow = std::map<SizeType32, std::tuple<SizeType32, SizeType32>>;
+
+    /// The view of `owner` (what KVCacheManager holds).
+    explicit BlockManager(KVCacheManager const& owner) : owner_(&owner) {}
+    /// TensorRT-LLM's constructor: a BlockManager that owns its manager (a KVCacheManager made
+    /// with the same arguments, block reuse on). `dtype` is TensorRT's `nvinfer1::DataType` (or
+    /// kvb::trtllm::nvinfer1::DataType); `stream` the engine's shared stream object, kept alive.
+    /// Differences: `maxNumSequences` is not a limit (kvblock bounds sequences by blocks);
+    /// `sinkBubbleLength` must be 0; `onboardBlocks` false is not honoured (kvblock onboards
+    /// the host blocks a prompt reuses); TensorRT-LLM's connector and transfer-agent arguments
+    /// do not exist. Pools are made by allocatePools() (or on first use).
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    BlockManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                 SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                 SizeType32 maxNumSequences, std::shared_ptr<Stream> stream,
+                 SizeType32 maxSequenceLength, SizeType32 maxBeamWidth,
+                 std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                 SizeType32 sinkBubbleLength, bool onboardBlocks,
+                 CacheType cacheType = CacheType::kSELF,
+                 std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
+                 std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
+                 bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                 KvblockOptions options = {});
+    ~BlockManager();
+    BlockManager(BlockManager const&) = delete;
+    BlockManager& operator=(BlockManager const&) = delete;
+
+    /// Whether this BlockManager owns its manager (TensorRT-LLM's constructor) or is a view.
+    [[nodiscard]] bool isOwning() const { return owned_ != nullptr; }
+    /// The KVCacheManager behind this BlockManager (the owned one, or the one viewed).
+    [[nodiscard]] KVCacheManager const& getKVCacheManager() const { return *owner_; }
+
+    // --- the owning mode's calls (TensorRT-LLM's BlockManager driven with GenerationRequests)
+    /// Creates the pools (TensorRT-LLM `allocatePools(useUvm)`); unified memory throws.
+    void allocatePools(bool useUvm = false);
+    /// Frees the pools and forgets every sequence and cached block (TensorRT-LLM
+    /// `releasePools`).
+    void releasePools();
+    /// Admits each sequence with its engine request (TensorRT-LLM `addSequenceBatch`): claims
+    /// the batch's reusable blocks before allocating, then fills each caller's GenerationRequest
+    /// with its block ids and updates the request's block counters; returns each sequence's
+    /// prepopulated length (not written into the request: TensorRT-LLM's caller does that).
+    /// kvblock admits every window at once: the first call for a sequence admits it, a call
+    /// for another `windowSize` with the same GenerationRequest returns the same result.
+    /// `numContextBlocks` is what kvblock computes itself (checked, not used). Reuse is the
+    /// manager's: `isEnableBlockReuse` false does not stop a prompt from matching blocks stored
+    /// before, and such a sequence is never stored. A batch that does not fit throws
+    /// (KVB_STATUS_OUT_OF_BLOCKS) and admits none; a live id throws
+    /// (KVB_STATUS_DUPLICATE_REQUEST); both are std::runtime_error.
+    std::vector<AddSequenceResult> addSequenceBatch(
+        std::vector<GenerationRequest*> const& sequences,
+        std::vector<SizeType32> const& inputLengths,
+        std::vector<SizeType32> const& numContextBlocks,
+        std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests, SizeType32 windowSize,
+        bool isEnableBlockReuse);
+    /// Releases a sequence's blocks (TensorRT-LLM `releaseBlocks`); with the request (and reuse
+    /// on at admission) its computed blocks are stored for reuse first, bounded by the
+    /// request's context position as kvblock caches only computed KV (see
+    /// KVCacheManager::removeSequence); with `pinBlocks` they stay allocated until
+    /// KVCacheManager::unpinBlocksById. Empties the GenerationRequest's block ids. Returns the
+    /// last block of beam 0 in the smallest window when stored or pinned.
+    std::optional<BlockIdType> releaseBlocks(GenerationRequest& sequence,
+                                             OptionalRef<LlmRequest const> llmRequest = nullptr,
+                                             bool pinBlocks = false);
+    /// Stores the context's computed blocks for reuse (TensorRT-LLM `storeContextBlocks`), up to
+    /// the request's context position.
+    void storeContextBlocks(GenerationRequest& sequence, LlmRequest const& llmRequest);
+    /// TensorRT-LLM `onboardBlock(sequence, block, windowSize, mode, directory)`: brings a
+    /// free, cached host block back to the GPU (see the by-id overload; the mode and directory
+    /// are accepted and not consulted), then refreshes the sequence's block ids.
+    bool onboardBlock(GenerationRequest& sequence, BlockPtr const& block, SizeType32 windowSize,
+                      KvCacheTransferMode mode = KvCacheTransferMode::DRAM,
+                      std::string const& directory = "");
+    /// Each window's share of the KV memory (TensorRT-LLM's static
+    /// `calculateWindowSizeToShare`): proportional to the window times its cache size per
+    /// token (kvb_calculate_window_size_to_share); the layers of each window are not counted
+    /// again (the cache size is already summed over them).
+    [[nodiscard]] static std::map<SizeType32, float> calculateWindowSizeToShare(
+        std::map<SizeType32, std::vector<SizeType32>> const& windowSizeToLayers,
+        std::map<SizeType32, SizeType32> const& cacheSizePerTokenPerWindow);
     // Counts over every window (TensorRT-LLM sums its window managers).
     [[nodiscard]] SizeType32 getNumFreeBlocks() const;
     [[nodiscard]] SizeType32 getNumAllocatedBlocks() const;
@@ -42,6 +146,11 @@ class BlockManager {
     /// does not move (not cached, no free host block, no host tier); a block in use throws
     /// (KVB_STATUS_INVALID_ARGUMENT) and stays where it is.
     bool offloadBlock(BlockIdType blockId, SizeType32 windowSize) const;
+    /// TensorRT-LLM `offloadBlock(block, windowSize, mode, directory)`: the by-id call on the
+    /// handle's block (the mode and directory are accepted and not consulted).
+    bool offloadBlock(BlockPtr const& block, SizeType32 windowSize,
+                      KvCacheTransferMode mode = KvCacheTransferMode::DRAM,
+                      std::string const& directory = "") const;
     /// Brings the free, cached host block `blockId` of `windowSize` back to the GPU now
     /// (TensorRT-LLM `onboardBlock`): by id, with no sequence, transfer mode or directory (the
     /// GPU row is taken as an allocation takes one). False when it does not move (already on
@@ -75,7 +184,15 @@ class BlockManager {
     [[nodiscard]] std::map<SizeType32, WindowSizeMetadata> getWindowSizesMetadata() const;
     [[nodiscard]] SizeType32 getNumSecondaryBlocks() const;
     [[nodiscard]] SizeType32 getNumFreeSecondaryBlocks() const;
-    [[nodiscard]] kvb_block_info_t getBlockById(BlockIdType blockId, SizeType32 windowSize) const;
+    /// TensorRT-LLM `getBlockById`: a live handle on block `blockId` of `windowSize` (see
+    /// KVCacheBlock); it converts to kvblock's kvb_block_info_t snapshot. An unknown block or
+    /// window throws (KVB_STATUS_INVALID_ARGUMENT).
+    [[nodiscard]] BlockPtr getBlockById(BlockIdType blockId, SizeType32 windowSize) const;
+    /// The deepest block `blockKey` matches in `windowSize`'s reuse tree, whose getPrevBlock()
+    /// chain walks to the root (TensorRT-LLM's `findBlocksInReuseTreeByBlockKey` shape); null
+    /// when the key matches no whole block.
+    [[nodiscard]] BlockPtr findBlockInReuseTreeByBlockKey(BlockKey const& blockKey,
+                                                          SizeType32 windowSize) const;
     [[nodiscard]] std::optional<ReuseTreeMatch> findBlocksInReuseTreeByBlockKey(
         BlockKey const& blockKey, SizeType32 windowSize) const;
     /// The 2026 pinning overload: the matched GPU blocks are pinned and their ids appended to
@@ -95,7 +212,25 @@ class BlockManager {
   private:
     std::optional<ReuseTreeMatch> find(BlockKey const& key, SizeType32 windowSize, bool pin,
                                        std::vector<BlockIdType>* pinned) const;
-    KVCacheManager const& owner_;
+    KVCacheManager const& owner() const { return *owner_; }
+    KVCacheManager& mutableOwner() const { return const_cast<KVCacheManager&>(*owner_); }
+    /// Copies the manager's record of `sequence` (its block ids in every window) into the
+    /// caller's GenerationRequest; a sequence the manager does not hold gets empty beams.
+    void writeBack(GenerationRequest& sequence) const;
+    /// Before a release stores a sequence: the tokens a request generated past its finished
+    /// prefill, while it is still in the context state (see the definition).
+    void syncGenerated(RequestIdType id, LlmRequest const& req) const;
+    KVCacheManager const* owner_ = nullptr;
+    std::unique_ptr<KVCacheManager> owned_;
+    /// Admitted through addSequenceBatch: id -> (its GenerationRequest, the windows it was
+    /// asked for, its result, whether reuse was on).
+    struct Admitted {
+        GenerationRequest const* sequence = nullptr;
+        std::set<SizeType32> windows;
+        AddSequenceResult result;
+        bool reuse = true;
+    };
+    std::map<RequestIdType, Admitted> admitted_;
 };
 
 /// One window's block manager (TensorRT-LLM `WindowBlockManager`), for the calls a cache

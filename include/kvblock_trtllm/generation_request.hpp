@@ -67,6 +67,7 @@ class GenerationRequest {
 
   private:
     friend class KVCacheManager;
+    friend class BlockManager;  // writes an owning BlockManager's ids into its caller's record
     RequestIdType requestId_;
     SizeType32 numTokens_;
     SizeType32 beamWidth_;
