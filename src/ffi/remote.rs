@@ -63,7 +63,16 @@ pub struct kvb_remote_tier_config_t {
     pub threads: i32,
     /// Bound of a connection attempt, milliseconds (default 500, at least 1).
     pub connect_timeout_ms: i32,
-    /// Bound of one reply, milliseconds (default 2000, at least 1).
+    /// Deadline of one batch, milliseconds (default 2000, at least 1). On a standalone server
+    /// it bounds the whole pipeline (writing every command, reading every reply) whatever the
+    /// server does: silence, a byte at a time, endless lines. A batch (one request's lookup or
+    /// fetch) that a worker starts therefore resolves (hit, miss, error or timeout, counted)
+    /// within `connect_timeout_ms + io_timeout_ms`, a store batch (EXISTS then SET) within
+    /// `connect_timeout_ms + 2 * io_timeout_ms`; after a failure the connections are dropped
+    /// and the batches queued behind fail at once while the client backs off. A reply longer
+    /// than a value of the window (its header and row) is refused at its first bytes, so a
+    /// connection holds at most one value and a 16 KiB buffer. On a Redis Cluster (the `redis`
+    /// crate's client) it bounds each reply, and values are checked after they are read.
     pub io_timeout_ms: i32,
     /// First reconnection backoff, milliseconds (default 100, at least 1); it doubles after
     /// each failed attempt up to `backoff_max_ms`.
@@ -142,7 +151,8 @@ pub struct kvb_remote_stats_t {
     /// Keys whose operation failed because the store was unreachable (or the client was
     /// backing off after a failure).
     pub errors_unavailable: u64,
-    /// Keys whose operation timed out.
+    /// Keys whose batch did not finish by its deadline (`io_timeout_ms` for the whole
+    /// pipeline on a standalone server: a silent server, or one that sends a byte at a time).
     pub errors_timeout: u64,
     /// Keys whose operation the store refused for credentials or permissions.
     pub errors_auth: u64,
@@ -167,6 +177,15 @@ pub struct kvb_remote_stats_t {
     pub store_p50_us: u64,
     /// 99th percentile of the store batches' round trip, microseconds.
     pub store_p99_us: u64,
+    /// Keys whose reply was malformed: not a RESP reply, an integer that is not one, EXISTS
+    /// answering other than 0 or 1, a line longer than 4 KiB (an endless simple string), a
+    /// bulk string longer than its length. The connection is dropped. Added after
+    /// `store_p99_us`.
+    pub errors_protocol: u64,
+    /// Keys whose reply was longer than any value of the window's namespace (its header and
+    /// row): refused at the reply's length line, before its bytes are read; the connection is
+    /// dropped.
+    pub errors_oversized: u64,
 }
 
 impl From<RemoteStats> for kvb_remote_stats_t {
@@ -208,6 +227,8 @@ impl From<RemoteStats> for kvb_remote_stats_t {
             fetch_p99_us: s.fetch_p99_us,
             store_p50_us: s.store_p50_us,
             store_p99_us: s.store_p99_us,
+            errors_protocol: s.errors_protocol,
+            errors_oversized: s.errors_oversized,
         }
     }
 }

@@ -1,16 +1,21 @@
-//! The Redis / Valkey backend of the remote tier's store, standalone or a Redis Cluster, through
-//! the `redis` crate's synchronous client on the tier's worker threads. Every wait is bounded:
-//! connecting by `connect_timeout`, each reply by `io_timeout`. A failed connection is dropped
-//! and reopened on a later batch; while the server is unreachable, batches fail at once
-//! (`Unavailable`) until a backoff that doubles from `backoff_min` up to `backoff_max` has
+//! The Redis / Valkey backend of the remote tier's store, standalone or a Redis Cluster, on
+//! the tier's worker threads. A standalone server is spoken to through kvblock's own bounded
+//! connections (`conn`, `resp`: the `redis` crate cannot bound a bulk reply nor a whole reply's
+//! time); a cluster through the `redis` crate's synchronous cluster client. Waits are bounded:
+//! connecting by `connect_timeout`; on a standalone server each batch (one pipeline, every
+//! reply) by `io_timeout` whatever the server sends, and a GET reply longer than the value the
+//! caller can accept is refused at its first bytes; on a cluster each reply by `io_timeout`
+//! (the crate's). A failed connection is dropped, with the idle ones (they lead to the same
+//! server), and reopened on a later batch; while the server is unreachable, batches fail at
+//! once (`Unavailable`) until a backoff that doubles from `backoff_min` up to `backoff_max` has
 //! passed, so a dead server costs misses, not waits. Lookups and writes are pipelined (one
 //! round trip per batch; in a cluster, one per node the keys hash to); when a cluster pipeline
 //! fails (a node down), its keys are retried one by one so each gets its own result.
 //!
-//! TLS (`rediss://` URLs) needs the cargo feature `tls` (rustls with the ring provider, through
-//! the `redis` crate's `tls-rustls`): the server's certificate is checked against the configured
-//! authority (or the system's trust store), and a client certificate is presented when one is
-//! configured. Without the feature, `rediss://` is an error at creation that says so.
+//! TLS (`rediss://` URLs) needs the cargo feature `tls` (rustls with the ring provider): the
+//! server's certificate is checked against the configured authority (or the system's trust
+//! store), and a client certificate is presented when one is configured. Without the feature,
+//! `rediss://` is an error at creation that says so.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,8 +23,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
+use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
 
+use super::conn::{Conn as Bounded, Endpoint};
 use super::store::{ConnectionStats, RemoteStore, StoreError, StoreResult};
 use crate::tier::io::lock;
 
@@ -36,7 +42,8 @@ pub struct RedisConfig {
     /// Password (`None`: the URL's, else none).
     pub password: Option<String>,
     pub connect_timeout: Duration,
-    /// Longest wait for one reply (a whole pipeline's, on a standalone server).
+    /// Deadline of one batch on a standalone server: writing its pipeline and reading every
+    /// reply, whatever the server sends (on a cluster: of one reply).
     pub io_timeout: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -127,12 +134,12 @@ fn tls_certificates(cfg: &RedisConfig) -> StoreResult<redis::TlsCertificates> {
 }
 
 enum Client {
-    Single(redis::Client),
+    Single(Box<Endpoint>),
     Cluster(ClusterClient),
 }
 
 enum Conn {
-    Single(redis::Connection),
+    Single(Box<Bounded>),
     Cluster(Box<ClusterConnection>),
 }
 
@@ -151,6 +158,8 @@ pub struct RedisStore {
     connects: AtomicU64,
     connect_failures: AtomicU64,
     backoff_refusals: AtomicU64,
+    drops: AtomicU64,
+    reply_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -187,14 +196,6 @@ fn classify(e: &RedisError) -> StoreError {
 
 fn cluster_pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::cluster::ClusterPipeline {
     let mut p = redis::cluster::cluster_pipe();
-    for k in keys {
-        p.cmd(cmd).arg(*k);
-    }
-    p
-}
-
-fn pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::Pipeline {
-    let mut p = redis::pipe();
     for k in keys {
         p.cmd(cmd).arg(*k);
     }
@@ -255,18 +256,42 @@ impl RedisStore {
                 ));
             }
             let info = infos.pop().expect("one");
+            let (host, port) = match info.addr() {
+                ConnectionAddr::Tcp(h, p) => (h.clone(), *p),
+                ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: false,
+                    ..
+                } => (host.clone(), *port),
+                other => {
+                    return Err(StoreError::Other(format!(
+                        "unsupported Redis address {other} (redis://host:port, rediss://host:port)"
+                    )))
+                }
+            };
+            let r = info.redis_settings();
             #[cfg(feature = "tls")]
-            let client = if tls {
-                redis::Client::build_with_tls(info, tls_certificates(&cfg)?)
+            let tls = if tls {
+                Some(super::tls::client_config(
+                    cfg.tls_ca_file.as_deref(),
+                    cfg.tls_cert_file.as_deref(),
+                    cfg.tls_key_file.as_deref(),
+                )?)
             } else {
-                redis::Client::open(info)
+                None
             };
             #[cfg(not(feature = "tls"))]
-            let client = {
-                let _ = tls; // always false here: check_tls_settings refused rediss://
-                redis::Client::open(info)
-            };
-            Client::Single(client.map_err(|e| classify(&e))?)
+            let _ = tls; // always false here: check_tls_settings refused rediss://
+            Client::Single(Box::new(Endpoint {
+                host,
+                port,
+                username: r.username().map(String::from),
+                password: r.password().map(String::from),
+                db: r.db(),
+                #[cfg(feature = "tls")]
+                tls,
+            }))
         };
         let store = RedisStore {
             cfg,
@@ -276,21 +301,19 @@ impl RedisStore {
             connects: AtomicU64::new(0),
             connect_failures: AtomicU64::new(0),
             backoff_refusals: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
+            reply_bytes: AtomicU64::new(0),
         };
         match store.open() {
-            Ok(mut c) => {
-                let ping = match &mut c {
-                    Conn::Single(c) => redis::cmd("PING").query::<String>(c),
-                    Conn::Cluster(c) => redis::cmd("PING").query::<String>(c),
-                };
-                match ping {
-                    Ok(_) => lock(&store.idle).push(c),
-                    Err(e) => match classify(&e) {
-                        StoreError::Auth(m) => return Err(StoreError::Auth(m)),
-                        _ => store.failed(),
-                    },
-                }
-            }
+            // A standalone connection answered PING when it opened.
+            Ok(c @ Conn::Single(_)) => lock(&store.idle).push(c),
+            Ok(Conn::Cluster(mut c)) => match redis::cmd("PING").query::<String>(&mut *c) {
+                Ok(_) => lock(&store.idle).push(Conn::Cluster(c)),
+                Err(e) => match classify(&e) {
+                    StoreError::Auth(m) => return Err(StoreError::Auth(m)),
+                    _ => store.failed(),
+                },
+            },
             Err(StoreError::Auth(m)) => return Err(StoreError::Auth(m)),
             Err(StoreError::Other(m)) if store.cfg.cluster => {
                 // A cluster whose seeds answer but refuse the topology request (not a cluster).
@@ -303,14 +326,13 @@ impl RedisStore {
 
     fn open(&self) -> StoreResult<Conn> {
         let r = match &self.client {
-            Client::Single(c) => c
-                .get_connection_with_timeout(self.cfg.connect_timeout)
-                .and_then(|con| {
-                    con.set_read_timeout(Some(self.cfg.io_timeout))?;
-                    con.set_write_timeout(Some(self.cfg.io_timeout))?;
-                    Ok(Conn::Single(con))
-                }),
-            Client::Cluster(c) => c.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+            Client::Single(ep) => {
+                Bounded::open(ep, self.cfg.connect_timeout).map(|c| Conn::Single(Box::new(c)))
+            }
+            Client::Cluster(c) => c
+                .get_connection()
+                .map(|c| Conn::Cluster(Box::new(c)))
+                .map_err(|e| classify(&e)),
         };
         match r {
             Ok(c) => {
@@ -320,7 +342,7 @@ impl RedisStore {
             Err(e) => {
                 self.connect_failures.fetch_add(1, Ordering::Relaxed);
                 self.failed();
-                Err(classify(&e))
+                Err(e)
             }
         }
     }
@@ -369,13 +391,15 @@ impl RedisStore {
         }
     }
 
-    /// Runs one batch on a connection: `single` on a standalone server (the whole pipeline
-    /// answers or fails), `cluster` on a cluster (it gives per-key results itself). A
-    /// connection that failed is dropped.
+    /// Runs one batch on a connection: `single` on a standalone server (its results, and the
+    /// error that broke the connection if one did), `cluster` on a cluster (it gives per-key
+    /// results itself). A connection that failed is dropped with the idle ones, and the
+    /// backoff starts.
+    #[allow(clippy::type_complexity)]
     fn run<T: Clone>(
         &self,
         n: usize,
-        single: impl FnOnce(&mut redis::Connection) -> RedisResult<Vec<T>>,
+        single: impl FnOnce(&mut Bounded) -> (Vec<StoreResult<T>>, Option<StoreError>),
         cluster: impl FnOnce(&mut ClusterConnection) -> (Vec<StoreResult<T>>, bool),
     ) -> Vec<StoreResult<T>> {
         let mut conn = match self.checkout() {
@@ -383,27 +407,22 @@ impl RedisStore {
             Err(e) => return vec![Err(e); n],
         };
         let (out, healthy) = match &mut conn {
-            Conn::Single(c) => match single(c) {
-                Ok(v) if v.len() == n => (v.into_iter().map(Ok).collect(), true),
-                Ok(v) => {
-                    let e = StoreError::Other(format!("{} replies to {n} commands", v.len()));
-                    (vec![Err(e); n], false)
-                }
-                // A reply the server gave (no permission on a key, out of memory) leaves the
-                // connection usable; a transport failure or timeout does not.
-                Err(e) => {
-                    let transport = e.is_io_error()
-                        || e.is_timeout()
-                        || e.is_connection_dropped()
-                        || e.is_connection_refusal();
-                    (vec![Err(classify(&e)); n], !transport)
-                }
-            },
+            Conn::Single(c) => {
+                let before = c.bytes_read();
+                let (out, broke) = single(c);
+                self.reply_bytes
+                    .fetch_add(c.bytes_read() - before, Ordering::Relaxed);
+                (out, broke.is_none())
+            }
             Conn::Cluster(c) => cluster(c),
         };
         if healthy {
             self.checkin(conn);
         } else {
+            drop(conn);
+            let idle = std::mem::take(&mut *lock(&self.idle));
+            self.drops
+                .fetch_add(1 + idle.len() as u64, Ordering::Relaxed);
             self.failed();
         }
         out
@@ -437,7 +456,7 @@ impl RemoteStore for RedisStore {
         }
         self.run(
             keys.len(),
-            |c| pipe_keys("EXISTS", keys).query::<Vec<bool>>(c),
+            |c| c.exists(keys, self.cfg.io_timeout),
             |c| {
                 Self::cluster_batch(
                     c,
@@ -449,13 +468,13 @@ impl RemoteStore for RedisStore {
         )
     }
 
-    fn get(&self, keys: &[&[u8]]) -> Vec<StoreResult<Option<Vec<u8>>>> {
+    fn get(&self, keys: &[&[u8]], max_len: usize) -> Vec<StoreResult<Option<Vec<u8>>>> {
         if keys.is_empty() {
             return Vec::new();
         }
-        self.run(
+        let mut out = self.run(
             keys.len(),
-            |c| pipe_keys("GET", keys).query::<Vec<Option<Vec<u8>>>>(c),
+            |c| c.get(keys, max_len, self.cfg.io_timeout),
             |c| {
                 Self::cluster_batch(
                     c,
@@ -464,20 +483,24 @@ impl RemoteStore for RedisStore {
                     |c, i| redis::cmd("GET").arg(keys[i]).query::<Option<Vec<u8>>>(c),
                 )
             },
-        )
+        );
+        // The cluster client has buffered the value already: refused and counted all the same.
+        for r in &mut out {
+            if let Ok(Some(v)) = r {
+                if v.len() > max_len {
+                    let m = format!("a value of {} bytes, more than {max_len}", v.len());
+                    *r = Err(StoreError::Oversized(m));
+                }
+            }
+        }
+        out
     }
 
     fn put(&self, items: &[(&[u8], &[u8])]) -> Vec<StoreResult<()>> {
         if items.is_empty() {
             return Vec::new();
         }
-        let single = |c: &mut redis::Connection| {
-            let mut p = redis::pipe();
-            for (k, v) in items {
-                p.cmd("SET").arg(*k).arg(*v).ignore();
-            }
-            p.query::<()>(c).map(|()| vec![(); items.len()])
-        };
+        let single = |c: &mut Bounded| c.set(items, self.cfg.io_timeout);
         self.run(items.len(), single, |c| {
             Self::cluster_batch(
                 c,
@@ -504,6 +527,8 @@ impl RemoteStore for RedisStore {
             connects: self.connects.load(Ordering::Relaxed),
             connect_failures: self.connect_failures.load(Ordering::Relaxed),
             backoff_refusals: self.backoff_refusals.load(Ordering::Relaxed),
+            drops: self.drops.load(Ordering::Relaxed),
+            reply_bytes: self.reply_bytes.load(Ordering::Relaxed),
         }
     }
 
