@@ -53,7 +53,11 @@ impl Ext4 {
             eprintln!("skipped: mkfs.ext4 is not available");
             return None;
         }
-        if !ok(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mnt)) {
+        if !ok(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mnt))
+        {
             eprintln!("skipped: the loop mount failed (no loop devices here?)");
             return None;
         }

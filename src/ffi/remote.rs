@@ -180,13 +180,16 @@ pub struct kvb_remote_stats_t {
     /// Keys whose reply was malformed: not a RESP reply, an integer that is not one, EXISTS
     /// answering other than 0 or 1, a line longer than 4 KiB (an endless simple string), a
     /// bulk string longer than its length. The connection is dropped. Added after
-    /// `store_p99_us`.
+    /// `store_p99_us` (see `kvb_manager_get_remote_stats`).
     pub errors_protocol: u64,
     /// Keys whose reply was longer than any value of the window's namespace (its header and
     /// row): refused at the reply's length line, before its bytes are read; the connection is
     /// dropped.
     pub errors_oversized: u64,
 }
+
+/// `struct_size` of a `kvb_remote_stats_t` from before `errors_protocol`.
+const REMOTE_STATS_V1_SIZE: usize = std::mem::offset_of!(kvb_remote_stats_t, errors_protocol);
 
 impl From<RemoteStats> for kvb_remote_stats_t {
     fn from(s: RemoteStats) -> Self {
@@ -428,7 +431,8 @@ pub extern "C" fn kvb_manager_remote_blocks_pending(
 }
 
 /// The remote tier's counters, summed over windows (zeros without a remote tier). Set
-/// `out->struct_size` to `sizeof(kvb_remote_stats_t)` first.
+/// `out->struct_size` to `sizeof(kvb_remote_stats_t)` first (a caller built before
+/// `errors_protocol` passes its smaller size and gets the fields it has).
 #[no_mangle]
 pub extern "C" fn kvb_manager_get_remote_stats(
     manager: *mut kvb_manager_t,
@@ -438,11 +442,22 @@ pub extern "C" fn kvb_manager_get_remote_stats(
         require_out(out, "out")?;
         // SAFETY: non-null (checked); struct_size comes first.
         let size = unsafe { out.cast::<u32>().read_unaligned() };
-        check_struct_size(
-            size,
-            std::mem::size_of::<kvb_remote_stats_t>(),
-            "kvb_remote_stats_t",
-        )?;
+        let full = std::mem::size_of::<kvb_remote_stats_t>();
+        if size as usize == REMOTE_STATS_V1_SIZE {
+            // A caller built before the protocol / oversized counters: its fields only.
+            let mut s: kvb_remote_stats_t = m.remote_stats().into();
+            s.struct_size = size;
+            // SAFETY: the caller's struct has `size` bytes; `s` has more.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&s as *const kvb_remote_stats_t).cast::<u8>(),
+                    out.cast::<u8>(),
+                    REMOTE_STATS_V1_SIZE,
+                )
+            };
+            return Ok(());
+        }
+        check_struct_size(size, full, "kvb_remote_stats_t")?;
         write_out(out, m.remote_stats().into(), "out")
     })
 }
