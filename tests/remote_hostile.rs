@@ -417,3 +417,107 @@ fn a_silent_store_blocks_no_manager_call_and_the_prefix_comes_back_later() {
     let adm = b.add_sequence(&req).unwrap();
     assert_eq!(adm.prepopulated_prompt_len, 16);
 }
+
+// Through the C ABI: no call waits on a silent server, the timeouts reach
+// `kvb_remote_stats_t`, and a caller built before the new counters still gets its fields.
+
+mod c_abi {
+    use super::*;
+    use kvblock::ffi::handle::kvb_manager_t;
+    use kvblock::ffi::manager::*;
+    use kvblock::ffi::remote::*;
+    use kvblock::ffi::status::kvb_status_t::{self, *};
+    use kvblock::ffi::types::*;
+    use std::ffi::CString;
+
+    fn stats(h: *mut kvb_manager_t, size: usize) -> (kvb_status_t, kvb_remote_stats_t) {
+        // A sentinel in every byte: what the call does not write keeps it.
+        // SAFETY: a C struct of integers, 304 bytes (checked by the transmute).
+        let mut s: kvb_remote_stats_t = unsafe { std::mem::transmute([0xEEu8; 304]) };
+        s.struct_size = size as u32;
+        let st = kvb_manager_get_remote_stats(h, &mut s);
+        (st, s)
+    }
+
+    #[test]
+    fn no_c_call_waits_on_a_silent_server_and_the_timeouts_are_counted() {
+        assert_eq!(std::mem::size_of::<kvb_remote_stats_t>(), 304);
+        let server = HostileServer::start(Mode::Silent);
+        let url = CString::new(server.url()).unwrap();
+        let model = CString::new("hostile-model").unwrap();
+        // SAFETY: plain C structs, filled by their init functions.
+        let mut r = unsafe { std::mem::zeroed::<kvb_remote_tier_config_t>() };
+        assert_eq!(kvb_remote_tier_config_init(&mut r), KVB_OK);
+        r.urls = url.as_ptr();
+        r.model_id = model.as_ptr();
+        r.io_timeout_ms = 1500;
+        r.connect_timeout_ms = 300;
+        r.backoff_min_ms = 10;
+        r.backoff_max_ms = 40;
+        let windows = [kvb_window_config_t {
+            window_size: 64,
+            primary_blocks: 8,
+            secondary_blocks: 8,
+            num_layers: 1,
+            num_kv_heads: 1,
+            size_per_head: 4,
+            auto_host_tier: false,
+        }];
+        // SAFETY: plain C structs, filled by their init functions.
+        let mut c = unsafe { std::mem::zeroed::<kvb_manager_config_t>() };
+        assert_eq!(kvb_manager_config_init(&mut c), KVB_OK);
+        c.windows = windows.as_ptr();
+        c.num_windows = 1;
+        c.max_sequence_length = 64;
+        c.tokens_per_block = 4;
+        c.remote = &r;
+        let mut h = std::ptr::null_mut();
+        assert_eq!(kvb_manager_create(&c, &mut h), KVB_OK);
+        let toks: Vec<i32> = (0..17).collect();
+        // SAFETY: as above.
+        let mut req = unsafe { std::mem::zeroed::<kvb_request_t>() };
+        assert_eq!(kvb_request_init(&mut req), KVB_OK);
+        req.request_id = 1;
+        req.tokens = toks.as_ptr();
+        req.num_tokens = toks.len();
+        req.input_length = toks.len() as i32;
+
+        let full = std::mem::size_of::<kvb_remote_stats_t>();
+        let start = Instant::now();
+        let mut slowest = Duration::ZERO;
+        loop {
+            let t = Instant::now();
+            let mut p = kvb_remote_prefetch_t::default();
+            assert_eq!(kvb_manager_remote_prefetch(h, &req, 1, &mut p), KVB_OK);
+            let mut pending = 0i64;
+            assert_eq!(
+                kvb_manager_remote_blocks_pending(h, &req, &mut pending),
+                KVB_OK
+            );
+            assert_eq!(kvb_manager_remote_poll(h, std::ptr::null_mut()), KVB_OK);
+            slowest = slowest.max(t.elapsed());
+            let (st, s) = stats(h, full);
+            assert_eq!(st, KVB_OK);
+            if s.errors_timeout > 0 {
+                assert_eq!(s.lookup_hits, 0);
+                break;
+            }
+            assert!(start.elapsed() < RESOLVED_WITHIN, "{s:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            slowest < Duration::from_millis(500),
+            "a C call took {slowest:?}"
+        );
+
+        // The size from before errors_protocol: its fields written, nothing past them.
+        let v1 = std::mem::offset_of!(kvb_remote_stats_t, errors_protocol);
+        let (st, s) = stats(h, v1);
+        assert_eq!(st, KVB_OK);
+        assert_eq!(s.struct_size as usize, v1);
+        assert!(s.errors_timeout > 0 && s.errors_timeout != 0xEEEE_EEEE_EEEE_EEEE);
+        assert_eq!(s.errors_protocol, 0xEEEE_EEEE_EEEE_EEEE);
+        assert_eq!(stats(h, v1 - 8).0, KVB_STATUS_STRUCT_SIZE);
+        assert_eq!(kvb_manager_destroy(h), KVB_OK);
+    }
+}

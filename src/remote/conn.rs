@@ -68,6 +68,9 @@ impl Transport for Stream {
     }
 }
 
+/// Each key's result, and the error that broke the connection if one did.
+pub type Batch<T> = (Vec<StoreResult<T>>, Option<StoreError>);
+
 /// A pipeline that broke the connection: the error of the reply (or write) that broke it.
 #[derive(Debug)]
 pub struct Failed(pub StoreError);
@@ -194,7 +197,7 @@ impl Conn {
         max_bulk: usize,
         timeout: Duration,
         check: impl Fn(Reply) -> Result<StoreResult<T>, Failed>,
-    ) -> (Vec<StoreResult<T>>, Option<StoreError>) {
+    ) -> Batch<T> {
         let dl = Deadline::after(timeout);
         let mut out = Vec::new();
         for c in cmds {
@@ -230,11 +233,7 @@ impl Conn {
     }
 
     /// EXISTS of each key: each reply must be the integer 0 or 1.
-    pub fn exists(
-        &mut self,
-        keys: &[&[u8]],
-        timeout: Duration,
-    ) -> (Vec<StoreResult<bool>>, Option<StoreError>) {
+    pub fn exists(&mut self, keys: &[&[u8]], timeout: Duration) -> Batch<bool> {
         let cmds: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"EXISTS"[..], k]).collect();
         self.pipeline(&cmds, SMALL, timeout, |r| match r {
             Reply::Int(0) => Ok(Ok(false)),
@@ -252,7 +251,7 @@ impl Conn {
         keys: &[&[u8]],
         max_len: usize,
         timeout: Duration,
-    ) -> (Vec<StoreResult<Option<Vec<u8>>>>, Option<StoreError>) {
+    ) -> Batch<Option<Vec<u8>>> {
         let cmds: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"GET"[..], k]).collect();
         self.pipeline(&cmds, max_len, timeout, |r| match r {
             Reply::Bulk(v) => Ok(Ok(Some(v))),
@@ -263,11 +262,7 @@ impl Conn {
     }
 
     /// SET of each item: each reply must be OK.
-    pub fn set(
-        &mut self,
-        items: &[(&[u8], &[u8])],
-        timeout: Duration,
-    ) -> (Vec<StoreResult<()>>, Option<StoreError>) {
+    pub fn set(&mut self, items: &[(&[u8], &[u8])], timeout: Duration) -> Batch<()> {
         let cmds: Vec<Vec<&[u8]>> = items.iter().map(|(k, v)| vec![&b"SET"[..], k, v]).collect();
         self.pipeline(&cmds, SMALL, timeout, |r| match r {
             Reply::Simple(s) if s == "OK" => Ok(Ok(())),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
 
-use super::conn::{Conn as Bounded, Endpoint};
+use super::conn::{Batch, Conn as Bounded, Endpoint};
 use super::store::{ConnectionStats, RemoteStore, StoreError, StoreResult};
 use crate::tier::io::lock;
 
@@ -134,8 +134,8 @@ fn tls_certificates(cfg: &RedisConfig) -> StoreResult<redis::TlsCertificates> {
 }
 
 enum Client {
-    Single(Box<Endpoint>),
-    Cluster(ClusterClient),
+    Single(Endpoint),
+    Cluster(Box<ClusterClient>),
 }
 
 enum Conn {
@@ -248,7 +248,7 @@ impl RedisStore {
             if tls {
                 b = b.certs(tls_certificates(&cfg)?);
             }
-            Client::Cluster(b.build().map_err(|e| classify(&e))?)
+            Client::Cluster(Box::new(b.build().map_err(|e| classify(&e))?))
         } else {
             if infos.len() != 1 {
                 return Err(StoreError::Other(
@@ -283,7 +283,7 @@ impl RedisStore {
             };
             #[cfg(not(feature = "tls"))]
             let _ = tls; // always false here: check_tls_settings refused rediss://
-            Client::Single(Box::new(Endpoint {
+            Client::Single(Endpoint {
                 host,
                 port,
                 username: r.username().map(String::from),
@@ -291,7 +291,7 @@ impl RedisStore {
                 db: r.db(),
                 #[cfg(feature = "tls")]
                 tls,
-            }))
+            })
         };
         let store = RedisStore {
             cfg,
@@ -395,11 +395,10 @@ impl RedisStore {
     /// error that broke the connection if one did), `cluster` on a cluster (it gives per-key
     /// results itself). A connection that failed is dropped with the idle ones, and the
     /// backoff starts.
-    #[allow(clippy::type_complexity)]
     fn run<T: Clone>(
         &self,
         n: usize,
-        single: impl FnOnce(&mut Bounded) -> (Vec<StoreResult<T>>, Option<StoreError>),
+        single: impl FnOnce(&mut Bounded) -> Batch<T>,
         cluster: impl FnOnce(&mut ClusterConnection) -> (Vec<StoreResult<T>>, bool),
     ) -> Vec<StoreResult<T>> {
         let mut conn = match self.checkout() {
