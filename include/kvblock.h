@@ -540,16 +540,16 @@ typedef struct kvb_remote_tier_config_t {
      */
     int32_t connect_timeout_ms;
     /**
-     * Deadline of one batch, milliseconds (default 2000, at least 1). On a standalone server
-     * it bounds the whole pipeline (writing every command, reading every reply) whatever the
-     * server does: silence, a byte at a time, endless lines. A batch (one request's lookup or
-     * fetch) that a worker starts therefore resolves (hit, miss, error or timeout, counted)
-     * within `connect_timeout_ms + io_timeout_ms`, a store batch (EXISTS then SET) within
-     * `connect_timeout_ms + 2 * io_timeout_ms`; after a failure the connections are dropped
-     * and the batches queued behind fail at once while the client backs off. A reply longer
-     * than a value of the window (its header and row) is refused at its first bytes, so a
-     * connection holds at most one value and a 16 KiB buffer. On a Redis Cluster (the `redis`
-     * crate's client) it bounds each reply, and values are checked after they are read.
+     * Deadline of one batch, milliseconds (default 2000, at least 1). It bounds the whole
+     * pipeline (writing every command, reading every reply) whatever the server does:
+     * silence, a byte at a time, endless lines. A batch (one request's lookup or fetch) that a
+     * worker starts therefore resolves (hit, miss, error or timeout, counted) within
+     * `connect_timeout_ms + io_timeout_ms`, on a cluster too (every node and a slot map
+     * refresh included); a store batch (EXISTS then SET) within twice that. After a failure
+     * the connections are dropped and the batches queued behind fail at once while the
+     * client backs off. A reply longer than a value of the window (its header and row) is
+     * refused at its first bytes, so a connection holds at most one value and a 16 KiB
+     * buffer.
      */
     int32_t io_timeout_ms;
     /**

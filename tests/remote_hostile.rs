@@ -5,9 +5,10 @@
 //! and row) and a 16 KiB buffer, so the bytes the reader accepts per failed reply stay within
 //! that (and the process's peak memory does not grow by what the server sends); every batch a
 //! worker runs resolves (hit, miss, error or timeout, counted) within `connect_timeout +
-//! io_timeout` (a store batch: `+ 2 * io_timeout`) whatever the server does; no manager call
+//! io_timeout` (a store batch: twice that) whatever the server does; no manager call
 //! waits on the server; errors are counted by kind; and the tier serves again once the server
-//! behaves. Needs no redis-server.
+//! behaves. The same through the cluster client (the server answers CLUSTER SLOTS as a one-node
+//! cluster). Needs no redis-server.
 
 #[path = "common/hostile_resp.rs"]
 mod hostile_resp;
@@ -42,9 +43,15 @@ fn ns() -> Namespace {
 }
 
 fn store(server: &HostileServer) -> Arc<RedisStore> {
+    store_as(server, false)
+}
+
+/// A store speaking to `server` as a standalone server or as a (one-node) cluster.
+fn store_as(server: &HostileServer, cluster: bool) -> Arc<RedisStore> {
     Arc::new(
         RedisStore::connect(RedisConfig {
             urls: vec![server.url()],
+            cluster,
             connect_timeout: CONNECT,
             io_timeout: IO,
             backoff_min: Duration::from_millis(10),
@@ -314,6 +321,54 @@ fn endless_simple_strings_and_a_close_mid_reply_are_errors() {
         ds.len() as u64
     );
     assert!(st.connection_stats().reply_bytes - read_before < 2 * 32 * 1024 + value);
+    server.set_mode(Mode::Good);
+    recovers(&mut t, &ds);
+}
+
+#[test]
+fn a_cluster_is_bounded_the_same_way() {
+    let server = HostileServer::start(Mode::Good);
+    let ds = blocks(&server, 6, 32);
+    let st = store_as(&server, true);
+    let mut t = tier(&st);
+    recovers(&mut t, &ds);
+    let value = t.namespace().value_len() as u64;
+    let peak = peak_rss();
+    let modes = [
+        Mode::HugeBulk,
+        Mode::ByteByByte(200),
+        Mode::Silent,
+        Mode::EndlessSimple,
+    ];
+    for mode in modes {
+        server.set_mode(mode);
+        std::thread::sleep(Duration::from_millis(60));
+        let (before, read_before) = (t.stats(), st.connection_stats().reply_bytes);
+        assert!(t.fetch(&ds));
+        let (done, took) = settle(&mut t);
+        let s = t.stats();
+        assert_eq!(hits(&done), 0, "{mode:?}");
+        // One deadline for the whole batch: connecting, the slot map, every node.
+        assert!(
+            took < CONNECT + IO + Duration::from_secs(2),
+            "{mode:?}: {took:?}"
+        );
+        assert_eq!(
+            s.errors() - before.errors(),
+            ds.len() as u64,
+            "{mode:?} {s:?}"
+        );
+        let kind = match mode {
+            Mode::HugeBulk => s.errors_oversized - before.errors_oversized,
+            Mode::EndlessSimple => s.errors_protocol - before.errors_protocol,
+            _ => s.errors_timeout - before.errors_timeout,
+        };
+        assert_eq!(kind, ds.len() as u64, "{mode:?} {s:?}");
+        let read = st.connection_stats().reply_bytes - read_before;
+        assert!(read <= value + 32 * 1024, "{mode:?}: read {read} bytes");
+    }
+    let grew = peak_rss().saturating_sub(peak);
+    assert!(grew < 64 << 20, "peak memory grew by {grew} bytes");
     server.set_mode(Mode::Good);
     recovers(&mut t, &ds);
 }

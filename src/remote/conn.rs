@@ -9,7 +9,7 @@
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use super::resp::{encode, Deadline, Reply, RespError, RespStream, Transport};
+use super::resp::{encode, Deadline, Reply, RespError, RespStream, Transport, Value};
 use super::store::{StoreError, StoreResult};
 
 /// Where and how to connect.
@@ -180,6 +180,19 @@ impl Conn {
             }
         }
         Ok(c)
+    }
+
+    /// The cluster's slot map (CLUSTER SLOTS, at most 1 MiB) by `timeout`; an error reply is
+    /// that error (`Other`, or `Auth`).
+    pub fn cluster_slots(&mut self, timeout: Duration) -> StoreResult<Value> {
+        let dl = Deadline::after(timeout);
+        let mut out = Vec::new();
+        encode(&mut out, &[b"CLUSTER", b"SLOTS"]);
+        self.s.write_all(&out, &dl).map_err(store_error)?;
+        match self.s.read_value(1 << 20, &dl).map_err(store_error)? {
+            Value::Reply(Reply::Error(m)) => Err(reply_error(m)),
+            v => Ok(v),
+        }
     }
 
     /// Bytes read from the server on this connection.

@@ -72,7 +72,7 @@ impl std::fmt::Display for RespError {
     }
 }
 
-/// One reply (RESP2, no arrays: none of our commands has one).
+/// One reply (RESP2, no arrays: only CLUSTER SLOTS has one, read by `read_value`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
     Simple(String),
@@ -82,6 +82,18 @@ pub enum Reply {
     Bulk(Vec<u8>),
     Nil,
 }
+
+/// A reply that may be an array (CLUSTER SLOTS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    Reply(Reply),
+    Array(Vec<Value>),
+}
+
+/// Deepest array nesting `read_value` accepts (CLUSTER SLOTS has three levels).
+const MAX_DEPTH: usize = 4;
+/// What each array element costs of `read_value`'s budget beyond its bytes.
+const ELEMENT_COST: usize = 16;
 
 /// A socket whose read and write timeouts can be re-armed.
 pub trait Transport: Read + Write + Send {
@@ -228,9 +240,63 @@ impl<S: Transport> RespStream<S> {
     }
 
     /// Reads one reply by the deadline; a bulk string longer than `max_bulk` is `Oversized`
-    /// as soon as its length line is read.
+    /// as soon as its length line is read; an array is a protocol error.
     pub fn read_reply(&mut self, max_bulk: usize, dl: &Deadline) -> Result<Reply, RespError> {
         let line = self.line(dl)?;
+        self.finish(line, max_bulk, dl)
+    }
+
+    /// Reads one reply that may be an array, by the deadline, of at most `max_bytes` (its bulk
+    /// strings, and `ELEMENT_COST` per element) and `MAX_DEPTH` levels.
+    pub fn read_value(&mut self, max_bytes: usize, dl: &Deadline) -> Result<Value, RespError> {
+        let mut budget = max_bytes;
+        self.value(0, &mut budget, dl)
+    }
+
+    fn value(
+        &mut self,
+        depth: usize,
+        budget: &mut usize,
+        dl: &Deadline,
+    ) -> Result<Value, RespError> {
+        let line = self.line(dl)?;
+        let Some(rest) = line.strip_prefix(b"*") else {
+            let r = self.finish(line, *budget, dl)?;
+            if let Reply::Bulk(b) = &r {
+                *budget -= b.len();
+            }
+            return Ok(Value::Reply(r));
+        };
+        let n = parse_int(rest).ok_or_else(|| RespError::Protocol("array length".into()))?;
+        if n == -1 {
+            return Ok(Value::Reply(Reply::Nil));
+        }
+        let n = usize::try_from(n).map_err(|_| RespError::Protocol(format!("array of {n}")))?;
+        if depth >= MAX_DEPTH {
+            return Err(RespError::Protocol("arrays nested too deep".into()));
+        }
+        let cost = n.saturating_mul(ELEMENT_COST);
+        if cost > *budget {
+            return Err(RespError::Oversized {
+                declared: cost as u64,
+                bound: *budget,
+            });
+        }
+        *budget -= cost;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.value(depth + 1, budget, dl)?);
+        }
+        Ok(Value::Array(out))
+    }
+
+    /// The rest of a reply whose first line is `line`.
+    fn finish(
+        &mut self,
+        line: Vec<u8>,
+        max_bulk: usize,
+        dl: &Deadline,
+    ) -> Result<Reply, RespError> {
         let (kind, rest) = match line.split_first() {
             Some((k, r)) => (*k, r),
             None => return Err(RespError::Protocol("an empty line".into())),
@@ -351,6 +417,44 @@ mod tests {
         assert!(e(b"$2\r\nabc\r\n").contains("longer than its length"));
         assert!(e(b"*1\r\n").contains("reply type"));
         assert!(e(&[b'+'; MAX_LINE + 10]).contains("longer than"));
+    }
+
+    #[test]
+    fn arrays_are_read_within_their_budget_and_depth() {
+        let mut s = RespStream::new(Mem(Cursor::new(
+            b"*2\r\n*3\r\n:0\r\n:5\r\n$2\r\nab\r\n$-1\r\n".to_vec(),
+        )));
+        let dl = Deadline::after(Duration::from_secs(5));
+        let v = s.read_value(1024, &dl).unwrap();
+        let r = |x| Value::Reply(x);
+        assert_eq!(
+            v,
+            Value::Array(vec![
+                Value::Array(vec![
+                    r(Reply::Int(0)),
+                    r(Reply::Int(5)),
+                    r(Reply::Bulk(b"ab".to_vec()))
+                ]),
+                r(Reply::Nil)
+            ])
+        );
+        let value = |b: &[u8], max: usize| {
+            RespStream::new(Mem(Cursor::new(b.to_vec())))
+                .read_value(max, &dl)
+                .map_err(|e| e.to_string())
+        };
+        assert!(value(b"*1000000\r\n", 1024)
+            .unwrap_err()
+            .contains("more than"));
+        assert!(value(b"*1\r\n$2000\r\n", 1024)
+            .unwrap_err()
+            .contains("more than"));
+        assert!(value(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n", 1024)
+            .unwrap_err()
+            .contains("too deep"));
+        // `read_reply` takes no array.
+        let mut s = RespStream::new(Mem(Cursor::new(b"*1\r\n:1\r\n".to_vec())));
+        assert!(matches!(s.read_reply(8, &dl), Err(RespError::Protocol(_))));
     }
 
     #[test]

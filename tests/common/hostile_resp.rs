@@ -1,10 +1,11 @@
 //! A hostile RESP server for `tests/remote_hostile.rs`: bound to 127.0.0.1 only, it answers
-//! the connection setup (AUTH, SELECT, PING) well and the data commands (EXISTS, GET, SET) in
-//! the mode the test sets: well (a small in-memory store), or with a huge bulk length then an
-//! endless stream of bytes, an endless length line, a bulk string that never ends, a valid
-//! reply one byte at a time, silence, a malformed EXISTS integer, an endless simple string, or
-//! half a reply then a close. Bounded: each connection sends at most `MAX_SEND` bytes and lives
-//! at most `CONN_LIFETIME`; the server stops accepting after `SERVER_LIFETIME` or when dropped.
+//! the connection setup (AUTH, SELECT, PING, and CLUSTER SLOTS as a one-node cluster) well and
+//! the data commands (EXISTS, GET, SET) in the mode the test sets: well (a small in-memory
+//! store), or with a huge bulk length then an endless stream of bytes, an endless length line,
+//! a bulk string that never ends, a valid reply one byte at a time, silence, a malformed EXISTS
+//! integer, an endless simple string, or half a reply then a close. Bounded: each connection
+//! sends at most `MAX_SEND` bytes and lives at most `CONN_LIFETIME`; the server stops
+//! accepting after `SERVER_LIFETIME` or when dropped.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ pub enum Mode {
 }
 
 struct State {
+    port: u16,
     mode: Mutex<Mode>,
     data: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     stop: AtomicBool,
@@ -63,6 +65,7 @@ impl HostileServer {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(State {
+            port,
             mode: Mutex::new(mode),
             data: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -242,13 +245,18 @@ fn serve(s: TcpStream, st: &State) {
             return;
         }
         let name = args[0].to_ascii_uppercase();
-        if matches!(name.as_slice(), b"AUTH" | b"SELECT" | b"PING") {
-            let reply: &[u8] = if name == b"PING" {
-                b"+PONG\r\n"
-            } else {
-                b"+OK\r\n"
+        if matches!(name.as_slice(), b"AUTH" | b"SELECT" | b"PING" | b"CLUSTER") {
+            let reply = match name.as_slice() {
+                b"PING" => b"+PONG\r\n".to_vec(),
+                // A one-node cluster: every slot here.
+                b"CLUSTER" => format!(
+                    "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{}\r\n",
+                    st.port
+                )
+                .into_bytes(),
+                _ => b"+OK\r\n".to_vec(),
             };
-            if !send(&mut w, reply, &mut sent) {
+            if !send(&mut w, &reply, &mut sent) {
                 return;
             }
             continue;
