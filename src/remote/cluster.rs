@@ -337,8 +337,13 @@ impl Cluster {
         if broke.is_none() {
             self.checkin(node, conn);
         } else {
+            // As on a standalone server: the batches behind do not wait on a broken node.
             c.drops
                 .fetch_add(1 + self.drop_idle(node), Ordering::Relaxed);
+            lock(&self.down)
+                .entry(node.clone())
+                .or_default()
+                .failed(self.cfg.backoff_min, self.cfg.backoff_max);
         }
         res
     }
