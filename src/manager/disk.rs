@@ -13,7 +13,7 @@ use super::{absorb, KvCacheManager, RequestRef};
 use crate::error::{KvError, KvResult};
 use crate::pool::BlockLayout;
 use crate::tier::io::IoPool;
-use crate::tier::prealloc::allocated_bytes;
+use crate::tier::prealloc::{allocated_bytes, fs_free_bytes};
 use crate::tier::{DiskTier, SlotLayout, TierLimits, TierStats, WritePolicy};
 use crate::window::{DiskPrefetch, WindowBlockManager, WindowDisk};
 
@@ -117,20 +117,7 @@ fn check_directory(dir: &Path) -> KvResult<()> {
 /// Free bytes of the filesystem holding `dir` for an unprivileged writer (what it can really
 /// give: `statvfs`'s available blocks).
 pub fn free_bytes(dir: &Path) -> KvResult<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| invalid("the disk tier directory contains a NUL byte".into()))?;
-    // SAFETY: statvfs only writes into `st`.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `p` is a valid C string and `st` a valid out-pointer.
-    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
-        return Err(invalid(format!(
-            "statvfs({}): {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    fs_free_bytes(dir).map_err(|e| invalid(format!("statvfs({}): {e}", dir.display())))
 }
 
 /// Filesystem metadata a preallocation may take beyond the share (extent blocks).

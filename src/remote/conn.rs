@@ -103,7 +103,7 @@ fn reply_error(m: String) -> StoreError {
     let upper = m.to_ascii_uppercase();
     if ["WRONGPASS", "NOAUTH", "NOPERM", "INVALID PASSWORD"]
         .iter()
-        .any(|w| upper.starts_with(w) || upper.contains(w))
+        .any(|w| upper.contains(w))
     {
         StoreError::Auth(m)
     } else {

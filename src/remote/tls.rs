@@ -1,7 +1,7 @@
-//! TLS for the bounded connections of a standalone `rediss://` store (cargo feature `tls`):
-//! rustls with the ring provider, the server's certificate checked against the configured
-//! authority (or the system's trust store), a client certificate presented when configured.
-//! The same checks the `redis` crate makes for a cluster (`redis::tls_certificates`).
+//! TLS for the bounded connections of a `rediss://` store, standalone or a cluster (cargo
+//! feature `tls`): rustls with the ring provider, the server's certificate checked against the
+//! configured authority (or the system's trust store; only the configured one when set), a
+//! client certificate presented when configured.
 
 use std::io;
 use std::net::TcpStream;
