@@ -23,9 +23,9 @@ use kvblock::manager::{
 };
 use kvblock::remote::{
     FetchDone, Fetched, Known, Namespace, RedisConfig, RedisStore, RemoteLimits, RemoteStats,
-    RemoteStore, RemoteTier, RemoteWorkers,
+    RemoteStore, RemoteTier, RemoteWorkers, StoreItem,
 };
-use kvblock::tier::sealed::{prefix_digest, PrefixDigest, SlotLayout, ROOT_DIGEST};
+use kvblock::tier::sealed::{prefix_digest, OwnedKey, PrefixDigest, SlotLayout, ROOT_DIGEST};
 
 /// The deadline of one batch in these tests.
 const IO: Duration = Duration::from_millis(300);
@@ -96,6 +96,23 @@ fn blocks(server: &HostileServer, seed: i32, n: usize) -> Vec<PrefixDigest> {
 fn unknown(seed: i32, n: usize) -> Vec<PrefixDigest> {
     (0..n)
         .map(|b| prefix_digest(&ROOT_DIGEST, &BlockKeyRef::plain(&[seed, b as i32, 0, 0])))
+        .collect()
+}
+
+/// Blocks to store under `digests` (their keys need not match: the server does not check).
+fn store_items(digests: &[PrefixDigest]) -> Vec<StoreItem> {
+    let ns = ns();
+    digests
+        .iter()
+        .map(|d| StoreItem {
+            digest: *d,
+            parent: ROOT_DIGEST,
+            key: OwnedKey {
+                token_ids: vec![1, 2, 3, 4],
+                ..OwnedKey::default()
+            },
+            value: ns.new_value(),
+        })
         .collect()
 }
 
@@ -234,9 +251,26 @@ fn a_reply_a_byte_at_a_time_and_silence_end_by_the_deadline() {
         assert!(took < CONNECT + IO + Duration::from_secs(2), "{took:?}");
         assert!(fresh.iter().all(|d| t.known(d) != Known::Present));
         assert_eq!(t.stats().errors_timeout - before.errors_timeout, 8);
+        // A store batch (EXISTS, then SET): within twice the deadline, each write failed and
+        // counted, none taken as written.
+        std::thread::sleep(Duration::from_millis(60));
+        let before = t.stats();
+        t.store(store_items(&unknown(10 + i as i32, 4)));
+        let (_, took) = settle(&mut t);
+        assert!(
+            took < 2 * (CONNECT + IO) + Duration::from_secs(2),
+            "{took:?}"
+        );
+        let s = t.stats();
+        assert_eq!((s.writes, s.errors() - before.errors()), (before.writes, 4));
     }
     server.set_mode(Mode::Good);
     recovers(&mut t, &ds);
+    // And writes go through again.
+    let fresh = unknown(20, 4);
+    t.store(store_items(&fresh));
+    settle(&mut t);
+    assert_eq!(t.stats().writes, 4);
 }
 
 #[test]
