@@ -56,8 +56,8 @@ pub struct ConnectionStats {
     /// Connections dropped after a failed exchange (a timeout, a malformed or oversized
     /// reply, a closed connection), idle ones dropped with them included.
     pub drops: u64,
-    /// Bytes read from standalone servers (replies and setup), what the bounded readers
-    /// accepted.
+    /// Bytes the bounded readers accepted in reply to batches (and to slot map requests),
+    /// connection setup aside.
     pub reply_bytes: u64,
 }
 
