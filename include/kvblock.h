@@ -1926,8 +1926,8 @@ typedef struct kvb_remote_stats_t {
      */
     uint64_t policy_skips;
     /**
-     * Keys whose operation failed because the store was unreachable (or the client was
-     * backing off after a failure).
+     * Keys whose operation failed because the store was unreachable, closed the connection
+     * (mid-reply too), or the client was backing off after a failure.
      */
     uint64_t errors_unavailable;
     /**

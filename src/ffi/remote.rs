@@ -148,8 +148,8 @@ pub struct kvb_remote_stats_t {
     pub write_drops: u64,
     /// Stores declined (a key too large for a value header, a row that cannot be read).
     pub policy_skips: u64,
-    /// Keys whose operation failed because the store was unreachable (or the client was
-    /// backing off after a failure).
+    /// Keys whose operation failed because the store was unreachable, closed the connection
+    /// (mid-reply too), or the client was backing off after a failure.
     pub errors_unavailable: u64,
     /// Keys whose batch did not finish by its deadline (`io_timeout_ms` for the whole
     /// pipeline on a standalone server: a silent server, or one that sends a byte at a time).
