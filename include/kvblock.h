@@ -466,8 +466,12 @@ typedef struct kvb_disk_tier_config_t {
      */
     uint64_t bytes_per_window;
     /**
-     * Share of the free space (the tier's own files count as free) when `bytes_per_window`
-     * is 0, in (0, 1]; default 0.5.
+     * Share of the free space when `bytes_per_window` is 0, in (0, 1]; default 0.5. Free
+     * space is what the filesystem can give (`statvfs`), plus the blocks the tier's own files
+     * already take (allocated blocks, `st_blocks * 512`: a sparse file counts for what it
+     * holds, not its apparent size). The files are preallocated only while the filesystem
+     * keeps what the share leaves free (less 64 KiB of metadata); else they stay sparse. A
+     * preallocation that fails gives back the space it took.
      */
     double free_space_share;
     /**
@@ -536,7 +540,16 @@ typedef struct kvb_remote_tier_config_t {
      */
     int32_t connect_timeout_ms;
     /**
-     * Bound of one reply, milliseconds (default 2000, at least 1).
+     * Deadline of one batch, milliseconds (default 2000, at least 1). It bounds the whole
+     * pipeline (writing every command, reading every reply) whatever the server does:
+     * silence, a byte at a time, endless lines. A batch (one request's lookup or fetch) that a
+     * worker starts therefore resolves (hit, miss, error or timeout, counted) within
+     * `connect_timeout_ms + io_timeout_ms`, on a cluster too (every node and a slot map
+     * refresh included); a store batch (EXISTS then SET) within twice that. After a failure
+     * the connections are dropped and the batches queued behind fail at once while the
+     * client backs off. A reply longer than a value of the window (its header and row) is
+     * refused at its first bytes, so a connection holds at most one value and a 16 KiB
+     * buffer.
      */
     int32_t io_timeout_ms;
     /**
@@ -1913,12 +1926,13 @@ typedef struct kvb_remote_stats_t {
      */
     uint64_t policy_skips;
     /**
-     * Keys whose operation failed because the store was unreachable (or the client was
-     * backing off after a failure).
+     * Keys whose operation failed because the store was unreachable, closed the connection
+     * (mid-reply too), or the client was backing off after a failure.
      */
     uint64_t errors_unavailable;
     /**
-     * Keys whose operation timed out.
+     * Keys whose batch did not finish by its deadline (`io_timeout_ms` for the whole
+     * pipeline on a standalone server: a silent server, or one that sends a byte at a time).
      */
     uint64_t errors_timeout;
     /**
@@ -1966,6 +1980,19 @@ typedef struct kvb_remote_stats_t {
      * 99th percentile of the store batches' round trip, microseconds.
      */
     uint64_t store_p99_us;
+    /**
+     * Keys whose reply was malformed: not a RESP reply, an integer that is not one, EXISTS
+     * answering other than 0 or 1, a line longer than 4 KiB (an endless simple string), a
+     * bulk string longer than its length. The connection is dropped. Added after
+     * `store_p99_us` (see `kvb_manager_get_remote_stats`).
+     */
+    uint64_t errors_protocol;
+    /**
+     * Keys whose reply was longer than any value of the window's namespace (its header and
+     * row): refused at the reply's length line, before its bytes are read; the connection is
+     * dropped.
+     */
+    uint64_t errors_oversized;
 } kvb_remote_stats_t;
 
 #ifdef __cplusplus
@@ -3267,7 +3294,8 @@ enum kvb_status_t kvb_manager_remote_blocks_pending(struct kvb_manager_t *manage
 
 /**
  * The remote tier's counters, summed over windows (zeros without a remote tier). Set
- * `out->struct_size` to `sizeof(kvb_remote_stats_t)` first.
+ * `out->struct_size` to `sizeof(kvb_remote_stats_t)` first (a caller built before
+ * `errors_protocol` passes its smaller size and gets the fields it has).
  */
 enum kvb_status_t kvb_manager_get_remote_stats(struct kvb_manager_t *manager,
                                                struct kvb_remote_stats_t *out);

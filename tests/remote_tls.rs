@@ -189,7 +189,7 @@ fn round_trip(store: &RedisStore) {
         .put(&[(k1, v1.as_slice()), (k2, v2.as_slice())])
         .iter()
         .all(Result::is_ok));
-    let got = store.get(&[k1, k2, b"kvb:tls:test:absent"]);
+    let got = store.get(&[k1, k2, b"kvb:tls:test:absent"], 1 << 20);
     assert_eq!(got[0].as_ref().unwrap().as_deref(), Some(v1.as_slice()));
     assert_eq!(got[1].as_ref().unwrap().as_deref(), Some(v2.as_slice()));
     assert_eq!(got[2].as_ref().unwrap(), &None);

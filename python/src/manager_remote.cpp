@@ -29,7 +29,8 @@ void init_remote(nb::module_& m) {
     X(write_bytes) X(write_skips) X(write_dedup_remote) X(write_drops) X(policy_skips) \
     X(errors_unavailable) X(errors_timeout) X(errors_auth) X(errors_other) \
     X(lookups_in_flight) X(fetches_in_flight) X(writes_queued) X(lookup_p50_us) \
-    X(lookup_p99_us) X(fetch_p50_us) X(fetch_p99_us) X(store_p50_us) X(store_p99_us)
+    X(lookup_p99_us) X(fetch_p50_us) X(fetch_p99_us) X(store_p50_us) X(store_p99_us) \
+    X(errors_protocol) X(errors_oversized)
     // clang-format on
 #define X(name) stats.def_ro(#name, &kvb_remote_stats_t::name);
     KVB_REMOTE_STATS_FIELDS(X)

@@ -43,8 +43,12 @@ pub struct kvb_disk_tier_config_t {
     pub directory: *const c_char,
     /// Bytes of each window's file; 0 = `free_space_share` of the directory's free space.
     pub bytes_per_window: u64,
-    /// Share of the free space (the tier's own files count as free) when `bytes_per_window`
-    /// is 0, in (0, 1]; default 0.5.
+    /// Share of the free space when `bytes_per_window` is 0, in (0, 1]; default 0.5. Free
+    /// space is what the filesystem can give (`statvfs`), plus the blocks the tier's own files
+    /// already take (allocated blocks, `st_blocks * 512`: a sparse file counts for what it
+    /// holds, not its apparent size). The files are preallocated only while the filesystem
+    /// keeps what the share leaves free (less 64 KiB of metadata); else they stay sparse. A
+    /// preallocation that fails gives back the space it took.
     pub free_space_share: f64,
     /// A `kvb_disk_write_policy_t` (default `KVB_DISK_WRITE_ALL`).
     pub write_policy: i32,

@@ -63,7 +63,16 @@ pub struct kvb_remote_tier_config_t {
     pub threads: i32,
     /// Bound of a connection attempt, milliseconds (default 500, at least 1).
     pub connect_timeout_ms: i32,
-    /// Bound of one reply, milliseconds (default 2000, at least 1).
+    /// Deadline of one batch, milliseconds (default 2000, at least 1). It bounds the whole
+    /// pipeline (writing every command, reading every reply) whatever the server does:
+    /// silence, a byte at a time, endless lines. A batch (one request's lookup or fetch) that a
+    /// worker starts therefore resolves (hit, miss, error or timeout, counted) within
+    /// `connect_timeout_ms + io_timeout_ms`, on a cluster too (every node and a slot map
+    /// refresh included); a store batch (EXISTS then SET) within twice that. After a failure
+    /// the connections are dropped and the batches queued behind fail at once while the
+    /// client backs off. A reply longer than a value of the window (its header and row) is
+    /// refused at its first bytes, so a connection holds at most one value and a 16 KiB
+    /// buffer.
     pub io_timeout_ms: i32,
     /// First reconnection backoff, milliseconds (default 100, at least 1); it doubles after
     /// each failed attempt up to `backoff_max_ms`.
@@ -139,10 +148,11 @@ pub struct kvb_remote_stats_t {
     pub write_drops: u64,
     /// Stores declined (a key too large for a value header, a row that cannot be read).
     pub policy_skips: u64,
-    /// Keys whose operation failed because the store was unreachable (or the client was
-    /// backing off after a failure).
+    /// Keys whose operation failed because the store was unreachable, closed the connection
+    /// (mid-reply too), or the client was backing off after a failure.
     pub errors_unavailable: u64,
-    /// Keys whose operation timed out.
+    /// Keys whose batch did not finish by its deadline (`io_timeout_ms` for the whole
+    /// pipeline on a standalone server: a silent server, or one that sends a byte at a time).
     pub errors_timeout: u64,
     /// Keys whose operation the store refused for credentials or permissions.
     pub errors_auth: u64,
@@ -167,7 +177,19 @@ pub struct kvb_remote_stats_t {
     pub store_p50_us: u64,
     /// 99th percentile of the store batches' round trip, microseconds.
     pub store_p99_us: u64,
+    /// Keys whose reply was malformed: not a RESP reply, an integer that is not one, EXISTS
+    /// answering other than 0 or 1, a line longer than 4 KiB (an endless simple string), a
+    /// bulk string longer than its length. The connection is dropped. Added after
+    /// `store_p99_us` (see `kvb_manager_get_remote_stats`).
+    pub errors_protocol: u64,
+    /// Keys whose reply was longer than any value of the window's namespace (its header and
+    /// row): refused at the reply's length line, before its bytes are read; the connection is
+    /// dropped.
+    pub errors_oversized: u64,
 }
+
+/// `struct_size` of a `kvb_remote_stats_t` from before `errors_protocol`.
+const REMOTE_STATS_V1_SIZE: usize = std::mem::offset_of!(kvb_remote_stats_t, errors_protocol);
 
 impl From<RemoteStats> for kvb_remote_stats_t {
     fn from(s: RemoteStats) -> Self {
@@ -208,6 +230,8 @@ impl From<RemoteStats> for kvb_remote_stats_t {
             fetch_p99_us: s.fetch_p99_us,
             store_p50_us: s.store_p50_us,
             store_p99_us: s.store_p99_us,
+            errors_protocol: s.errors_protocol,
+            errors_oversized: s.errors_oversized,
         }
     }
 }
@@ -407,7 +431,8 @@ pub extern "C" fn kvb_manager_remote_blocks_pending(
 }
 
 /// The remote tier's counters, summed over windows (zeros without a remote tier). Set
-/// `out->struct_size` to `sizeof(kvb_remote_stats_t)` first.
+/// `out->struct_size` to `sizeof(kvb_remote_stats_t)` first (a caller built before
+/// `errors_protocol` passes its smaller size and gets the fields it has).
 #[no_mangle]
 pub extern "C" fn kvb_manager_get_remote_stats(
     manager: *mut kvb_manager_t,
@@ -417,11 +442,22 @@ pub extern "C" fn kvb_manager_get_remote_stats(
         require_out(out, "out")?;
         // SAFETY: non-null (checked); struct_size comes first.
         let size = unsafe { out.cast::<u32>().read_unaligned() };
-        check_struct_size(
-            size,
-            std::mem::size_of::<kvb_remote_stats_t>(),
-            "kvb_remote_stats_t",
-        )?;
+        let full = std::mem::size_of::<kvb_remote_stats_t>();
+        if size as usize == REMOTE_STATS_V1_SIZE {
+            // A caller built before the protocol / oversized counters: its fields only.
+            let mut s: kvb_remote_stats_t = m.remote_stats().into();
+            s.struct_size = size;
+            // SAFETY: the caller's struct has `size` bytes; `s` has more.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&s as *const kvb_remote_stats_t).cast::<u8>(),
+                    out.cast::<u8>(),
+                    REMOTE_STATS_V1_SIZE,
+                )
+            };
+            return Ok(());
+        }
+        check_struct_size(size, full, "kvb_remote_stats_t")?;
         write_out(out, m.remote_stats().into(), "out")
     })
 }

@@ -13,6 +13,7 @@ use super::{absorb, KvCacheManager, RequestRef};
 use crate::error::{KvError, KvResult};
 use crate::pool::BlockLayout;
 use crate::tier::io::IoPool;
+use crate::tier::prealloc::{allocated_bytes, fs_free_bytes};
 use crate::tier::{DiskTier, SlotLayout, TierLimits, TierStats, WritePolicy};
 use crate::window::{DiskPrefetch, WindowBlockManager, WindowDisk};
 
@@ -28,8 +29,9 @@ pub struct DiskTierConfig {
     /// Bytes of each window's file; 0 = `free_space_share` of the directory's free space,
     /// split over the windows in proportion to their row bytes.
     pub bytes_per_window: u64,
-    /// Share of the directory's free space (counting the tier's own files) used when
-    /// `bytes_per_window` is 0, in (0, 1].
+    /// Share of the directory's free space used when `bytes_per_window` is 0, in (0, 1]. Free
+    /// space counts the blocks the tier's own files take (allocated, not apparent, sizes);
+    /// preallocation never takes the filesystem past the share (`slots_per_window`).
     pub free_space_share: f64,
     pub write_policy: WritePolicy,
     /// I/O worker threads (at least 1).
@@ -112,47 +114,44 @@ fn check_directory(dir: &Path) -> KvResult<()> {
     }
 }
 
-/// Free bytes of the filesystem holding `dir` for an unprivileged writer.
+/// Free bytes of the filesystem holding `dir` for an unprivileged writer (what it can really
+/// give: `statvfs`'s available blocks).
 pub fn free_bytes(dir: &Path) -> KvResult<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| invalid("the disk tier directory contains a NUL byte".into()))?;
-    // SAFETY: statvfs only writes into `st`.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `p` is a valid C string and `st` a valid out-pointer.
-    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
-        return Err(invalid(format!(
-            "statvfs({}): {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    fs_free_bytes(dir).map_err(|e| invalid(format!("statvfs({}): {e}", dir.display())))
 }
 
-/// Slots of each window: the explicit budget, or the share of free space (the tier's own
-/// files count as free: they are reused) split in proportion to the windows' slot bytes.
+/// Filesystem metadata a preallocation may take beyond the share (extent blocks).
+const METADATA_ALLOWANCE: u64 = 64 << 10;
+
+/// Slots of each window: the explicit budget, or the share of free space (the space the
+/// tier's own files take counts as free: they are reused) split in proportion to the windows'
+/// slot bytes. Also the bytes the filesystem must keep free when the files are preallocated
+/// (share only: what the share leaves, less `METADATA_ALLOWANCE`). What a file takes is its
+/// allocated blocks, not its apparent size: a sparse file takes nothing, so it adds nothing to
+/// the free space.
 fn slots_per_window(
     cfg: &DiskTierConfig,
     dir: &Path,
     windows: &[(usize, SlotLayout)],
-) -> KvResult<Vec<u64>> {
+) -> KvResult<(Vec<u64>, Option<u64>)> {
+    let mut keep_free = None;
     let budgets: Vec<u64> = if cfg.bytes_per_window > 0 {
         vec![cfg.bytes_per_window; windows.len()]
     } else {
         let own: u64 = windows
             .iter()
-            .filter_map(|(w, _)| std::fs::metadata(dir.join(disk_file_name(*w))).ok())
-            .map(|m| m.len())
+            .map(|(w, _)| allocated_bytes(&dir.join(disk_file_name(*w))))
             .sum();
-        let total = ((free_bytes(dir)?.saturating_add(own)) as f64 * cfg.free_space_share) as u64;
+        let usable = free_bytes(dir)?.saturating_add(own);
+        let total = (usable as f64 * cfg.free_space_share) as u64;
+        keep_free = Some((usable - total.min(usable)).saturating_sub(METADATA_ALLOWANCE));
         let weight: f64 = windows.iter().map(|(_, l)| l.slot_bytes() as f64).sum();
         windows
             .iter()
             .map(|(_, l)| (total as f64 * l.slot_bytes() as f64 / weight) as u64)
             .collect()
     };
-    windows
+    let slots = windows
         .iter()
         .zip(budgets)
         .map(|((w, l), bytes)| {
@@ -166,7 +165,8 @@ fn slots_per_window(
                 Ok(slots)
             }
         })
-        .collect()
+        .collect::<KvResult<Vec<u64>>>()?;
+    Ok((slots, keep_free))
 }
 
 /// Validates the disk tier's configuration and opens one tier per window.
@@ -217,7 +217,7 @@ pub(super) fn attach_disk_tiers(
             )
         })
         .collect();
-    let slots = slots_per_window(cfg, dir, &layouts)?;
+    let (slots, keep_free) = slots_per_window(cfg, dir, &layouts)?;
     let pool = Arc::new(
         IoPool::new(cfg.io_threads)
             .map_err(|e| KvError::OutOfMemory(format!("disk I/O threads: {e}")))?,
@@ -228,13 +228,14 @@ pub(super) fn attach_disk_tiers(
     };
     let mut tiers = Vec::with_capacity(windows.len());
     for ((w, layout), n) in layouts.iter().zip(slots) {
-        let tier = DiskTier::open(dir, &disk_file_name(*w), *layout, n, limits, pool.clone())
+        let name = disk_file_name(*w);
+        let tier = DiskTier::open_within(dir, &name, *layout, n, limits, pool.clone(), keep_free)
             .map_err(|e| {
-                invalid(format!(
-                    "disk tier file of window {w} in {}: {e}",
-                    dir.display()
-                ))
-            })?;
+            invalid(format!(
+                "disk tier file of window {w} in {}: {e}",
+                dir.display()
+            ))
+        })?;
         tiers.push(tier);
     }
     for (w, tier) in windows.iter_mut().zip(tiers) {

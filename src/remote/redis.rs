@@ -1,25 +1,33 @@
-//! The Redis / Valkey backend of the remote tier's store, standalone or a Redis Cluster, through
-//! the `redis` crate's synchronous client on the tier's worker threads. Every wait is bounded:
-//! connecting by `connect_timeout`, each reply by `io_timeout`. A failed connection is dropped
-//! and reopened on a later batch; while the server is unreachable, batches fail at once
-//! (`Unavailable`) until a backoff that doubles from `backoff_min` up to `backoff_max` has
-//! passed, so a dead server costs misses, not waits. Lookups and writes are pipelined (one
-//! round trip per batch; in a cluster, one per node the keys hash to); when a cluster pipeline
-//! fails (a node down), its keys are retried one by one so each gets its own result.
+//! The Redis / Valkey backend of the remote tier's store, standalone or a Redis Cluster, on
+//! the tier's worker threads, through kvblock's own bounded connections (`conn`, `resp`; a
+//! cluster's routing in `cluster`). Why not the `redis` crate's clients (it parses the URLs
+//! here): they read a bulk reply of whatever length the server announces, and their timeouts
+//! bound one socket read, not a batch, so a broken or hostile server could make them buffer
+//! gigabytes or wait forever. Here every batch ends by its deadline, whatever the server
+//! sends: connecting by `connect_timeout`, each pipeline (every command written, every reply
+//! read) by `io_timeout` (on a cluster the whole batch, every node and a map refresh, by
+//! `connect_timeout + io_timeout`); a GET reply longer than the value the caller can accept is
+//! refused at its first bytes. A failed connection is dropped, with the idle ones (they lead to
+//! the same server), and reopened on a later batch; while the server (or a cluster node) is
+//! unreachable, its batches fail at once (`Unavailable`) until a backoff that doubles from
+//! `backoff_min` up to `backoff_max` has passed, so a dead server costs misses, not waits.
+//! Lookups and writes are pipelined: one round trip per batch, in a cluster one per node the
+//! keys hash to, a node down costing its keys only.
 //!
-//! TLS (`rediss://` URLs) needs the cargo feature `tls` (rustls with the ring provider, through
-//! the `redis` crate's `tls-rustls`): the server's certificate is checked against the configured
-//! authority (or the system's trust store), and a client certificate is presented when one is
-//! configured. Without the feature, `rediss://` is an error at creation that says so.
+//! TLS (`rediss://` URLs) needs the cargo feature `tls` (rustls with the ring provider,
+//! `tls`): the server's certificate is checked against the configured authority (or the
+//! system's trust store), and a client certificate is presented when one is configured.
+//! Without the feature, `rediss://` is an error at creation that says so.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{ErrorKind, IntoConnectionInfo, RedisError, RedisResult};
+use redis::{ConnectionAddr, IntoConnectionInfo};
 
+use super::cluster::Cluster;
+use super::conn::{Batch, Conn as Bounded, Endpoint};
 use super::store::{ConnectionStats, RemoteStore, StoreError, StoreResult};
 use crate::tier::io::lock;
 
@@ -36,7 +44,8 @@ pub struct RedisConfig {
     /// Password (`None`: the URL's, else none).
     pub password: Option<String>,
     pub connect_timeout: Duration,
-    /// Longest wait for one reply (a whole pipeline's, on a standalone server).
+    /// Deadline of one batch on a standalone server: writing its pipeline and reading every
+    /// reply, whatever the server sends (on a cluster: of one reply).
     pub io_timeout: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -101,56 +110,94 @@ fn check_tls_settings(cfg: &RedisConfig) -> StoreResult<bool> {
     Ok(tls)
 }
 
-/// The certificates of a `rediss://` store, read from the configured files.
-#[cfg(feature = "tls")]
-fn tls_certificates(cfg: &RedisConfig) -> StoreResult<redis::TlsCertificates> {
-    // rustls needs a process-wide crypto provider; keep the engine's if it installed one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let read = |p: &PathBuf, what: &str| {
-        std::fs::read(p).map_err(|e| StoreError::Other(format!("{what} {}: {e}", p.display())))
+/// A connection's address and settings from a URL (credentials set in the config win).
+fn endpoint(url: &str, cfg: &RedisConfig, tls: bool) -> StoreResult<Endpoint> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::Other(format!("bad Redis URL: {e}")))?;
+    let (host, port) = match info.addr() {
+        ConnectionAddr::Tcp(h, p) => (h.clone(), *p),
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            ..
+        } => (host.clone(), *port),
+        other => {
+            return Err(StoreError::Other(format!(
+                "unsupported Redis address {other} (redis://host:port, rediss://host:port)"
+            )))
+        }
     };
-    let client_tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-            client_cert: read(c, "tls_cert_file")?,
-            client_key: read(k, "tls_key_file")?,
-        }),
-        _ => None,
+    let r = info.redis_settings();
+    #[cfg(feature = "tls")]
+    let tls = if tls {
+        Some(super::tls::client_config(
+            cfg.tls_ca_file.as_deref(),
+            cfg.tls_cert_file.as_deref(),
+            cfg.tls_key_file.as_deref(),
+        )?)
+    } else {
+        None
     };
-    let root_cert = match &cfg.tls_ca_file {
-        Some(p) => Some(read(p, "tls_ca_file")?),
-        None => None,
-    };
-    Ok(redis::TlsCertificates {
-        client_tls,
-        root_cert,
+    #[cfg(not(feature = "tls"))]
+    let _ = tls; // always false here: check_tls_settings refused rediss://
+    Ok(Endpoint {
+        host,
+        port,
+        username: cfg
+            .username
+            .clone()
+            .or_else(|| r.username().map(String::from)),
+        password: cfg
+            .password
+            .clone()
+            .or_else(|| r.password().map(String::from)),
+        db: r.db(),
+        #[cfg(feature = "tls")]
+        tls,
     })
 }
 
 enum Client {
-    Single(redis::Client),
-    Cluster(ClusterClient),
+    Single(Endpoint),
+    Cluster(Box<Cluster>),
 }
 
-enum Conn {
-    Single(redis::Connection),
-    Cluster(Box<ClusterConnection>),
-}
-
+/// The reconnection backoff of a server (or of one cluster node).
 #[derive(Default)]
-struct Backoff {
+pub(super) struct Backoff {
     failures: u32,
-    retry_at: Option<Instant>,
+    pub(super) retry_at: Option<Instant>,
+}
+
+impl Backoff {
+    /// Starts (or lengthens) the backoff after a failure: `min` doubling up to `max`.
+    pub(super) fn failed(&mut self, min: Duration, max: Duration) {
+        let shift = self.failures.min(16);
+        let wait = min.saturating_mul(1u32 << shift).min(max);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(Instant::now() + wait);
+    }
+}
+
+/// Connection counters (`ConnectionStats`), shared with the cluster's routing.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) connects: AtomicU64,
+    pub(super) connect_failures: AtomicU64,
+    pub(super) backoff_refusals: AtomicU64,
+    pub(super) drops: AtomicU64,
+    pub(super) reply_bytes: AtomicU64,
 }
 
 /// A Redis or Redis Cluster store.
 pub struct RedisStore {
     cfg: RedisConfig,
     client: Client,
-    idle: Mutex<Vec<Conn>>,
+    idle: Mutex<Vec<Bounded>>,
     backoff: Mutex<Backoff>,
-    connects: AtomicU64,
-    connect_failures: AtomicU64,
-    backoff_refusals: AtomicU64,
+    counters: Counters,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -159,53 +206,12 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Maps a client error to the store's error kinds.
-fn classify(e: &RedisError) -> StoreError {
-    let text = e.to_string();
-    let upper = text.to_ascii_uppercase();
-    // A refused certificate (theirs or ours) is a configuration error, not an outage.
-    if ["CERTIFICATE", "HANDSHAKE", "TLS ALERT"]
-        .iter()
-        .any(|w| upper.contains(w))
-    {
-        return StoreError::Auth(format!("TLS: {text}"));
-    }
-    let auth = e.kind() == ErrorKind::AuthenticationFailed
-        || ["WRONGPASS", "NOAUTH", "NOPERM", "INVALID PASSWORD"]
-            .iter()
-            .any(|w| upper.contains(w));
-    if auth {
-        StoreError::Auth(text)
-    } else if e.is_timeout() {
-        StoreError::Timeout(text)
-    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
-        StoreError::Unavailable(text)
-    } else {
-        StoreError::Other(text)
-    }
-}
-
-fn cluster_pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::cluster::ClusterPipeline {
-    let mut p = redis::cluster::cluster_pipe();
-    for k in keys {
-        p.cmd(cmd).arg(*k);
-    }
-    p
-}
-
-fn pipe_keys(cmd: &str, keys: &[&[u8]]) -> redis::Pipeline {
-    let mut p = redis::pipe();
-    for k in keys {
-        p.cmd(cmd).arg(*k);
-    }
-    p
-}
-
 impl RedisStore {
-    /// Builds the client and makes one bounded attempt to connect and authenticate. Credentials
-    /// the server refuses (and malformed URLs, `rediss://`) are an error here; a server that
-    /// cannot be reached is not: the store starts backing off and its batches are misses until
-    /// it answers.
+    /// Builds the client and makes one bounded attempt to connect and authenticate (on a
+    /// cluster: to read its slot map). Credentials the server refuses (and malformed URLs,
+    /// `rediss://` without TLS, a cluster URL that is not a cluster) are an error here; a
+    /// server that cannot be reached is not: the store starts backing off and its batches are
+    /// misses until it answers.
     pub fn connect(cfg: RedisConfig) -> StoreResult<RedisStore> {
         if cfg.urls.is_empty() {
             return Err(StoreError::Other("no Redis URL given".into()));
@@ -214,144 +220,83 @@ impl RedisStore {
         if cfg.io_timeout.is_zero() || cfg.connect_timeout.is_zero() {
             return Err(StoreError::Other("Redis timeouts must be positive".into()));
         }
-        let mut infos = Vec::with_capacity(cfg.urls.len());
+        let mut eps = Vec::with_capacity(cfg.urls.len());
         for u in &cfg.urls {
-            let mut info = u
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| StoreError::Other(format!("bad Redis URL: {e}")))?;
-            let mut settings = info.redis_settings().clone();
-            if let Some(p) = &cfg.password {
-                settings = settings.set_password(p);
-            }
-            if let Some(n) = &cfg.username {
-                settings = settings.set_username(n);
-            }
-            info = info.set_redis_settings(settings);
-            infos.push(info);
+            eps.push(endpoint(u, &cfg, tls)?);
         }
         let client = if cfg.cluster {
-            let mut b = ClusterClient::builder(infos)
-                .connection_timeout(cfg.connect_timeout)
-                .response_timeout(cfg.io_timeout)
-                .retries(1)
-                .min_retry_wait(10)
-                .max_retry_wait(50);
-            if let Some(p) = &cfg.password {
-                b = b.password(p);
-            }
-            if let Some(n) = &cfg.username {
-                b = b.username(n);
-            }
-            #[cfg(feature = "tls")]
-            if tls {
-                b = b.certs(tls_certificates(&cfg)?);
-            }
-            Client::Cluster(b.build().map_err(|e| classify(&e))?)
+            let seeds = eps.iter().map(|e| (e.host.clone(), e.port)).collect();
+            Client::Cluster(Box::new(Cluster::new(
+                eps.swap_remove(0),
+                seeds,
+                cfg.clone(),
+            )))
+        } else if eps.len() != 1 {
+            return Err(StoreError::Other(
+                "a standalone Redis takes one URL (several: set cluster)".into(),
+            ));
         } else {
-            if infos.len() != 1 {
-                return Err(StoreError::Other(
-                    "a standalone Redis takes one URL (several: set cluster)".into(),
-                ));
-            }
-            let info = infos.pop().expect("one");
-            #[cfg(feature = "tls")]
-            let client = if tls {
-                redis::Client::build_with_tls(info, tls_certificates(&cfg)?)
-            } else {
-                redis::Client::open(info)
-            };
-            #[cfg(not(feature = "tls"))]
-            let client = {
-                let _ = tls; // always false here: check_tls_settings refused rediss://
-                redis::Client::open(info)
-            };
-            Client::Single(client.map_err(|e| classify(&e))?)
+            Client::Single(eps.pop().expect("one"))
         };
         let store = RedisStore {
             cfg,
             client,
             idle: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff::default()),
-            connects: AtomicU64::new(0),
-            connect_failures: AtomicU64::new(0),
-            backoff_refusals: AtomicU64::new(0),
+            counters: Counters::default(),
         };
-        match store.open() {
-            Ok(mut c) => {
-                let ping = match &mut c {
-                    Conn::Single(c) => redis::cmd("PING").query::<String>(c),
-                    Conn::Cluster(c) => redis::cmd("PING").query::<String>(c),
-                };
-                match ping {
-                    Ok(_) => lock(&store.idle).push(c),
-                    Err(e) => match classify(&e) {
-                        StoreError::Auth(m) => return Err(StoreError::Auth(m)),
-                        _ => store.failed(),
-                    },
-                }
-            }
-            Err(StoreError::Auth(m)) => return Err(StoreError::Auth(m)),
-            Err(StoreError::Other(m)) if store.cfg.cluster => {
-                // A cluster whose seeds answer but refuse the topology request (not a cluster).
-                return Err(StoreError::Other(m));
-            }
-            Err(_) => {}
+        match &store.client {
+            Client::Single(_) => match store.open() {
+                // It answered PING when it opened.
+                Ok(c) => lock(&store.idle).push(c),
+                Err(StoreError::Auth(m)) => return Err(StoreError::Auth(m)),
+                Err(_) => {}
+            },
+            Client::Cluster(c) => match c.refresh(&c.deadline(), &store.counters) {
+                Ok(()) => {}
+                // Refused credentials; or seeds that answer but refuse the slot map (not a
+                // cluster).
+                Err(e @ (StoreError::Auth(_) | StoreError::Other(_))) => return Err(e),
+                Err(_) => {}
+            },
         }
         Ok(store)
     }
 
-    fn open(&self) -> StoreResult<Conn> {
-        let r = match &self.client {
-            Client::Single(c) => c
-                .get_connection_with_timeout(self.cfg.connect_timeout)
-                .and_then(|con| {
-                    con.set_read_timeout(Some(self.cfg.io_timeout))?;
-                    con.set_write_timeout(Some(self.cfg.io_timeout))?;
-                    Ok(Conn::Single(con))
-                }),
-            Client::Cluster(c) => c.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+    fn open(&self) -> StoreResult<Bounded> {
+        let Client::Single(ep) = &self.client else {
+            unreachable!("a cluster opens its connections itself")
         };
-        match r {
+        match Bounded::open(ep, self.cfg.connect_timeout) {
             Ok(c) => {
-                self.connects.fetch_add(1, Ordering::Relaxed);
+                self.counters.connects.fetch_add(1, Ordering::Relaxed);
                 Ok(c)
             }
             Err(e) => {
-                self.connect_failures.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .connect_failures
+                    .fetch_add(1, Ordering::Relaxed);
                 self.failed();
-                Err(classify(&e))
+                Err(e)
             }
         }
     }
 
     /// Starts (or lengthens) the backoff after a failure.
     fn failed(&self) {
-        let mut b = lock(&self.backoff);
-        let shift = b.failures.min(16);
-        let wait = self
-            .cfg
-            .backoff_min
-            .saturating_mul(1u32 << shift)
-            .min(self.cfg.backoff_max);
-        b.failures = b.failures.saturating_add(1);
-        b.retry_at = Some(Instant::now() + wait);
-    }
-
-    fn succeeded(&self) {
-        let mut b = lock(&self.backoff);
-        b.failures = 0;
-        b.retry_at = None;
+        lock(&self.backoff).failed(self.cfg.backoff_min, self.cfg.backoff_max);
     }
 
     /// A connection to use (an idle one, or a new one unless backing off).
-    fn checkout(&self) -> StoreResult<Conn> {
+    fn checkout(&self) -> StoreResult<Bounded> {
         if let Some(c) = lock(&self.idle).pop() {
             return Ok(c);
         }
         if let Some(at) = lock(&self.backoff).retry_at {
             if Instant::now() < at {
-                self.backoff_refusals.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .backoff_refusals
+                    .fetch_add(1, Ordering::Relaxed);
                 return Err(StoreError::Unavailable(format!(
                     "{} unreachable; retrying after a backoff",
                     self.describe()
@@ -361,149 +306,81 @@ impl RedisStore {
         self.open()
     }
 
-    fn checkin(&self, c: Conn) {
-        self.succeeded();
+    fn checkin(&self, c: Bounded) {
+        *lock(&self.backoff) = Backoff::default();
         let mut idle = lock(&self.idle);
         if idle.len() < self.cfg.max_idle_connections {
             idle.push(c);
         }
     }
 
-    /// Runs one batch on a connection: `single` on a standalone server (the whole pipeline
-    /// answers or fails), `cluster` on a cluster (it gives per-key results itself). A
-    /// connection that failed is dropped.
+    /// Runs one batch: on a standalone server `op` on all the keys (`n`) over one connection;
+    /// on a cluster `op` on each node's keys. A connection that failed is dropped with the
+    /// idle ones (they lead to the same server), and the backoff starts.
     fn run<T: Clone>(
         &self,
-        n: usize,
-        single: impl FnOnce(&mut redis::Connection) -> RedisResult<Vec<T>>,
-        cluster: impl FnOnce(&mut ClusterConnection) -> (Vec<StoreResult<T>>, bool),
+        keys: &[&[u8]],
+        op: impl Fn(&mut Bounded, &[usize], Duration) -> Batch<T>,
     ) -> Vec<StoreResult<T>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        if let Client::Cluster(c) = &self.client {
+            return c.run(keys, &self.counters, op);
+        }
         let mut conn = match self.checkout() {
             Ok(c) => c,
-            Err(e) => return vec![Err(e); n],
+            Err(e) => return vec![Err(e); keys.len()],
         };
-        let (out, healthy) = match &mut conn {
-            Conn::Single(c) => match single(c) {
-                Ok(v) if v.len() == n => (v.into_iter().map(Ok).collect(), true),
-                Ok(v) => {
-                    let e = StoreError::Other(format!("{} replies to {n} commands", v.len()));
-                    (vec![Err(e); n], false)
-                }
-                // A reply the server gave (no permission on a key, out of memory) leaves the
-                // connection usable; a transport failure or timeout does not.
-                Err(e) => {
-                    let transport = e.is_io_error()
-                        || e.is_timeout()
-                        || e.is_connection_dropped()
-                        || e.is_connection_refusal();
-                    (vec![Err(classify(&e)); n], !transport)
-                }
-            },
-            Conn::Cluster(c) => cluster(c),
-        };
-        if healthy {
+        let all: Vec<usize> = (0..keys.len()).collect();
+        let before = conn.bytes_read();
+        let (out, broke) = op(&mut conn, &all, self.cfg.io_timeout);
+        self.counters
+            .reply_bytes
+            .fetch_add(conn.bytes_read() - before, Ordering::Relaxed);
+        if broke.is_none() {
             self.checkin(conn);
         } else {
+            drop(conn);
+            let idle = std::mem::take(&mut *lock(&self.idle));
+            self.counters
+                .drops
+                .fetch_add(1 + idle.len() as u64, Ordering::Relaxed);
             self.failed();
         }
         out
     }
+}
 
-    /// A cluster batch: the pipeline, or (when it fails) each key on its own. Healthy when
-    /// at least one key was answered.
-    fn cluster_batch<T>(
-        con: &mut ClusterConnection,
-        n: usize,
-        pipeline: impl FnOnce(&mut ClusterConnection) -> RedisResult<Vec<T>>,
-        one: impl Fn(&mut ClusterConnection, usize) -> RedisResult<T>,
-    ) -> (Vec<StoreResult<T>>, bool) {
-        match pipeline(con) {
-            Ok(v) if v.len() == n => (v.into_iter().map(Ok).collect(), true),
-            _ => {
-                let out: Vec<StoreResult<T>> = (0..n)
-                    .map(|i| one(con, i).map_err(|e| classify(&e)))
-                    .collect();
-                let healthy = out.iter().any(Result::is_ok);
-                (out, healthy)
-            }
-        }
-    }
+fn pick<'a, T: ?Sized>(all: &[&'a T], idxs: &[usize]) -> Vec<&'a T> {
+    idxs.iter().map(|&i| all[i]).collect()
 }
 
 impl RemoteStore for RedisStore {
     fn exists(&self, keys: &[&[u8]]) -> Vec<StoreResult<bool>> {
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        self.run(
-            keys.len(),
-            |c| pipe_keys("EXISTS", keys).query::<Vec<bool>>(c),
-            |c| {
-                Self::cluster_batch(
-                    c,
-                    keys.len(),
-                    |c| cluster_pipe_keys("EXISTS", keys).query::<Vec<bool>>(c),
-                    |c, i| redis::cmd("EXISTS").arg(keys[i]).query::<bool>(c),
-                )
-            },
-        )
+        self.run(keys, |c, idxs, t| c.exists(&pick(keys, idxs), t))
     }
 
-    fn get(&self, keys: &[&[u8]]) -> Vec<StoreResult<Option<Vec<u8>>>> {
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        self.run(
-            keys.len(),
-            |c| pipe_keys("GET", keys).query::<Vec<Option<Vec<u8>>>>(c),
-            |c| {
-                Self::cluster_batch(
-                    c,
-                    keys.len(),
-                    |c| cluster_pipe_keys("GET", keys).query::<Vec<Option<Vec<u8>>>>(c),
-                    |c, i| redis::cmd("GET").arg(keys[i]).query::<Option<Vec<u8>>>(c),
-                )
-            },
-        )
+    fn get(&self, keys: &[&[u8]], max_len: usize) -> Vec<StoreResult<Option<Vec<u8>>>> {
+        self.run(keys, |c, idxs, t| c.get(&pick(keys, idxs), max_len, t))
     }
 
     fn put(&self, items: &[(&[u8], &[u8])]) -> Vec<StoreResult<()>> {
-        if items.is_empty() {
-            return Vec::new();
-        }
-        let single = |c: &mut redis::Connection| {
-            let mut p = redis::pipe();
-            for (k, v) in items {
-                p.cmd("SET").arg(*k).arg(*v).ignore();
-            }
-            p.query::<()>(c).map(|()| vec![(); items.len()])
-        };
-        self.run(items.len(), single, |c| {
-            Self::cluster_batch(
-                c,
-                items.len(),
-                |c| {
-                    let mut p = redis::cluster::cluster_pipe();
-                    for (k, v) in items {
-                        p.cmd("SET").arg(*k).arg(*v).ignore();
-                    }
-                    p.query::<()>(c).map(|()| vec![(); items.len()])
-                },
-                |c, i| {
-                    redis::cmd("SET")
-                        .arg(items[i].0)
-                        .arg(items[i].1)
-                        .query::<()>(c)
-                },
-            )
+        let keys: Vec<&[u8]> = items.iter().map(|i| i.0).collect();
+        self.run(&keys, |c, idxs, t| {
+            let batch: Vec<(&[u8], &[u8])> = idxs.iter().map(|&i| items[i]).collect();
+            c.set(&batch, t)
         })
     }
 
     fn connection_stats(&self) -> ConnectionStats {
+        let c = &self.counters;
         ConnectionStats {
-            connects: self.connects.load(Ordering::Relaxed),
-            connect_failures: self.connect_failures.load(Ordering::Relaxed),
-            backoff_refusals: self.backoff_refusals.load(Ordering::Relaxed),
+            connects: c.connects.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            backoff_refusals: c.backoff_refusals.load(Ordering::Relaxed),
+            drops: c.drops.load(Ordering::Relaxed),
+            reply_bytes: c.reply_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -514,7 +391,7 @@ impl RemoteStore for RedisStore {
             .iter()
             .map(|u| {
                 // No credentials in messages.
-                let rest = u.trim_start_matches("redis://");
+                let rest = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
                 let host = rest.rsplit('@').next().unwrap_or(rest);
                 host.split('/').next().unwrap_or(host).to_string()
             })

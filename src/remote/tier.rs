@@ -94,12 +94,16 @@ pub struct RemoteStats {
     pub write_drops: u64,
     /// Stores the write policy declined (block key too large for a value header).
     pub policy_skips: u64,
-    /// Keys whose operation failed: the store unreachable or backing off, a timeout, a refused
-    /// credential, another error.
+    /// Keys whose operation failed: the store unreachable or backing off (or the connection
+    /// closed mid-reply), the batch's deadline passed, a refused credential, a malformed reply
+    /// (`errors_protocol`), a value longer than this namespace's (`errors_oversized`), another
+    /// error. A key after a reply that broke its connection gets that reply's error.
     pub errors_unavailable: u64,
     pub errors_timeout: u64,
     pub errors_auth: u64,
     pub errors_other: u64,
+    pub errors_protocol: u64,
+    pub errors_oversized: u64,
     /// Gauges: keys being looked up, blocks being fetched, blocks queued or being written.
     pub lookups_in_flight: u64,
     pub fetches_in_flight: u64,
@@ -125,7 +129,12 @@ impl RemoteStats {
 
     /// Keys whose operation failed for any reason.
     pub fn errors(&self) -> u64 {
-        self.errors_unavailable + self.errors_timeout + self.errors_auth + self.errors_other
+        self.errors_unavailable
+            + self.errors_timeout
+            + self.errors_auth
+            + self.errors_other
+            + self.errors_protocol
+            + self.errors_oversized
     }
 
     /// Adds `o`'s counters (latencies: the larger of each).
@@ -162,6 +171,8 @@ impl RemoteStats {
             errors_timeout,
             errors_auth,
             errors_other,
+            errors_protocol,
+            errors_oversized,
             lookups_in_flight,
             fetches_in_flight,
             writes_queued
@@ -261,7 +272,7 @@ struct Shared {
     fetch_us: Mutex<Samples>,
     store_us: Mutex<Samples>,
     /// Keys answered with each error kind (counted on the workers).
-    errors: [AtomicU64; 4],
+    errors: [AtomicU64; 6],
 }
 
 impl Shared {
@@ -271,6 +282,8 @@ impl Shared {
             StoreError::Timeout(_) => 1,
             StoreError::Auth(_) => 2,
             StoreError::Other(_) => 3,
+            StoreError::Protocol(_) => 4,
+            StoreError::Oversized(_) => 5,
         };
         self.errors[i].fetch_add(1, Ordering::Relaxed);
     }
@@ -352,6 +365,8 @@ impl RemoteTier {
         s.errors_timeout = e[1].load(Ordering::Relaxed);
         s.errors_auth = e[2].load(Ordering::Relaxed);
         s.errors_other = e[3].load(Ordering::Relaxed);
+        s.errors_protocol = e[4].load(Ordering::Relaxed);
+        s.errors_oversized = e[5].load(Ordering::Relaxed);
         (s.lookup_p50_us, s.lookup_p99_us) = lock(&self.shared.lookup_us).percentiles();
         (s.fetch_p50_us, s.fetch_p99_us) = lock(&self.shared.fetch_us).percentiles();
         (s.store_p50_us, s.store_p99_us) = lock(&self.shared.store_us).percentiles();
@@ -453,7 +468,8 @@ impl RemoteTier {
                 let keys: Vec<Vec<u8>> = want.iter().map(|d| ns.key(d)).collect();
                 let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
                 let t = Instant::now();
-                let res = store.get(&refs);
+                // The exact size of our values: a longer reply is refused at its length.
+                let res = store.get(&refs, ns.value_len());
                 lock(&shared.fetch_us).push(t.elapsed().as_micros() as u64);
                 let out = want
                     .into_iter()

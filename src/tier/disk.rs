@@ -189,8 +189,24 @@ impl DiskTier {
         limits: TierLimits,
         pool: Arc<IoPool>,
     ) -> io::Result<Self> {
+        Self::open_within(dir, name, layout, num_slots, limits, pool, None)
+    }
+
+    /// `open`, reserving the file's space only when the filesystem keeps `keep_free` bytes
+    /// free afterwards (`FileSlots::open_within`).
+    pub fn open_within(
+        dir: &Path,
+        name: &str,
+        layout: SlotLayout,
+        num_slots: u64,
+        limits: TierLimits,
+        pool: Arc<IoPool>,
+        keep_free: Option<u64>,
+    ) -> io::Result<Self> {
         let direct = probe_direct_io(dir);
-        let store = FileSlots::open(&dir.join(name), layout.slot_bytes(), num_slots, direct)?;
+        let path = dir.join(name);
+        let store =
+            FileSlots::open_within(&path, layout.slot_bytes(), num_slots, direct, keep_free)?;
         let n = num_slots as usize;
         let mut tier = DiskTier {
             layout,

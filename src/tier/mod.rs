@@ -2,10 +2,12 @@
 //! sealed (`sealed`: full key, prefix digest, checksum), moved by a pool of I/O workers (`io`)
 //! through a `TierStore` (`store`: batch put/get by key, one result per key), with bounded
 //! queues, claims on what is being read, and verification of everything read back. The disk
-//! tier (`disk`) keeps one file of fixed slots per window pool.
+//! tier (`disk`) keeps one file of fixed slots per window pool, its space reserved honestly
+//! (`prealloc`).
 
 pub mod disk;
 pub mod io;
+pub mod prealloc;
 pub mod sealed;
 pub mod store;
 

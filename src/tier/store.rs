@@ -285,8 +285,22 @@ impl std::fmt::Debug for FileSlots {
 impl FileSlots {
     /// Opens (or creates) `path` for `num_slots` slots of `slot_bytes`, locked against other
     /// managers. A file of another size is reset. `direct` asks for O_DIRECT (see
-    /// `probe_direct_io`).
+    /// `probe_direct_io`). The space is reserved as far as the filesystem gives it
+    /// (`open_within` with no floor).
     pub fn open(path: &Path, slot_bytes: usize, num_slots: u64, direct: bool) -> io::Result<Self> {
+        Self::open_within(path, slot_bytes, num_slots, direct, None)
+    }
+
+    /// `open`, reserving the file's space only when the filesystem keeps at least `keep_free`
+    /// bytes free afterwards (`None`: no floor); a reservation that fails gives back what it
+    /// took (`prealloc::preallocate`). Without one the file is sparse.
+    pub fn open_within(
+        path: &Path,
+        slot_bytes: usize,
+        num_slots: u64,
+        direct: bool,
+        keep_free: Option<u64>,
+    ) -> io::Result<Self> {
         let flags = libc::O_RDWR | libc::O_CREAT | if direct { libc::O_DIRECT } else { 0 };
         let fd = open_raw(path, flags)?;
         // SAFETY: a valid descriptor.
@@ -302,18 +316,15 @@ impl FileSlots {
         let current = std::fs::metadata(path)?.len();
         let existed = current == len;
         if !existed {
+            // Reset to an empty sparse file of the new size: nothing of the old one is kept.
             // SAFETY: a valid descriptor.
-            if unsafe { libc::ftruncate(fd.as_raw_fd(), 0) } != 0 {
+            if unsafe { libc::ftruncate(fd.as_raw_fd(), 0) } != 0
+                || unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0
+            {
                 return Err(io::Error::last_os_error());
             }
         }
-        // SAFETY: a valid descriptor.
-        let preallocated =
-            unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len as libc::off_t) } == 0;
-        // SAFETY: a valid descriptor.
-        if !preallocated && unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let preallocated = super::prealloc::preallocate(&fd, path, len, keep_free);
         Ok(FileSlots {
             fd,
             path: path.to_path_buf(),
