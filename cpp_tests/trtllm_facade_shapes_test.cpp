@@ -216,18 +216,59 @@ TEST(TrtllmFacadeShapes, EstimatesTellAnUnadmittedRequestItsReusableTokens) {
     Request first(1, tokenRun(0, 12));
     admit(*m, first, 12);
     first.contextCurrentPosition = 12;
-    (void)m->removeSequence(1, std::make_shared<Request>(first));  // 11 tokens: 2 whole blocks
+    m->storeContextBlocks(first);  // cached and still held by request 1
     Request next(2, tokenRun(0, 12));
+    auto const held = m->analyzePrefixReuse({{0, 0},
+                                             {1, 0},
+                                             {2, 0},
+                                             {3, 0},
+                                             {4, 0},
+                                             {5, 0},
+                                             {6, 0},
+                                             {7, 0},
+                                             {8, 0},
+                                             {9, 0},
+                                             {10, 0},
+                                             {11, 0}},
+                                            next);
+    ASSERT_GT(held.reusableBlocksAllocated, 0);
+    // The next step needs no block for what other sequences hold, and counts those tokens.
     next.estimatedReusableTokens = -1;
-    // The block budget counts every block; the token budget learns what reuse supplies.
-    EXPECT_EQ(m->getRemainingBlocksToCompletion(next, kWindow), 3);
-    EXPECT_EQ(next.estimatedReusableTokens, 2 * kTpb);
+    EXPECT_EQ(m->getNeededBlocksOneStep(next, false, kWindow), 3 - held.reusableBlocksAllocated);
+    EXPECT_EQ(next.estimatedReusableTokens, held.reusableBlocksAllocated * kTpb);
+    (void)m->removeSequence(1, std::make_shared<Request>(first));
+    // Released: the blocks are free (they may be evicted before admission) but cached.
     next.estimatedReusableTokens = -1;
     (void)m->getNeededBlocksOneStep(next, false, kWindow);
-    EXPECT_EQ(next.estimatedReusableTokens, 2 * kTpb);
+    EXPECT_EQ(next.estimatedReusableTokens, 0);
+    (void)m->getRemainingBlocksToCompletion(next, kWindow);
+    EXPECT_EQ(next.estimatedReusableTokens, 2 * kTpb);  // 11 tokens stored: 2 whole blocks
     admit(*m, next, 12);
     EXPECT_EQ(next.estimatedReusableTokens, 0);  // admitted: the reuse is applied
     Request other(3, tokenRun(100, 12));
     (void)m->getRemainingBlocksToCompletion(other, kWindow);
     EXPECT_EQ(other.estimatedReusableTokens, 0);
+}
+
+TEST(TrtllmFacadeShapes, ReuseTreeLookupReturnsTheDeepestBlockAndItsChain) {
+    auto m = makeManager();
+    Request r(1, tokenRun(0, 12));
+    admit(*m, r, 12);
+    auto const ids = m->getCacheBlockIds(1, kWindow)[0];
+    r.contextCurrentPosition = 12;
+    (void)m->removeSequence(1, std::make_shared<Request>(r));
+    auto deepest = m->findBlocksInReuseTreeByBlockKey(
+        kvb::trtllm::BlockKey(kvb::trtllm::VecTokens(tokenRun(0, 8))), kWindow);
+    ASSERT_NE(deepest, nullptr);
+    EXPECT_EQ(deepest->getBlockId(), ids[1]);
+    auto first = deepest->getPrevBlock();
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->getBlockId(), ids[0]);
+    auto root = first->getPrevBlock();
+    ASSERT_NE(root, nullptr);
+    EXPECT_EQ(root->getBlockId(), kvb::trtllm::KVCacheBlock::kCachedBlocksRootId);
+    EXPECT_EQ(root->getPrevBlock(), nullptr);
+    EXPECT_EQ(m->findBlocksInReuseTreeByBlockKey(
+                  kvb::trtllm::BlockKey(kvb::trtllm::VecTokens{7, 7, 7, 7}), kWindow),
+              nullptr);
 }

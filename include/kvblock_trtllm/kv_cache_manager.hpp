@@ -531,6 +531,13 @@ class KVCacheManager : public BaseKVCacheManager {
     }
 
     // --- reuse ----------------------------------------------------------------------------
+    /// The deepest cached block whose chain matches `blockKey` (TensorRT-LLM
+    /// `findBlocksInReuseTreeByBlockKey`); null when nothing matches. Its getPrevBlock() walks
+    /// to the root.
+    [[nodiscard]] BlockPtr findBlocksInReuseTreeByBlockKey(BlockKey const& blockKey,
+                                                           SizeType32 windowSize) const {
+        return blockManager_.findBlockInReuseTreeByBlockKey(blockKey, windowSize);
+    }
     /// One walk of the largest window's tree along `uniqueTokens` keyed as `llmRequest`'s
     /// blocks (LoRA task, salt, multimodal items).
     [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
@@ -564,7 +571,7 @@ class KVCacheManager : public BaseKVCacheManager {
                                                              twoStepsLookAhead, windowSize, &n));
             });
         }
-        estimateReusableTokens(req, windowSize, cachedSummary);
+        estimateReusableTokens(req, windowSize, cachedSummary, /*onlyAllocated*/ true);
         return n;
     }
     [[nodiscard]] SizeType32 getRemainingBlocksToCompletion(
@@ -583,7 +590,7 @@ class KVCacheManager : public BaseKVCacheManager {
                                                                      windowSize, &n));
             });
         }
-        estimateReusableTokens(req, windowSize, cachedSummary);
+        estimateReusableTokens(req, windowSize, cachedSummary, /*onlyAllocated*/ false);
         return n;
     }
     /// Stores the request's full computed blocks and returns their hash chain.
@@ -679,11 +686,14 @@ class KVCacheManager : public BaseKVCacheManager {
     }
 
     /// The estimates' side effect in TensorRT-LLM: a request not yet admitted learns how many
-    /// prompt tokens the reuse tree would supply (whole blocks, free or in use, at most the
-    /// prompt's whole blocks), which its scheduler counts against the token budget. Block
-    /// budgets are not reduced by it.
+    /// prompt tokens the reuse tree would supply (whole blocks, at most the prompt's whole
+    /// blocks), which its scheduler counts against the token budget: the next step's estimate
+    /// counts blocks other sequences hold (`onlyAllocated`; a free block may be evicted before
+    /// admission), the estimate to completion every cached block. Block budgets are not
+    /// reduced by it.
     void estimateReusableTokens(LlmRequest const& req, SizeType32 windowSize,
-                                std::optional<PrefixReuseSummary> const& cachedSummary) const {
+                                std::optional<PrefixReuseSummary> const& cachedSummary,
+                                bool onlyAllocated) const {
         if (!enableBlockReuse_ || !req.isContextInitState() || hasSequence(req.getRequestId()))
             return;
         PrefixReuseSummary summary;
@@ -698,7 +708,9 @@ class KVCacheManager : public BaseKVCacheManager {
             summary = analyzePrefixReuse(tokens, req, windowSize);
         }
         SizeType32 const tpb = getTokensPerBlock();
-        SizeType32 const blocks = std::min(summary.reusableBlocksAll, req.getPromptLen() / tpb);
+        SizeType32 const reusable =
+            onlyAllocated ? summary.reusableBlocksAllocated : summary.reusableBlocksAll;
+        SizeType32 const blocks = std::min(reusable, req.getPromptLen() / tpb);
         req.setEstimatedReusableTokens(blocks * tpb);
     }
 

@@ -77,6 +77,13 @@ struct BlockOffsetsTensor {
 
 /// The key a reuse-tree lookup walks (TensorRT-LLM `BlockKey` over a whole token range).
 struct BlockKey {
+    BlockKey() = default;
+    /// TensorRT-LLM's constructor from plain tokens (extra ids 0) and a LoRA task.
+    explicit BlockKey(VecTokens const& tokens, std::optional<uint64_t> loraTaskId = std::nullopt)
+        : loraTaskId(loraTaskId) {
+        uniqueTokens.reserve(tokens.size());
+        for (TokenIdType t : tokens) uniqueTokens.push_back({t, 0});
+    }
     VecUniqueTokens uniqueTokens;
     bool usesExtraIds = false;
     std::optional<uint64_t> loraTaskId;
