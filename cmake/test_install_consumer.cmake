@@ -30,6 +30,8 @@ set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp
     include/kvblock_trtllm/kv_cache_manager.hpp
     include/kvblock_trtllm/block_manager_inl.hpp include/kvblock_trtllm/vocabulary.hpp
     include/kvblock_trtllm/executor_types.hpp include/kvblock_trtllm/generation_request.hpp
+    include/kvblock_trtllm/kv_cache_manager_sequences.hpp
+    include/kvblock_trtllm/kv_cache_manager_reuse.hpp
     include/kvblock_trtllm/block.hpp
     lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)

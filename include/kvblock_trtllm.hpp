@@ -17,10 +17,15 @@
 // TensorRT-LLM's LlmRequest and writes back into it). docs/porting-from-trtllm.md
 // lists every difference that remains.
 //
-// The facade is split by concept under kvblock_trtllm/: request.hpp (the engine's request),
-// types.hpp (the calls' structs), block.hpp (block handles), block_manager.hpp (the
-// window-level views and the owning BlockManager), sizing.hpp (the static sizing helpers),
-// kv_cache_manager.hpp (the manager) and block_manager_inl.hpp (the views' definitions).
+// The facade is split by concept under kvblock_trtllm/: vocabulary.hpp (aliases, tokens,
+// OptionalRef), executor_types.hpp (element types, retention, events), request.hpp (the
+// engine's request), types.hpp (the calls' structs), block.hpp (block handles),
+// block_manager.hpp (the window-level views and the owning BlockManager), sizing.hpp (the
+// static sizing helpers), generation_request.hpp (the per-sequence record),
+// kv_cache_manager.hpp (the manager: construction, sizes, pools),
+// kv_cache_manager_sequences.hpp (admission, tokens, stores, release, block ids),
+// kv_cache_manager_reuse.hpp (reuse tree, estimates, statistics, iteration) and
+// block_manager_inl.hpp (the views' definitions).
 #ifndef KVBLOCK_TRTLLM_HPP
 #define KVBLOCK_TRTLLM_HPP
 
@@ -33,6 +38,8 @@
 #include "kvblock_trtllm/sizing.hpp"
 #include "kvblock_trtllm/generation_request.hpp"
 #include "kvblock_trtllm/kv_cache_manager.hpp"
+#include "kvblock_trtllm/kv_cache_manager_sequences.hpp"
+#include "kvblock_trtllm/kv_cache_manager_reuse.hpp"
 #include "kvblock_trtllm/block_manager_inl.hpp"
 
 #endif  // KVBLOCK_TRTLLM_HPP

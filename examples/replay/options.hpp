@@ -2,6 +2,9 @@
 #ifndef KVBLOCK_REPLAY_OPTIONS_HPP
 #define KVBLOCK_REPLAY_OPTIONS_HPP
 
+#include <filesystem>
+#include <system_error>
+
 #include "common.hpp"
 #include "models.hpp"
 
@@ -292,6 +295,12 @@ inline Options parse_options(int argc, char** argv) {
     }
     if (!o.disk_dir.empty() && o.loop == Loop::Peer)
         throw std::runtime_error("--disk-dir applies to the engine loop only");
+    if (!o.disk_dir.empty()) {
+        // A command-line tool makes the directory it is told to keep its files in.
+        std::error_code ec;
+        std::filesystem::create_directories(o.disk_dir, ec);
+        if (ec) throw std::runtime_error("--disk-dir " + o.disk_dir + ": " + ec.message());
+    }
     if (!o.remote.empty() && (o.loop != Loop::Engine || o.copy_backend != KVB_COPY_BACKEND_HOST)) {
         throw std::runtime_error("--remote needs the engine loop and host pools (--block-bytes)");
     }

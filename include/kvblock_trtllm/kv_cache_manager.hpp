@@ -202,53 +202,9 @@ class KVCacheManager : public BaseKVCacheManager {
             out[w] = static_cast<SizeType32>(impl().getNumFreeBlocksPerWindowSize(w).first);
         return out;
     }
-    [[nodiscard]] KvCacheStats getKvCacheStats() const {
-        kvb_kv_cache_stats_t s = impl().getKvCacheStats();
-        KvCacheStats out;
-        out.maxNumBlocks = static_cast<SizeType32>(s.max_num_blocks);
-        out.freeNumBlocks = static_cast<SizeType32>(s.free_num_blocks);
-        out.usedNumBlocks = static_cast<SizeType32>(s.used_num_blocks);
-        out.toksPerBlock = static_cast<SizeType32>(s.tokens_per_block);
-        out.allocTotalBlocks = static_cast<SizeType32>(s.alloc_total_blocks);
-        out.allocNewBlocks = static_cast<SizeType32>(s.alloc_new_blocks);
-        out.reusedBlocks = static_cast<SizeType32>(s.reused_blocks);
-        out.missedBlocks = static_cast<SizeType32>(s.missed_blocks);
-        out.cacheHitRate = static_cast<float>(s.cache_hit_rate);
-        out.numFreeBlocksPerWindowSize = getNumFreeBlocksPerWindowSize();
-        out.allocatedBytes = static_cast<std::size_t>(s.allocated_bytes);
-        return out;
-    }
+    [[nodiscard]] KvCacheStats getKvCacheStats() const;
     /// Per window size: the statistics since the previous call (the first: since creation).
-    std::map<SizeType32, KvCacheIterationStats> getIterationStats() {
-        std::vector<kvb_iteration_stats_t> raw(windows_.size());
-        size_t n = 0;
-        check(kvb_manager_get_iteration_stats(impl().get(), raw.data(), raw.size(), &n));
-        std::map<SizeType32, KvCacheIterationStats> out;
-        for (size_t i = 0; i < n; ++i) {
-            auto const& r = raw[i];
-            KvCacheIterationStats s;
-            s.primaryMaxNumBlocks = static_cast<SizeType32>(r.primary_max_blocks);
-            s.primaryFreeNumBlocks = static_cast<SizeType32>(r.primary_free_blocks);
-            s.primaryUsedNumBlocks = static_cast<SizeType32>(r.primary_used_blocks);
-            s.primaryPeakUsedNumBlocks = static_cast<SizeType32>(r.primary_peak_used_blocks);
-            s.primaryEvictableNumBlocks = static_cast<SizeType32>(r.primary_evictable_blocks);
-            s.secondaryMaxNumBlocks = static_cast<SizeType32>(r.secondary_max_blocks);
-            s.secondaryFreeNumBlocks = static_cast<SizeType32>(r.secondary_free_blocks);
-            s.secondaryEvictableNumBlocks = static_cast<SizeType32>(r.secondary_evictable_blocks);
-            s.iterAllocTotalBlocks = static_cast<SizeType32>(r.iter_alloc_total_blocks);
-            s.iterAllocNewBlocks = static_cast<SizeType32>(r.iter_alloc_new_blocks);
-            s.iterReusedBlocks = static_cast<SizeType32>(r.iter_reused_blocks);
-            s.iterMissedBlocks = static_cast<SizeType32>(r.iter_missed_blocks);
-            s.iterCacheHitRate = static_cast<float>(r.iter_cache_hit_rate);
-            s.iterOnboardBlocks = static_cast<SizeType32>(r.iter_onboard_blocks);
-            s.iterOnboardBytes = static_cast<SizeType64>(r.iter_onboard_bytes);
-            s.iterOffloadBlocks = static_cast<SizeType32>(r.iter_offload_blocks);
-            s.iterOffloadBytes = static_cast<SizeType64>(r.iter_offload_bytes);
-            s.iterEvictedBlocks = static_cast<SizeType32>(r.iter_evicted_blocks);
-            out[r.window_size] = s;
-        }
-        return out;
-    }
+    std::map<SizeType32, KvCacheIterationStats> getIterationStats();
     [[nodiscard]] OffsetTableDimensions getOffsetTableDimensions() const {
         auto [blocks, pools] = impl().getOffsetTableDimensions();
         return {blocks, pools, cacheType_};
@@ -344,131 +300,44 @@ class KVCacheManager : public BaseKVCacheManager {
     /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none.
     void addSequenceBatch(
         std::vector<std::tuple<RequestIdType, SizeType32, SizeType32>> const& requestInfos,
-        std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests) {
-        if (requestInfos.size() != llmRequests.size())
-            throw Error(KVB_STATUS_INVALID_ARGUMENT, "requestInfos and llmRequests differ in size");
-        std::vector<kvb::Request> batch;
-        batch.reserve(requestInfos.size());
-        for (size_t i = 0; i < requestInfos.size(); ++i) {
-            auto const& [id, inputLength, beamWidth] = requestInfos[i];
-            kvb::Request r = toKvb(llmRequests[i].get());
-            r.id = id;
-            r.inputLength = inputLength;
-            r.beamWidth = beamWidth;
-            batch.push_back(std::move(r));
-        }
-        auto admissions = impl().addSequenceBatch(batch);
-        for (size_t i = 0; i < admissions.size(); ++i) {
-            LlmRequest& req = llmRequests[i].get();
-            auto const& a = admissions[i];
-            req.setPrepopulatedPromptLen(a.prepopulated_prompt_len, getTokensPerBlock());
-            req.updateAllocTotalBlocksPerRequest(
-                static_cast<SizeType32>(a.stats.alloc_total_blocks));
-            req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
-            req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
-            req.updateMissedBlocksPerRequest(static_cast<SizeType32>(a.stats.missed_blocks));
-            req.setEstimatedReusableTokens(0);  // admitted: the reuse is applied now
-            refreshSequence(std::get<0>(requestInfos[i]));
-        }
-    }
+        std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests);
 
     // --- tokens --------------------------------------------------------------------------
     /// Grows a sequence by one KV slot (a decode step's token, an extra KV token, a draft
     /// token), allocating a block at a block boundary. The slot's token id comes later from
     /// the request (see the file comment). Throws KVB_STATUS_OUT_OF_BLOCKS when no block is
     /// left, KVB_STATUS_UNSUPPORTED with beam search.
-    void addToken(RequestIdType requestId) {
-        auto l = impl().getSequenceLengths(requestId);
-        if (!impl().resize(requestId, l.capacity + 1))
-            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for the new slot");
-        refreshSequence(requestId);
-    }
+    void addToken(RequestIdType requestId);
     /// KV slots of a sequence: its tokens plus the slots addToken reserved.
-    [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const {
-        return static_cast<SizeType32>(impl().getSequenceLengths(requestId).capacity);
-    }
+    [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const;
     /// Drops the last `numTokens` slots (rejected drafts): reserved slots first, then tokens.
-    void rewindKVCache(RequestIdType requestId, SizeType32 numTokens) {
-        auto l = impl().getSequenceLengths(requestId);
-        size_t reserved = l.capacity - std::min(l.capacity, l.num_tokens);
-        size_t n = static_cast<size_t>(numTokens);
-        if (n <= reserved) {
-            if (n > 0) impl().resize(requestId, l.capacity - n);
-        } else {
-            impl().rewindKVCache(requestId, static_cast<int32_t>(n - reserved));
-        }
-        refreshSequence(requestId);
-    }
+    void rewindKVCache(RequestIdType requestId, SizeType32 numTokens);
     void removeToken(RequestIdType requestId) { rewindKVCache(requestId, 1); }
     /// Gives the manager the request's token ids for the slots it has reserved (kvblock keeps
     /// block content); with `storeNewBlocks`, each block a token completes is stored for reuse.
-    void syncTokens(LlmRequest const& llmRequest, bool storeNewBlocks = false) {
-        RequestIdType id = llmRequest.getRequestId();
-        auto l = impl().getSequenceLengths(id);
-        VecTokens const& tokens = llmRequest.getTokens(0);
-        size_t target = std::min(tokens.size(), l.capacity);
-        if (target <= l.num_tokens) return;
-        std::vector<uint64_t> ids(target - l.num_tokens, id);
-        std::vector<int32_t> toks(tokens.begin() + static_cast<std::ptrdiff_t>(l.num_tokens),
-                                  tokens.begin() + static_cast<std::ptrdiff_t>(target));
-        if (impl().addTokenBatch(ids, toks, storeNewBlocks) != ids.size())
-            throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for a token");
-        refreshSequence(id);
-    }
+    void syncTokens(LlmRequest const& llmRequest, bool storeNewBlocks = false);
 
     // --- store, release, pins ------------------------------------------------------------
-    void storeContextBlocks(LlmRequest const& llmRequest) {
-        impl().storeContextBlocks(llmRequest.getRequestId(),
-                                  llmRequest.getContextCurrentPosition());
-    }
-    void storeNewBlock(LlmRequest const& llmRequest) {
-        syncTokens(llmRequest, /*storeNewBlocks*/ true);
-        impl().storeNewBlock(llmRequest.getRequestId());
-    }
+    void storeContextBlocks(LlmRequest const& llmRequest);
+    void storeNewBlock(LlmRequest const& llmRequest);
     /// Stores every computed token for reuse; with `pinBlocks`, pins the sequence's blocks in
     /// every window and returns those of the smallest window (beam 0) for unpinBlocksById.
     std::vector<BlockIdType> storeBlocksForReuse(RequestIdType requestId,
                                                  OptionalRef<LlmRequest const> llmRequest,
-                                                 bool pinBlocks = false) {
-        if (llmRequest) syncComputed(*llmRequest);
-        impl().storeBlocksForReuse(requestId, false);
-        if (!pinBlocks) return {};
-        return pinSequence(requestId);
-    }
+                                                 bool pinBlocks = false);
     /// Releases a sequence; stores it for reuse when the request is given (and reuse is on);
     /// with `pinOnRelease` its blocks stay allocated until unpinBlocksById. Returns the last
     /// block of beam 0 in the smallest window when the sequence was stored or pinned. An
     /// unknown id does nothing.
     std::optional<BlockIdType> removeSequence(RequestIdType requestId,
                                               OptionalRef<LlmRequest const> llmRequest = nullptr,
-                                              bool pinOnRelease = false) {
-        if (!hasSequence(requestId)) return std::nullopt;
-        if (llmRequest) syncComputed(*llmRequest);
-        std::optional<BlockIdType> last;
-        if (llmRequest || pinOnRelease) last = impl().getLastBlockId(requestId);
-        if (pinOnRelease) pinSequence(requestId);
-        impl().removeSequence(requestId, llmRequest.has_value() && enableBlockReuse_);
-        sequences_.erase(requestId);
-        return last;
-    }
+                                              bool pinOnRelease = false);
     void pinBlocks(RequestIdType requestId) { pinSequence(requestId); }
     /// Drops the pins of a group of blocks pinned through this facade (by its ids in the
     /// smallest window, as storeBlocksForReuse returned them, or ids pinned by a reuse-tree
     /// lookup in that window).
-    void unpinBlocksById(std::vector<BlockIdType> const& blockIds) {
-        std::lock_guard<std::mutex> lock(pinMutex_);
-        for (auto it = pinGroups_.begin(); it != pinGroups_.end(); ++it) {
-            if (it->first == blockIds) {
-                for (auto const& [window, ids] : it->second) impl().unpinBlocksById(window, ids);
-                pinGroups_.erase(it);
-                return;
-            }
-        }
-        impl().unpinBlocksById(windows_.front(), blockIds);
-    }
-    void schedulingRemoveSequence(RequestIdType requestId) {
-        impl().schedulingRemoveSequence(requestId);
-    }
+    void unpinBlocksById(std::vector<BlockIdType> const& blockIds);
+    void schedulingRemoveSequence(RequestIdType requestId);
     void startScheduling() { impl().startScheduling(); }
 
     // --- block ids and offsets ------------------------------------------------------------
@@ -476,142 +345,52 @@ class KVCacheManager : public BaseKVCacheManager {
     /// The reference is the sequence's record (see getSequence): it reads current ids until
     /// the sequence is removed, so `auto const& ids = getCacheBlockIds(id, w)[0]` is safe.
     [[nodiscard]] std::vector<std::vector<SizeType32>> const& getCacheBlockIds(
-        RequestIdType requestId, SizeType32 windowSize) const {
-        return refreshSequence(requestId).getCacheBlockIds(windowSize);
-    }
+        RequestIdType requestId, SizeType32 windowSize) const;
     [[nodiscard]] std::vector<std::vector<std::vector<SizeType32>>> getBatchCacheBlockIds(
-        std::vector<RequestIdType> const& requestIds, SizeType32 windowSize) const {
-        std::vector<std::vector<std::vector<SizeType32>>> out;
-        out.reserve(requestIds.size());
-        for (auto id : requestIds) out.push_back(getCacheBlockIds(id, windowSize));
-        return out;
-    }
-    [[nodiscard]] std::optional<BlockIdType> getLastBlockId(RequestIdType requestId) const {
-        if (!hasSequence(requestId)) return std::nullopt;
-        return impl().getLastBlockId(requestId);
-    }
+        std::vector<RequestIdType> const& requestIds, SizeType32 windowSize) const;
+    [[nodiscard]] std::optional<BlockIdType> getLastBlockId(RequestIdType requestId) const;
     [[nodiscard]] SizeType32 getNumFrontBlocksRemoved(RequestIdType requestId,
-                                                      SizeType32 windowSize) const {
-        int32_t n = 0;
-        check(kvb_manager_get_num_front_blocks_removed(impl().get(), requestId, windowSize, &n));
-        return n;
-    }
+                                                      SizeType32 windowSize) const;
     /// Writes one request's offsets at slot `outputSlotOffset`; returns its block count.
     SizeType32 copyBlockOffsets(BlockOffsetsTensor& output, SizeType32 outputSlotOffset,
-                                RequestIdType requestId) const {
-        return impl().copyBlockOffsets(output.data, output.numSlots, outputSlotOffset, requestId);
-    }
+                                RequestIdType requestId) const;
     /// The offsets of `batchSize` requests whose ids are `firstBatchSlotIdx + i`, at slots
     /// `i * beamWidth`.
     void getBlockOffsetsOfBatch(BlockOffsetsTensor& output, SizeType32 firstBatchSlotIdx,
-                                SizeType32 batchSize, SizeType32 beamWidth) const {
-        for (SizeType32 i = 0; i < batchSize; ++i)
-            copyBlockOffsets(output, i * beamWidth,
-                             static_cast<RequestIdType>(firstBatchSlotIdx + i));
-    }
+                                SizeType32 batchSize, SizeType32 beamWidth) const;
     /// The executor's batch form: request i at slots `offset + i * beamWidth`.
     void copyBatchBlockOffsets(BlockOffsetsTensor& output,
                                std::vector<RequestIdType> const& requestIds, SizeType32 beamWidth,
-                               SizeType32 offset) const {
-        for (size_t i = 0; i < requestIds.size(); ++i)
-            copyBlockOffsets(output, offset + static_cast<SizeType32>(i) * beamWidth,
-                             requestIds[i]);
-    }
+                               SizeType32 offset) const;
     /// The GPU-pool row of each block id of a window; -1 for a block on the host tier.
     [[nodiscard]] std::vector<SizeType32> getMemoryPoolBlockIndicesByBlockIds(
-        std::vector<BlockIdType> const& blockIds, SizeType32 windowSize) const {
-        std::vector<SizeType32> rows(blockIds.size());
-        check(kvb_manager_get_memory_pool_block_indices(impl().get(), windowSize, blockIds.data(),
-                                                        blockIds.size(), rows.data()));
-        return rows;
-    }
-    [[nodiscard]] SizeType32 getPriorityByBlockId(BlockIdType blockId,
-                                                  SizeType32 windowSize) const {
-        return impl().getPriorityByBlockId(windowSize, blockId);
-    }
+        std::vector<BlockIdType> const& blockIds, SizeType32 windowSize) const;
+    [[nodiscard]] SizeType32 getPriorityByBlockId(BlockIdType blockId, SizeType32 windowSize) const;
 
     // --- reuse ----------------------------------------------------------------------------
     /// The deepest cached block whose chain matches `blockKey` (TensorRT-LLM
     /// `findBlocksInReuseTreeByBlockKey`); null when nothing matches. Its getPrevBlock() walks
     /// to the root.
     [[nodiscard]] BlockPtr findBlocksInReuseTreeByBlockKey(BlockKey const& blockKey,
-                                                           SizeType32 windowSize) const {
-        return blockManager_.findBlockInReuseTreeByBlockKey(blockKey, windowSize);
-    }
+                                                           SizeType32 windowSize) const;
     /// One walk of the largest window's tree along `uniqueTokens` keyed as `llmRequest`'s
     /// blocks (LoRA task, salt, multimodal items).
     [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
-                                                        LlmRequest const& llmRequest) const {
-        return analyzePrefixReuse(uniqueTokens, llmRequest, windows_.back());
-    }
+                                                        LlmRequest const& llmRequest) const;
     [[nodiscard]] PrefixReuseSummary analyzePrefixReuse(VecUniqueTokens const& uniqueTokens,
                                                         LlmRequest const& llmRequest,
-                                                        SizeType32 windowSize) const {
-        kvb::Request r = toKvb(llmRequest);
-        setUniqueTokens(r, uniqueTokens, llmRequest.getTokenExtraIds().has_value());
-        kvb_prefix_reuse_summary_t s{};
-        r.withC([&](kvb_request_t const* c) {
-            check(kvb_manager_analyze_prefix_reuse(impl().get(), c, windowSize, &s));
-        });
-        return fromC(s);
-    }
+                                                        SizeType32 windowSize) const;
     [[nodiscard]] SizeType32 getNeededBlocksOneStep(
         LlmRequest const& req, bool twoStepsLookAhead, SizeType32 windowSize,
-        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
-        kvb_request_state_t state = stateOf(req);
-        int32_t n = 0;
-        if (cachedSummary) {
-            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
-            check(kvb_manager_get_needed_blocks_one_step_cached(impl().get(), &state, &s,
-                                                                twoStepsLookAhead, windowSize, &n));
-        } else {
-            kvb::Request r = toKvb(req);
-            r.withC([&](kvb_request_t const* c) {
-                check(kvb_manager_get_needed_blocks_one_step(impl().get(), &state, c,
-                                                             twoStepsLookAhead, windowSize, &n));
-            });
-        }
-        estimateReusableTokens(req, windowSize, cachedSummary, /*onlyAllocated*/ true);
-        return n;
-    }
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const;
     [[nodiscard]] SizeType32 getRemainingBlocksToCompletion(
         LlmRequest const& req, SizeType32 windowSize,
-        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const {
-        kvb_request_state_t state = stateOf(req);
-        int32_t n = 0;
-        if (cachedSummary) {
-            kvb_prefix_reuse_summary_t s = toC(*cachedSummary);
-            check(kvb_manager_get_remaining_blocks_to_completion_cached(impl().get(), &state, &s,
-                                                                        windowSize, &n));
-        } else {
-            kvb::Request r = toKvb(req);
-            r.withC([&](kvb_request_t const* c) {
-                check(kvb_manager_get_remaining_blocks_to_completion(impl().get(), &state, c,
-                                                                     windowSize, &n));
-            });
-        }
-        estimateReusableTokens(req, windowSize, cachedSummary, /*onlyAllocated*/ false);
-        return n;
-    }
+        std::optional<PrefixReuseSummary> const& cachedSummary = std::nullopt) const;
     /// Stores the request's full computed blocks and returns their hash chain.
     std::vector<SizeType64> commitAndGetBlockHashesForRequest(LlmRequest const& llmRequest,
-                                                              SizeType32 windowSize) {
-        syncTokens(llmRequest);
-        RequestIdType id = llmRequest.getRequestId();
-        size_t n = 0;
-        kvb_status_t s =
-            kvb_manager_commit_block_hashes(impl().get(), id, windowSize, nullptr, 0, &n);
-        if (s != KVB_OK && s != KVB_STATUS_BUFFER_TOO_SMALL) check(s);
-        std::vector<uint64_t> hashes(n);
-        check(kvb_manager_commit_block_hashes(impl().get(), id, windowSize, hashes.data(),
-                                              hashes.size(), &n));
-        return {hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(n)};
-    }
+                                                              SizeType32 windowSize);
     /// Drops cached blocks of `targetTokens` past its first `numTokensToKeep` tokens.
-    void truncateBlocks(VecTokens const& targetTokens, SizeType32 numTokensToKeep) {
-        check(kvb_manager_truncate_blocks(impl().get(), targetTokens.data(), targetTokens.size(),
-                                          numTokensToKeep, nullptr));
-    }
+    void truncateBlocks(VecTokens const& targetTokens, SizeType32 numTokensToKeep);
     void resetReuseState() { check(kvb_manager_reset_reuse_state(impl().get(), nullptr)); }
 
     // --- iteration -------------------------------------------------------------------------
@@ -623,23 +402,9 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Events in TensorRT-LLM's shape (a variant payload); kvblock's own form is
     /// impl().getLatestEvents().
     [[nodiscard]] std::deque<KVCacheEvent> getLatestEvents(
-        std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
-        std::vector<Event> events;
-        if (timeout) {
-            events = impl().getLatestEvents(timeout->count());
-        } else {
-            do {
-                events = impl().getLatestEvents(1000);
-            } while (events.empty() && config_.raw.max_kv_event_entries > 0);
-        }
-        std::deque<KVCacheEvent> out;
-        for (auto const& e : events) out.push_back(toTrtllmEvent(e));
-        return out;
-    }
+        std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
     [[nodiscard]] SizeType32 getMaxCapacityBatchSize(SizeType32 inputLength,
-                                                     SizeType32 outputLength) const {
-        return impl().getMaxCapacityBatchSize(inputLength, outputLength);
-    }
+                                                     SizeType32 outputLength) const;
 
     /// Carries a hybrid model's recurrent state into the request's next block at a block
     /// boundary (TensorRT-LLM `copyLinearAttentionBlock`; kvb_manager_copy_recurrent_state):
@@ -648,24 +413,11 @@ class KVCacheManager : public BaseKVCacheManager {
     /// next work on the stream). kvblock keeps a state row in every block, so decode
     /// boundaries copy too (TensorRT-LLM's placeholders make it copy only inside the prompt).
     /// A request the manager does not hold is skipped, as TensorRT-LLM warns and skips it.
-    bool copyLinearAttentionBlock(LlmRequest const& llmRequest) {
-        return copyRecurrentState({&llmRequest});
-    }
+    bool copyLinearAttentionBlock(LlmRequest const& llmRequest);
     /// The batch form: one submission (one kernel launch on the CUDA backend) for all.
-    bool copyLinearAttentionBlockBatch(std::vector<std::shared_ptr<LlmRequest>> const& requests) {
-        std::vector<LlmRequest const*> raw;
-        for (auto const& r : requests)
-            if (r) raw.push_back(r.get());
-        return copyRecurrentState(raw);
-    }
+    bool copyLinearAttentionBlockBatch(std::vector<std::shared_ptr<LlmRequest>> const& requests);
 
-    [[nodiscard]] bool hasSequence(RequestIdType requestId) const {
-        kvb_sequence_lengths_t l{};
-        kvb_status_t s = kvb_manager_get_sequence_lengths(impl().get(), requestId, &l);
-        if (s == KVB_STATUS_UNKNOWN_REQUEST) return false;
-        check(s);
-        return true;
-    }
+    [[nodiscard]] bool hasSequence(RequestIdType requestId) const;
 
   private:
     friend class BlockManager;
@@ -693,79 +445,17 @@ class KVCacheManager : public BaseKVCacheManager {
     /// reduced by it.
     void estimateReusableTokens(LlmRequest const& req, SizeType32 windowSize,
                                 std::optional<PrefixReuseSummary> const& cachedSummary,
-                                bool onlyAllocated) const {
-        if (!enableBlockReuse_ || !req.isContextInitState() || hasSequence(req.getRequestId()))
-            return;
-        PrefixReuseSummary summary;
-        if (cachedSummary) {
-            summary = *cachedSummary;
-        } else {
-            VecUniqueTokens tokens;
-            auto const& ids = req.getTokens(0);
-            auto extra = req.getTokenExtraIds();
-            for (size_t i = 0; i < ids.size(); ++i)
-                tokens.push_back({ids[i], extra && i < extra->size() ? (*extra)[i] : 0});
-            summary = analyzePrefixReuse(tokens, req, windowSize);
-        }
-        SizeType32 const tpb = getTokensPerBlock();
-        SizeType32 const reusable =
-            onlyAllocated ? summary.reusableBlocksAllocated : summary.reusableBlocksAll;
-        SizeType32 const blocks = std::min(reusable, req.getPromptLen() / tpb);
-        req.setEstimatedReusableTokens(blocks * tpb);
-    }
+                                bool onlyAllocated) const;
 
     /// Hands kvblock the request's tokens and its computed extent (the context position, or
     /// every token once the context is finished) before a store, as TensorRT-LLM stores up to
     /// the materialized context: kvblock never caches KV nobody computed.
-    void syncComputed(LlmRequest const& req) {
-        syncTokens(req);
-        RequestIdType id = req.getRequestId();
-        auto l = impl().getSequenceLengths(id);
-        size_t extent = static_cast<size_t>(std::max(req.getContextCurrentPosition(), 0));
-        size_t const prompt = static_cast<size_t>(std::max(req.getPromptLen(), 0));
-        size_t const tpb = static_cast<size_t>(getTokensPerBlock());
-        // Mid-prefill only whole blocks are materialized; a finished prompt stores its
-        // partial last block too, and after the context every known token.
-        if (extent < prompt && !req.isContextFinished()) extent = extent / tpb * tpb;
-        if (req.isContextFinished()) extent = std::max(extent, req.getTokens(0).size());
-        extent = std::min({extent, l.capacity, l.num_tokens});
-        if (extent > l.history) impl().advanceHistory(id, extent);
-    }
+    void syncComputed(LlmRequest const& req);
 
     /// Reads a live sequence's block ids into its record (made on first use).
-    GenerationRequest& refreshSequence(RequestIdType requestId) const {
-        int32_t beams = 0;
-        check(kvb_manager_get_beam_width(impl().get(), requestId, &beams));
-        auto l = impl().getSequenceLengths(requestId);
-        auto [it, fresh] = sequences_.try_emplace(requestId, requestId, 0, beams);
-        (void)fresh;
-        GenerationRequest& seq = it->second;
-        seq.numTokens_ = static_cast<SizeType32>(l.capacity);
-        seq.beamWidth_ = beams;
-        for (SizeType32 w : windows_) {
-            auto& ids = seq.cacheBlockIds_[w];
-            ids.resize(static_cast<size_t>(beams));
-            for (int32_t b = 0; b < beams; ++b)
-                ids[static_cast<size_t>(b)] = impl().getCacheBlockIds(requestId, w, b);
-            int32_t front = 0;
-            check(kvb_manager_get_num_front_blocks_removed(impl().get(), requestId, w, &front));
-            seq.frontBlocksRemoved_[w] = front;
-        }
-        return seq;
-    }
+    GenerationRequest& refreshSequence(RequestIdType requestId) const;
 
-    bool copyRecurrentState(std::vector<LlmRequest const*> const& requests) {
-        std::vector<uint64_t> ids;
-        std::vector<int32_t> positions;
-        for (LlmRequest const* r : requests) {
-            if (!hasSequence(r->getRequestId())) continue;
-            ids.push_back(r->getRequestId());
-            positions.push_back(r->isContextFinished()
-                                    ? static_cast<int32_t>(r->getTokens(0).size()) - 1
-                                    : r->getContextCurrentPosition());
-        }
-        return !ids.empty() && impl().copyRecurrentState(ids, positions) > 0;
-    }
+    bool copyRecurrentState(std::vector<LlmRequest const*> const& requests);
 
     /// Appends an indexer K layer for every model layer the mask keeps (after the model's).
     void addIndexerLayers(KvblockOptions const& o, std::vector<SizeType32> const& windows) {
@@ -810,75 +500,13 @@ class KVCacheManager : public BaseKVCacheManager {
     }
 
     /// Pins every listed block of a sequence in every window and remembers the group.
-    std::vector<BlockIdType> pinSequence(RequestIdType requestId) {
-        std::vector<std::pair<SizeType32, std::vector<BlockIdType>>> group;
-        for (SizeType32 w : windows_) {
-            std::vector<BlockIdType> ids;
-            SizeType32 front = getNumFrontBlocksRemoved(requestId, w);
-            for (auto const& beam : getCacheBlockIds(requestId, w))
-                ids.insert(ids.end(), beam.begin() + front, beam.end());
-            group.emplace_back(w, std::move(ids));
-        }
-        auto beam0 = getCacheBlockIds(requestId, windows_.front()).at(0);
-        std::vector<BlockIdType> key(
-            beam0.begin() + getNumFrontBlocksRemoved(requestId, windows_.front()), beam0.end());
-        impl().pinBlocks(requestId);
-        std::lock_guard<std::mutex> lock(pinMutex_);
-        pinGroups_.emplace_back(key, std::move(group));
-        return key;
-    }
+    std::vector<BlockIdType> pinSequence(RequestIdType requestId);
 
-    static kvb::Request toKvb(LlmRequest const& req) {
-        kvb::Request r(req.getRequestId(), req.getTokens(0));
-        r.inputLength = req.getPromptLen();
-        if (auto extra = req.getTokenExtraIds()) r.extraIds = *extra;
-        if (auto lora = req.getLoraTaskId()) r.withLora(*lora);
-        if (auto salt = req.getCacheSaltID()) r.withSalt(*salt);
-        r.mmItems = req.getMultimodalItems();
-        if (auto retention = req.getKvCacheRetentionConfig()) {
-            for (auto const& range : retention->getTokenRangeRetentionConfigs())
-                r.withRange(range.tokenStart, range.tokenEnd.value_or(-1), range.priority,
-                            range.durationMs ? range.durationMs->count() : -1);
-            auto decode = retention->getDecodeDurationMs();
-            r.withDecodeRetention(retention->getDecodeRetentionPriority(),
-                                  decode ? decode->count() : -1);
-        }
-        return r;
-    }
-    static void setUniqueTokens(kvb::Request& r, VecUniqueTokens const& tokens, bool extra) {
-        r.tokens.clear();
-        r.extraIds.clear();
-        for (auto const& t : tokens) {
-            r.tokens.push_back(t.tokenId);
-            if (extra) r.extraIds.push_back(t.tokenExtraId);
-        }
-        r.inputLength = static_cast<int32_t>(tokens.size());
-    }
-    static kvb_request_state_t stateOf(LlmRequest const& req) {
-        kvb_request_state_t s{};
-        check(kvb_request_state_init(&s));
-        s.request_id = req.getRequestId();
-        s.phase =
-            req.isContextInitState()
-                ? (req.isFirstContextChunk() ? KVB_PHASE_CONTEXT_INIT : KVB_PHASE_CONTEXT_CONTINUE)
-                : (req.isGenerationInProgressState() ? KVB_PHASE_GENERATION : KVB_PHASE_OTHER);
-        s.prompt_len = req.getPromptLen();
-        s.beam_width = req.getBeamWidth();
-        // TensorRT-LLM's request has a chunk size only in the context phase (it throws after).
-        s.context_chunk_size = req.isContextInitState() ? req.getContextChunkSize() : 0;
-        s.num_draft_tokens = req.getNumDraftTokens();
-        s.max_new_tokens = req.getMaxNewTokens();
-        s.num_generated_tokens = req.getNumGeneratedTokens();
-        return s;
-    }
-    static PrefixReuseSummary fromC(kvb_prefix_reuse_summary_t const& s) {
-        PrefixReuseSummary out{s.reusable_blocks_allocated, s.reusable_blocks_all, std::nullopt};
-        if (s.first_new_block_index >= 0) out.firstNewBlock = s.first_new_block_index;
-        return out;
-    }
-    static kvb_prefix_reuse_summary_t toC(PrefixReuseSummary const& s) {
-        return {s.reusableBlocksAllocated, s.reusableBlocksAll, s.firstNewBlock.value_or(-1)};
-    }
+    static kvb::Request toKvb(LlmRequest const& req);
+    static void setUniqueTokens(kvb::Request& r, VecUniqueTokens const& tokens, bool extra);
+    static kvb_request_state_t stateOf(LlmRequest const& req);
+    static PrefixReuseSummary fromC(kvb_prefix_reuse_summary_t const& s);
+    static kvb_prefix_reuse_summary_t toC(PrefixReuseSummary const& s);
 
     Config config_;
     bool enableBlockReuse_ = false;
