@@ -83,6 +83,13 @@ pub struct DiskPrefetch {
     pub in_flight: usize,
 }
 
+impl std::ops::AddAssign for DiskPrefetch {
+    fn add_assign(&mut self, o: DiskPrefetch) {
+        self.started += o.started;
+        self.in_flight += o.in_flight;
+    }
+}
+
 impl WindowBlockManager {
     /// Hands the disk jobs of the running call to the I/O workers.
     #[inline]

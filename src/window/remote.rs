@@ -92,6 +92,14 @@ pub struct RemotePrefetch {
     pub pending: usize,
 }
 
+impl std::ops::AddAssign for RemotePrefetch {
+    fn add_assign(&mut self, o: RemotePrefetch) {
+        self.looked_up += o.looked_up;
+        self.started += o.started;
+        self.pending += o.pending;
+    }
+}
+
 impl WindowBlockManager {
     /// Attaches a remote tier.
     pub fn attach_remote(&mut self, remote: WindowRemote) {
