@@ -411,3 +411,69 @@ impl WindowBlockManager {
         block == self.tree.root() || (self.tree.is_in_tree(block) && self.epoch_of(block) == epoch)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend of finished reads handed in by the test: `Some(row)` a verified block.
+    struct Fake {
+        finished: Vec<(PrefixDigest, Option<Vec<u8>>)>,
+    }
+
+    impl LowerTier for Fake {
+        type Done = Option<Vec<u8>>;
+        fn harvest_reads(&mut self) -> Vec<(PrefixDigest, Self::Done)> {
+            std::mem::take(&mut self.finished)
+        }
+        fn block<'a>(&self, _done: &'a Self::Done) -> Option<(&'a SlotHeader, &'a [u8])> {
+            None
+        }
+        fn finish(&mut self, _done: Self::Done, _placed: bool) {}
+        fn count_write_drop(&mut self) {}
+    }
+
+    fn digest(n: u8) -> PrefixDigest {
+        let mut d = ROOT_DIGEST;
+        d[0] = n;
+        d
+    }
+
+    #[test]
+    fn a_read_is_ready_only_once_finished_and_its_parent_settled() {
+        let (a, b, c) = (digest(1), digest(2), digest(3));
+        let mut reads: Reads<Option<Vec<u8>>> = Reads::default();
+        reads.insert(a, 10, Parent::Tree { block: 0, epoch: 0 });
+        reads.insert(b, 11, Parent::Read(a));
+        assert!(reads.contains(&a) && reads.contains(&b) && !reads.contains(&c));
+        assert!(reads.is_claimed(11) && !reads.is_claimed(12));
+        assert_eq!(reads.pending[&a].children, vec![b]);
+
+        // The child finishes first: it waits for its parent.
+        let mut tier = Fake {
+            finished: vec![(b, Some(vec![1])), (c, Some(vec![2]))],
+        };
+        reads.collect(&mut tier);
+        assert!(reads.ready().is_empty());
+        assert!(!reads.contains(&c), "a read nobody waits for is dropped");
+
+        tier.finished = vec![(a, None)];
+        reads.collect(&mut tier);
+        assert_eq!(reads.ready(), vec![a]);
+    }
+
+    #[test]
+    fn the_digest_cache_is_off_until_enabled_and_forgets() {
+        let mut cache = DigestCache::default();
+        cache.set(3, digest(7));
+        assert_eq!(cache.get(3), None);
+        cache.enable(8);
+        cache.set(3, digest(7));
+        assert_eq!(cache.get(3), Some(digest(7)));
+        cache.forget(3);
+        assert_eq!(cache.get(3), None);
+        cache.set(5, digest(9));
+        cache.forget_all();
+        assert_eq!(cache.get(5), None);
+    }
+}
