@@ -11,12 +11,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use super::handle::{
-    guard, kvb_manager_t, require_out, slice_arg_mut, with_manager, write_out, FfiError, FfiResult,
+    guard, kvb_manager_t, require_out, with_manager, write_out, FfiError, FfiResult,
 };
+use super::lower;
 use super::status::kvb_status_t;
-use super::types::request_array;
-use super::types::{check_struct_size, kvb_request_t, request};
+use super::types::{check_struct_size, kvb_request_t};
 use crate::manager::DiskTierConfig;
+use crate::manager::KvCacheManager;
 use crate::tier::{TierStats, WritePolicy};
 
 /// Which blocks leaving the host tier are written to disk.
@@ -233,13 +234,7 @@ pub extern "C" fn kvb_manager_disk_poll(
     manager: *mut kvb_manager_t,
     out_placed: *mut i64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        let placed = m.disk_poll();
-        if !out_placed.is_null() {
-            write_out(out_placed, placed as i64, "out_placed")?;
-        }
-        Ok(())
-    })
+    lower::poll(manager, out_placed, KvCacheManager::disk_poll)
 }
 
 /// Starts reading the disk-resident part of each waiting request's reusable prefix into the
@@ -254,25 +249,17 @@ pub extern "C" fn kvb_manager_disk_prefetch(
     num_requests: usize,
     out: *mut kvb_disk_prefetch_t,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        let reqs = request_array(requests_ptr, num_requests)?;
-        let out = if out.is_null() {
-            None
-        } else {
-            Some(slice_arg_mut(out, num_requests, "out")?)
-        };
-        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
-        let done = m.disk_prefetch(&refs)?;
-        if let Some(out) = out {
-            for (slot, p) in out.iter_mut().zip(done) {
-                *slot = kvb_disk_prefetch_t {
-                    started: p.started as i64,
-                    in_flight: p.in_flight as i64,
-                };
-            }
-        }
-        Ok(())
-    })
+    lower::prefetch(
+        manager,
+        requests_ptr,
+        num_requests,
+        out,
+        |m, reqs| m.disk_prefetch(reqs),
+        |p| kvb_disk_prefetch_t {
+            started: p.started as i64,
+            in_flight: p.in_flight as i64,
+        },
+    )
 }
 
 /// Blocks of a request's reusable prefix still being read from disk (after a poll); 0 means
@@ -283,11 +270,8 @@ pub extern "C" fn kvb_manager_disk_blocks_in_flight(
     request_ptr: *const kvb_request_t,
     out_blocks: *mut i64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        require_out(out_blocks, "out_blocks")?;
-        let req = request(request_ptr)?;
-        let n = m.disk_blocks_in_flight(&req.as_ref())?;
-        write_out(out_blocks, n as i64, "out_blocks")
+    lower::pending(manager, request_ptr, out_blocks, |m, req| {
+        m.disk_blocks_in_flight(req)
     })
 }
 

@@ -58,6 +58,8 @@ pub mod recurrent;
 pub mod disk;
 // The shared remote tier (Redis / Valkey).
 pub mod remote;
+// The bodies the lower tiers' entry points share (no C functions).
+mod lower;
 
 // No C functions: the handle and argument helpers, the C structs and their conversions, and every
 // manager entry point under one path.

@@ -15,11 +15,12 @@ use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
 use super::handle::{
-    guard, kvb_manager_t, require_out, slice_arg_mut, with_manager, write_out, FfiError, FfiResult,
+    guard, kvb_manager_t, require_out, with_manager, write_out, FfiError, FfiResult,
 };
+use super::lower;
 use super::status::kvb_status_t;
-use super::types::request_array;
-use super::types::{check_struct_size, kvb_request_t, request};
+use super::types::{check_struct_size, kvb_request_t};
+use crate::manager::KvCacheManager;
 use crate::manager::RemoteTierConfig;
 use crate::remote::{RedisConfig, RemoteLimits, RemoteStats};
 use crate::window::RemoteWritePolicy;
@@ -371,13 +372,7 @@ pub extern "C" fn kvb_manager_remote_poll(
     manager: *mut kvb_manager_t,
     out_placed: *mut i64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        let placed = m.remote_poll();
-        if !out_placed.is_null() {
-            write_out(out_placed, placed as i64, "out_placed")?;
-        }
-        Ok(())
-    })
+    lower::poll(manager, out_placed, KvCacheManager::remote_poll)
 }
 
 /// For each waiting request (after a poll): queues one pipelined lookup of the part of its
@@ -393,26 +388,18 @@ pub extern "C" fn kvb_manager_remote_prefetch(
     num_requests: usize,
     out: *mut kvb_remote_prefetch_t,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        let reqs = request_array(requests_ptr, num_requests)?;
-        let out = if out.is_null() {
-            None
-        } else {
-            Some(slice_arg_mut(out, num_requests, "out")?)
-        };
-        let refs: Vec<_> = reqs.iter().map(|r| r.as_ref()).collect();
-        let done = m.remote_prefetch(&refs)?;
-        if let Some(out) = out {
-            for (slot, p) in out.iter_mut().zip(done) {
-                *slot = kvb_remote_prefetch_t {
-                    looked_up: p.looked_up as i64,
-                    started: p.started as i64,
-                    pending: p.pending as i64,
-                };
-            }
-        }
-        Ok(())
-    })
+    lower::prefetch(
+        manager,
+        requests_ptr,
+        num_requests,
+        out,
+        |m, reqs| m.remote_prefetch(reqs),
+        |p| kvb_remote_prefetch_t {
+            looked_up: p.looked_up as i64,
+            started: p.started as i64,
+            pending: p.pending as i64,
+        },
+    )
 }
 
 /// Blocks of a request's reusable prefix still being looked up or fetched (after a poll).
@@ -422,11 +409,8 @@ pub extern "C" fn kvb_manager_remote_blocks_pending(
     request_ptr: *const kvb_request_t,
     out_blocks: *mut i64,
 ) -> kvb_status_t {
-    with_manager(manager, |m| {
-        require_out(out_blocks, "out_blocks")?;
-        let req = request(request_ptr)?;
-        let n = m.remote_blocks_pending(&req.as_ref())?;
-        write_out(out_blocks, n as i64, "out_blocks")
+    lower::pending(manager, request_ptr, out_blocks, |m, req| {
+        m.remote_blocks_pending(req)
     })
 }
 

@@ -9,13 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{absorb, KvCacheManager, RequestRef};
+use super::lower::LowerKind;
+use super::{KvCacheManager, RequestRef};
 use crate::error::{KvError, KvResult};
 use crate::pool::BlockLayout;
 use crate::tier::io::IoPool;
 use crate::tier::prealloc::{allocated_bytes, fs_free_bytes};
 use crate::tier::{DiskTier, SlotLayout, TierLimits, TierStats, WritePolicy};
-use crate::window::{DiskPrefetch, WindowBlockManager, WindowDisk};
+use crate::window::{DiskPrefetch, KeySource, WindowBlockManager, WindowDisk};
 
 /// Default `DiskTierConfig::free_space_share`.
 pub const DEFAULT_DISK_FREE_SPACE_SHARE: f64 = 0.5;
@@ -245,77 +246,56 @@ pub(super) fn attach_disk_tiers(
     Ok(Some(pool))
 }
 
+/// The disk tier behind the manager's lower-tier calls.
+pub(super) struct Disk;
+
+impl LowerKind for Disk {
+    type Prefetch = DiskPrefetch;
+    type Stats = TierStats;
+    fn has(w: &WindowBlockManager) -> bool {
+        w.has_disk()
+    }
+    fn poll(w: &mut WindowBlockManager, now_ms: u64) -> usize {
+        w.disk_poll(now_ms)
+    }
+    fn prefetch(w: &mut WindowBlockManager, src: &KeySource<'_>, len: usize) -> DiskPrefetch {
+        w.disk_prefetch(src, len)
+    }
+    fn pending(w: &mut WindowBlockManager, src: &KeySource<'_>, len: usize) -> usize {
+        w.disk_blocks_in_flight(src, len)
+    }
+    fn stats(w: &WindowBlockManager) -> TierStats {
+        w.disk_stats()
+    }
+    fn add(a: &mut TierStats, b: &TierStats) {
+        a.add(b);
+    }
+}
+
 impl KvCacheManager {
     /// Whether the manager has a disk tier.
     pub fn has_disk_tier(&self) -> bool {
-        self.windows.iter().any(|w| w.has_disk())
+        self.has_lower::<Disk>()
     }
 
     /// Collects finished disk I/O: completed writes become readable, finished reads become
     /// free host blocks of the reuse tree (or are dropped, counted). Returns the blocks placed.
     pub fn disk_poll(&mut self) -> usize {
-        let now = self.op_now_ms();
-        let mut placed = 0;
-        for w in &mut self.windows {
-            placed += w.disk_poll(now);
-            absorb(&mut self.events, w);
-        }
-        placed
-    }
-
-    fn check_disk_request(&self, req: &RequestRef<'_>) -> KvResult<()> {
-        if req.input_length == 0 || req.token_ids.len() < req.input_length {
-            return Err(KvError::InvalidArgument(format!(
-                "request {}: input_length {} with {} tokens",
-                req.id,
-                req.input_length,
-                req.token_ids.len()
-            )));
-        }
-        if req.extra_ids.is_some_and(|e| e.len() < req.input_length) {
-            return Err(KvError::InvalidArgument(format!(
-                "request {}: fewer extra ids than input tokens",
-                req.id
-            )));
-        }
-        Ok(())
+        self.poll_lower::<Disk>()
     }
 
     /// Starts reading the disk-resident part of each waiting request's reusable prefix into
     /// the host tier (after a `disk_poll`). Returns, per request, the reads started and those
     /// already in flight, summed over windows. Never waits for the disk.
     pub fn disk_prefetch(&mut self, reqs: &[RequestRef<'_>]) -> KvResult<Vec<DiskPrefetch>> {
-        for r in reqs {
-            self.check_disk_request(r)?;
-        }
-        self.disk_poll();
-        let mut out = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            let src = r.key_source();
-            let mut sum = DiskPrefetch::default();
-            for w in &mut self.windows {
-                let p = w.disk_prefetch(&src, r.input_length);
-                sum.started += p.started;
-                sum.in_flight += p.in_flight;
-                absorb(&mut self.events, w);
-            }
-            out.push(sum);
-        }
-        Ok(out)
+        self.prefetch_lower::<Disk>(reqs)
     }
 
     /// Blocks of a request's reusable prefix still being read from disk, summed over windows
     /// (after a `disk_poll`); 0 means what the disk held of its prefix is in the host tier (or
     /// was dropped) and admitting it now reuses all of that.
     pub fn disk_blocks_in_flight(&mut self, req: &RequestRef<'_>) -> KvResult<usize> {
-        self.check_disk_request(req)?;
-        self.disk_poll();
-        let src = req.key_source();
-        Ok(self
-            .windows
-            .iter_mut()
-            .map(|w| w.disk_blocks_in_flight(&src, req.input_length))
-            .sum())
+        self.pending_lower::<Disk>(req)
     }
 
     /// Threads of the disk tier's I/O pool (0 without a disk tier).
@@ -325,13 +305,7 @@ impl KvCacheManager {
 
     /// The disk tier's counters summed over windows (zeros without a disk tier).
     pub fn disk_stats(&self) -> TierStats {
-        let mut s = TierStats::default();
-        for w in &self.windows {
-            if w.has_disk() {
-                s.add(&w.disk_stats());
-            }
-        }
-        s
+        self.lower_stats::<Disk>()
     }
 
     /// Makes every disk read sleep `us` microseconds on its I/O thread first (benchmarks: a

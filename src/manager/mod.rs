@@ -21,6 +21,7 @@ mod invariants;
 mod iteration;
 mod iteration_stats;
 mod lifecycle;
+mod lower;
 mod recurrent;
 mod remote;
 mod request;

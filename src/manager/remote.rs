@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use super::{absorb, KvCacheManager};
+use super::lower::LowerKind;
+use super::KvCacheManager;
 use crate::error::{KvError, KvResult};
 use crate::manager::slot_layout;
 use crate::manager::RequestRef;
@@ -15,7 +16,9 @@ use crate::remote::{
     Namespace, RedisConfig, RedisStore, RemoteLimits, RemoteStats, RemoteStore, RemoteTier,
     RemoteWorkers, StoreError,
 };
-use crate::window::{RemotePrefetch, RemoteWritePolicy, WindowBlockManager, WindowRemote};
+use crate::window::{
+    KeySource, RemotePrefetch, RemoteWritePolicy, WindowBlockManager, WindowRemote,
+};
 
 /// The shared remote tier's configuration (off unless `redis` is set).
 #[derive(Clone, Debug, Default)]
@@ -107,78 +110,56 @@ pub(super) fn attach_remote_tiers(
     Ok(Some(workers))
 }
 
-fn check_request(req: &RequestRef<'_>) -> KvResult<()> {
-    if req.input_length == 0 || req.token_ids.len() < req.input_length {
-        return Err(KvError::InvalidArgument(format!(
-            "request {}: input_length {} with {} tokens",
-            req.id,
-            req.input_length,
-            req.token_ids.len()
-        )));
+/// The remote tier behind the manager's lower-tier calls.
+pub(super) struct Remote;
+
+impl LowerKind for Remote {
+    type Prefetch = RemotePrefetch;
+    type Stats = RemoteStats;
+    fn has(w: &WindowBlockManager) -> bool {
+        w.has_remote()
     }
-    if req.extra_ids.is_some_and(|e| e.len() < req.input_length) {
-        return Err(KvError::InvalidArgument(format!(
-            "request {}: fewer extra ids than input tokens",
-            req.id
-        )));
+    fn poll(w: &mut WindowBlockManager, now_ms: u64) -> usize {
+        w.remote_poll(now_ms)
     }
-    Ok(())
+    fn prefetch(w: &mut WindowBlockManager, src: &KeySource<'_>, len: usize) -> RemotePrefetch {
+        w.remote_prefetch(src, len)
+    }
+    fn pending(w: &mut WindowBlockManager, src: &KeySource<'_>, len: usize) -> usize {
+        w.remote_blocks_pending(src, len)
+    }
+    fn stats(w: &WindowBlockManager) -> RemoteStats {
+        w.remote_stats()
+    }
+    fn add(a: &mut RemoteStats, b: &RemoteStats) {
+        a.add(b);
+    }
 }
 
 impl KvCacheManager {
     /// Whether the manager has a remote tier.
     pub fn has_remote_tier(&self) -> bool {
-        self.windows.iter().any(|w| w.has_remote())
+        self.has_lower::<Remote>()
     }
 
     /// Collects finished remote batches: lookups and writes update what the tier knows,
     /// verified fetches become free host blocks of the reuse tree (the rest are dropped,
     /// counted). Returns the blocks placed.
     pub fn remote_poll(&mut self) -> usize {
-        let now = self.op_now_ms();
-        let mut placed = 0;
-        for w in &mut self.windows {
-            placed += w.remote_poll(now);
-            absorb(&mut self.events, w);
-        }
-        placed
+        self.poll_lower::<Remote>()
     }
 
     /// For each waiting request: one pipelined lookup of the part of its reusable prefix past
     /// the tree (and the disk), and one pipelined fetch of the leading blocks found, into
     /// claimed host blocks (after a `remote_poll`). Summed over windows. Never waits.
     pub fn remote_prefetch(&mut self, reqs: &[RequestRef<'_>]) -> KvResult<Vec<RemotePrefetch>> {
-        for r in reqs {
-            check_request(r)?;
-        }
-        self.remote_poll();
-        let mut out = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            let src = r.key_source();
-            let mut sum = RemotePrefetch::default();
-            for w in &mut self.windows {
-                let p = w.remote_prefetch(&src, r.input_length);
-                sum.looked_up += p.looked_up;
-                sum.started += p.started;
-                sum.pending += p.pending;
-                absorb(&mut self.events, w);
-            }
-            out.push(sum);
-        }
-        Ok(out)
+        self.prefetch_lower::<Remote>(reqs)
     }
 
     /// Blocks of a request's reusable prefix still being looked up or fetched, summed over
     /// windows (after a `remote_poll`); 0 means admitting it now reuses all that arrived.
     pub fn remote_blocks_pending(&mut self, req: &RequestRef<'_>) -> KvResult<usize> {
-        check_request(req)?;
-        self.remote_poll();
-        let src = req.key_source();
-        Ok(self
-            .windows
-            .iter_mut()
-            .map(|w| w.remote_blocks_pending(&src, req.input_length))
-            .sum())
+        self.pending_lower::<Remote>(req)
     }
 
     /// Worker threads of the remote tier (0 without one).
@@ -188,12 +169,6 @@ impl KvCacheManager {
 
     /// The remote tier's counters summed over windows (zeros without one).
     pub fn remote_stats(&self) -> RemoteStats {
-        let mut s = RemoteStats::default();
-        for w in &self.windows {
-            if w.has_remote() {
-                s.add(&w.remote_stats());
-            }
-        }
-        s
+        self.lower_stats::<Remote>()
     }
 }

@@ -43,11 +43,9 @@ impl WindowBlockManager {
     pub(super) fn evict_from_tree(&mut self, block: u32) {
         let stats = &mut self.stats;
         let mut events = self.events.as_mut();
-        let mut disk = self.disk.as_deref_mut();
+        let digests = &mut self.digests;
         self.tree.detach_subtree(block, |b, hash| {
-            if let Some(d) = disk.as_mut() {
-                d.forget_digest(b);
-            }
+            digests.forget(b);
             stats.evicted_from_tree += 1;
             if let Some(e) = events.as_mut() {
                 e.push(WindowEvent::Removed(hash));

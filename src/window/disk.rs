@@ -6,30 +6,39 @@
 
 use std::collections::HashMap;
 
+use super::lower::{CopyOut, Cursor, LowerTier, Parent, Reads};
 use super::{KeySource, WindowBlockManager};
 use crate::events::{StoredBlock, WindowEvent};
-use crate::pool::{Level, MemRow};
-use crate::tier::sealed::{fits, prefix_digest, seal_key};
-use crate::tier::{DiskTier, PrefixDigest, SlotChange, TierStats, WritePolicy, ROOT_DIGEST};
+use crate::pool::Level;
+use crate::tier::sealed::{fits, seal_key, SlotHeader};
+use crate::tier::{DiskTier, PrefixDigest, ReadDone, SlotChange, TierStats, WritePolicy};
 
-/// Where a read's block hangs in the tree once it is placed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Parent {
-    /// A block of the tree (the root included), valid while its allocation epoch holds.
-    Tree { block: u32, epoch: u32 },
-    /// Another read, not placed yet.
-    Read(PrefixDigest),
-    /// The parent is gone: the read is discarded when it finishes.
-    Gone,
-}
+/// The disk tier behind the lower-tier seam: reads come back from its I/O workers.
+impl LowerTier for DiskTier {
+    type Done = ReadDone;
 
-#[derive(Debug)]
-struct PendingRead {
-    /// The claimed host block the bytes go to.
-    dest: u32,
-    parent: Parent,
-    children: Vec<PrefixDigest>,
-    done: Option<crate::tier::ReadDone>,
+    fn harvest_reads(&mut self) -> Vec<(PrefixDigest, ReadDone)> {
+        self.harvest().into_iter().map(|d| (d.digest, d)).collect()
+    }
+
+    fn block<'a>(&self, done: &'a ReadDone) -> Option<(&'a SlotHeader, &'a [u8])> {
+        done.data.as_ref().map(|(h, buf)| (&**h, self.row(buf)))
+    }
+
+    fn finish(&mut self, done: ReadDone, placed: bool) {
+        if let Some((_, buf)) = done.data {
+            if placed {
+                self.stats_mut().hits += 1;
+            } else {
+                self.stats_mut().reads_discarded += 1;
+            }
+            self.release_buffer(buf);
+        }
+    }
+
+    fn count_write_drop(&mut self) {
+        self.stats_mut().write_drops += 1;
+    }
 }
 
 /// The disk tier of a window and its reads in flight.
@@ -37,12 +46,9 @@ struct PendingRead {
 pub struct WindowDisk {
     pub(super) tier: DiskTier,
     policy: WritePolicy,
-    reads: HashMap<PrefixDigest, PendingRead>,
+    reads: Reads<ReadDone>,
     /// Times each block was reused since it was last allocated (for `WritePolicy::Reused`).
     reuse_hits: Vec<u8>,
-    /// Prefix digest of blocks in the tree, computed on demand: valid while the block stays in
-    /// the tree (its key and parent do not change there), forgotten when it leaves.
-    digests: Vec<Option<PrefixDigest>>,
     /// With events on: the block of each write in flight (its parent's hash and itself, as in
     /// the tree when it was spilled), announced when the write completes.
     announcing: HashMap<PrefixDigest, (Option<u64>, StoredBlock)>,
@@ -51,33 +57,20 @@ pub struct WindowDisk {
 }
 
 impl WindowDisk {
+    /// A window's disk tier, writing under `policy`, for a window of `num_blocks` blocks.
     pub fn new(tier: DiskTier, policy: WritePolicy, num_blocks: usize) -> Self {
         WindowDisk {
             tier,
             policy,
-            reads: HashMap::new(),
+            reads: Reads::default(),
             reuse_hits: if policy == WritePolicy::Reused {
                 vec![0; num_blocks]
             } else {
                 Vec::new()
             },
-            digests: vec![None; num_blocks],
             announcing: HashMap::new(),
             announced: HashMap::new(),
         }
-    }
-
-    /// The block left the tree: its digest no longer holds.
-    #[inline]
-    pub(super) fn forget_digest(&mut self, block: u32) {
-        if let Some(d) = self.digests.get_mut(block as usize) {
-            *d = None;
-        }
-    }
-
-    /// Forgets every digest (the tree was restored from a snapshot).
-    pub(super) fn forget_all_digests(&mut self) {
-        self.digests.fill(None);
     }
 }
 
@@ -90,13 +83,10 @@ pub struct DiskPrefetch {
     pub in_flight: usize,
 }
 
-/// Collects the tier's finished jobs: writes are published, reads wait in their pending entry
-/// for `disk_poll` to place them.
-fn collect_finished(d: &mut WindowDisk) {
-    for done in d.tier.harvest() {
-        if let Some(r) = d.reads.get_mut(&done.digest) {
-            r.done = Some(done);
-        }
+impl std::ops::AddAssign for DiskPrefetch {
+    fn add_assign(&mut self, o: DiskPrefetch) {
+        self.started += o.started;
+        self.in_flight += o.in_flight;
     }
 }
 
@@ -111,6 +101,7 @@ impl WindowBlockManager {
 
     /// Attaches a disk tier.
     pub fn attach_disk(&mut self, mut disk: WindowDisk) {
+        self.digests.enable(self.arena.len());
         if self.events.is_some() {
             disk.tier.log_changes();
         }
@@ -162,6 +153,7 @@ impl WindowBlockManager {
         (parent_hash, b)
     }
 
+    /// Whether a disk tier is attached.
     pub fn has_disk(&self) -> bool {
         self.disk.is_some()
     }
@@ -182,7 +174,7 @@ impl WindowBlockManager {
     pub(super) fn is_claimed_by_disk(&self, block: u32) -> bool {
         self.disk
             .as_ref()
-            .is_some_and(|d| d.reads.values().any(|r| r.dest == block))
+            .is_some_and(|d| d.reads.is_claimed(block))
     }
 
     /// Notes a reuse of `block` (the `Reused` write policy counts them).
@@ -198,46 +190,12 @@ impl WindowBlockManager {
     /// Forgets the reuses (and the digest) of a block handed out again.
     #[inline]
     pub(super) fn reset_reuse(&mut self, block: u32) {
+        self.digests.forget(block);
         if let Some(d) = &mut self.disk {
-            d.forget_digest(block);
             if let Some(h) = d.reuse_hits.get_mut(block as usize) {
                 *h = 0;
             }
         }
-    }
-
-    /// The host rows holding a block's bytes, in order. A block's row spans one row per pool of
-    /// its window (one pool per window today).
-    pub(super) fn host_rows(&self, block: u32) -> impl Iterator<Item = MemRow> {
-        std::iter::once(self.arena.row(block))
-    }
-
-    /// The prefix digest of a block in the tree and of its parent: a walk up to the root or to
-    /// the nearest ancestor whose digest is known, remembering those computed.
-    fn tree_digests(&self, d: &mut WindowDisk, block: u32) -> (PrefixDigest, PrefixDigest) {
-        let root = self.tree.root();
-        let mut chain = vec![block];
-        let mut base = ROOT_DIGEST;
-        let mut b = block;
-        while let Some(p) = self.tree.parent(b) {
-            if p == root {
-                break;
-            }
-            if let Some(known) = d.digests[p as usize] {
-                base = known;
-                break;
-            }
-            chain.push(p);
-            b = p;
-        }
-        let mut parent = base;
-        let mut digest = base;
-        for &b in chain.iter().rev() {
-            parent = digest;
-            digest = prefix_digest(&parent, &self.tree.key(b));
-            d.digests[b as usize] = Some(digest);
-        }
-        (parent, digest)
     }
 
     /// Writes the cached content of host `block`, which is about to leave the tree, to disk
@@ -256,7 +214,7 @@ impl WindowBlockManager {
         // Finished writes free their buffers (and publish their slots) here too, so that the
         // write queue drains even when the engine never polls.
         if d.tier.write_queue_full() {
-            collect_finished(d);
+            d.reads.collect(&mut d.tier);
         }
         if !self.tree.is_in_tree(block) || self.arena.level(block) != Level::Secondary {
             return;
@@ -273,71 +231,29 @@ impl WindowBlockManager {
             d.tier.stats_mut().policy_skips += 1;
             return;
         }
-        let (parent, digest) = self.tree_digests(d, block);
+        let (parent, digest) = self.tree_digests(block);
         let Some((slot, mut buf)) = d.tier.prepare_write(&digest) else {
             return;
         };
-        // Copies queued by this call may write the row: they go first.
-        self.flush_copies();
-        let rows: Vec<MemRow> = self.host_rows(block).collect();
-        if !rows.iter().all(|&r| self.engine.host_row_ready(r)) {
-            // A GPU copy still writes the row (CUDA backend): the store falls behind, dropped.
-            d.tier.stats_mut().write_drops += 1;
-            d.tier.abandon_write(slot, buf);
-            return;
-        }
         let hb = layout.header_bytes();
-        let mut at = hb;
-        let mut ok = true;
-        for row in rows {
-            let n = layout.row_bytes;
-            if self
-                .engine
-                .read_row(row, &mut buf.as_mut_slice()[at..at + n])
-                .is_err()
-            {
-                ok = false;
-                break;
+        let n = layout.row_bytes * self.host_rows(block).count();
+        match self.copy_out_rows(&mut d.tier, block, &mut buf.as_mut_slice()[hb..hb + n]) {
+            Ok(()) => {}
+            Err(CopyOut::NotReady) => {
+                d.tier.abandon_write(slot, buf);
+                return;
             }
-            at += n;
-        }
-        if !ok {
-            d.tier.stats_mut().write_errors += 1;
-            d.tier.abandon_write(slot, buf);
-            return;
+            Err(CopyOut::Failed) => {
+                d.tier.stats_mut().write_errors += 1;
+                d.tier.abandon_write(slot, buf);
+                return;
+            }
         }
         seal_key(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
         d.tier.submit_write(slot, buf);
         if self.events.is_some() {
             d.announcing.insert(digest, self.stored_block(block));
         }
-    }
-
-    /// Claims the next free host block as the destination of a disk read, evicting its cached
-    /// content (spilled to disk like any host eviction). `None` when no host block is free or
-    /// the candidate is `anchor` or one of its ancestors (the read would lose its parent).
-    pub(super) fn claim_landing_block(&mut self, anchor: u32) -> Option<u32> {
-        let (cand, _) = self.queues.peek(Level::Secondary)?;
-        if self.tree.is_in_tree(cand) {
-            if cand == anchor || self.tree.is_ancestor_within(cand, anchor, 64) != Some(false) {
-                return None;
-            }
-            self.spill_to_disk(cand);
-            self.evict_from_tree(cand);
-        }
-        self.queues.claim(cand);
-        self.bump_epoch(cand);
-        self.reset_reuse(cand);
-        self.tree.disown_key(cand);
-        Some(cand)
-    }
-
-    pub(super) fn epoch_of(&self, block: u32) -> u32 {
-        self.alloc_epoch.get(block as usize).copied().unwrap_or(0)
-    }
-
-    pub(super) fn parent_is_valid(&self, block: u32, epoch: u32) -> bool {
-        block == self.tree.root() || (self.tree.is_in_tree(block) && self.epoch_of(block) == epoch)
     }
 
     /// Walks a request's reusable prefix: the blocks in the tree, then those being read, then
@@ -349,83 +265,30 @@ impl WindowBlockManager {
         start: bool,
     ) -> DiskPrefetch {
         let mut out = DiskPrefetch::default();
-        if !self.cfg.enable_reuse || self.disk.is_none() || input_length < 2 {
+        if self.disk.is_none() {
             return out;
         }
-        let tpb = self.cfg.tokens_per_block;
-        let reusable = (input_length - 1).min(src.token_ids.len());
-        let mut scratch = std::mem::take(&mut self.mm_scratch);
-        let mut parent = Parent::Tree {
-            block: self.tree.root(),
-            epoch: 0,
-        };
-        // The tree block the chain of reads hangs from.
-        let mut anchor = self.tree.root();
-        let mut parent_digest = ROOT_DIGEST;
-        let mut bi = 0;
-        while bi * tpb < reusable {
-            let (s, e) = (bi * tpb, ((bi + 1) * tpb).min(reusable));
-            let key = src.key(s, e, &mut scratch);
-            let in_tree = match parent {
-                Parent::Tree { block, .. } => {
-                    self.tree
-                        .find_exact(block, &key, crate::key::lookup_hash(&key))
-                }
-                _ => None,
-            };
-            let d = self.disk.as_mut().expect("checked");
-            // Blocks in the tree remember their digest: a long cached prefix is hashed once.
-            let digest = match in_tree.and_then(|b| d.digests[b as usize]) {
-                Some(known) => known,
-                None => {
-                    let x = prefix_digest(&parent_digest, &key);
-                    if let Some(b) = in_tree {
-                        d.digests[b as usize] = Some(x);
-                    }
-                    x
-                }
-            };
-            if let Some(b) = in_tree {
-                parent = Parent::Tree {
-                    block: b,
-                    epoch: self.epoch_of(b),
-                };
-                anchor = b;
-            } else if d.reads.contains_key(&digest) {
+        self.walk_lower_prefix(src, input_length, |w, cur: &mut Cursor, digest| {
+            let d = w.disk.as_mut().expect("checked");
+            if d.reads.contains(&digest) {
                 out.in_flight += 1;
-                parent = Parent::Read(digest);
             } else if start && d.tier.contains(&digest) {
-                let Some(dest) = self.claim_landing_block(anchor) else {
-                    break;
+                let Some(dest) = w.claim_landing_block(cur.anchor) else {
+                    return false;
                 };
-                let d = self.disk.as_mut().expect("checked");
+                let d = w.disk.as_mut().expect("checked");
                 if !d.tier.start_read(&digest) {
-                    self.queues.release(dest, Level::Secondary, false, 0);
-                    break;
+                    w.queues.release(dest, Level::Secondary, false, 0);
+                    return false;
                 }
-                if let Parent::Read(p) = parent {
-                    if let Some(r) = d.reads.get_mut(&p) {
-                        r.children.push(digest);
-                    }
-                }
-                d.reads.insert(
-                    digest,
-                    PendingRead {
-                        dest,
-                        parent,
-                        children: Vec::new(),
-                        done: None,
-                    },
-                );
+                d.reads.insert(digest, dest, cur.parent);
                 out.started += 1;
-                parent = Parent::Read(digest);
             } else {
-                break;
+                return false;
             }
-            parent_digest = digest;
-            bi += 1;
-        }
-        self.mm_scratch = scratch;
+            cur.parent = Parent::Read(digest);
+            true
+        });
         out
     }
 
@@ -450,82 +313,11 @@ impl WindowBlockManager {
         let Some(mut d) = self.disk.take() else {
             return 0;
         };
-        collect_finished(&mut d);
+        d.reads.collect(&mut d.tier);
         self.record_disk_changes(&mut d);
-        let mut placed = 0;
-        loop {
-            let ready: Vec<PrefixDigest> = d
-                .reads
-                .iter()
-                .filter(|(_, r)| r.done.is_some() && !matches!(r.parent, Parent::Read(_)))
-                .map(|(k, _)| *k)
-                .collect();
-            if ready.is_empty() {
-                break;
-            }
-            for digest in ready {
-                let r = d.reads.remove(&digest).expect("listed");
-                let landed = self.place_read(&mut d, r.dest, r.parent, r.done.expect("done"));
-                if landed {
-                    placed += 1;
-                }
-                self.queues.release(r.dest, Level::Secondary, false, now_ms);
-                let next = if landed {
-                    Parent::Tree {
-                        block: r.dest,
-                        epoch: self.epoch_of(r.dest),
-                    }
-                } else {
-                    Parent::Gone
-                };
-                for c in r.children {
-                    if let Some(child) = d.reads.get_mut(&c) {
-                        child.parent = next;
-                    }
-                }
-            }
-        }
+        let placed = self.poll_lower(&mut d.tier, &mut d.reads, now_ms);
         d.tier.flush_jobs();
         self.disk = Some(d);
-        placed
-    }
-
-    /// Places one finished read under its parent; false when it cannot be.
-    fn place_read(
-        &mut self,
-        d: &mut WindowDisk,
-        dest: u32,
-        parent: Parent,
-        done: crate::tier::ReadDone,
-    ) -> bool {
-        let Some((header, buf)) = done.data else {
-            return false;
-        };
-        let placed = match parent {
-            Parent::Tree { block, epoch } if self.parent_is_valid(block, epoch) => {
-                let key = header.key.as_ref();
-                self.tree.set_key(dest, &key);
-                if self.tree.insert(block, dest) {
-                    let row = self.arena.row(dest);
-                    if self.engine.write_row(row, d.tier.row(&buf)).is_ok() {
-                        self.record_stored(&[dest]);
-                        true
-                    } else {
-                        self.evict_from_tree(dest);
-                        false
-                    }
-                } else {
-                    false
-                }
-            }
-            _ => false,
-        };
-        if placed {
-            d.tier.stats_mut().hits += 1;
-        } else {
-            d.tier.stats_mut().reads_discarded += 1;
-        }
-        d.tier.release_buffer(buf);
         placed
     }
 
@@ -535,14 +327,6 @@ impl WindowBlockManager {
             return Ok(());
         };
         d.tier.verify()?;
-        for r in d.reads.values() {
-            if self.queues.is_queued(r.dest) || self.arena.ref_count(r.dest) > 0 {
-                return Err(format!(
-                    "disk read destination {} is not claimed for the read",
-                    r.dest
-                ));
-            }
-        }
-        Ok(())
+        self.verify_reads(&d.reads, "disk read", "read")
     }
 }

@@ -115,6 +115,8 @@ impl WindowBlockManager {
             disk: _,
             // Not rolled back, like the disk tier: batches already queued stay queued.
             remote: _,
+            // Not rolled back: forgotten at a restore (`restore`).
+            digests: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),
@@ -131,9 +133,7 @@ impl WindowBlockManager {
 
     /// Puts the bookkeeping of `snapshot` back.
     pub fn restore(&mut self, snapshot: WindowSnapshot) {
-        if let Some(d) = &mut self.disk {
-            d.forget_all_digests();
-        }
+        self.digests.forget_all();
         let WindowSnapshot {
             arena,
             queues,

@@ -18,6 +18,7 @@ mod disk;
 mod faults;
 mod lifecycle;
 mod lookup;
+mod lower;
 mod plan;
 mod recurrent;
 mod release;
@@ -182,6 +183,8 @@ pub struct WindowBlockManager {
     disk: Option<Box<disk::WindowDisk>>,
     /// The shared remote tier, if configured (`remote`).
     remote: Option<Box<remote::WindowRemote>>,
+    /// Prefix digests of tree blocks, for the lower tiers (`lower`).
+    digests: lower::DigestCache,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -224,6 +227,7 @@ impl WindowBlockManager {
             num_suspended: 0,
             disk: None,
             remote: None,
+            digests: lower::DigestCache::default(),
         }
     }
 

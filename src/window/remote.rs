@@ -7,13 +7,46 @@
 //! reuse tree as free host blocks by `remote_poll`. Only placed blocks count for estimates and
 //! admission.
 
-use std::collections::HashMap;
-
+use super::lower::{CopyOut, Cursor, LowerTier, Parent, Reads};
 use super::{KeySource, WindowBlockManager};
 use crate::pool::Level;
 use crate::remote::{FetchDone, Fetched, Known, RemoteStats, RemoteTier, StoreItem};
-use crate::tier::sealed::{fits, prefix_digest, OwnedKey};
-use crate::tier::{PrefixDigest, ROOT_DIGEST};
+use crate::tier::sealed::{fits, prefix_digest, OwnedKey, SlotHeader};
+use crate::tier::PrefixDigest;
+
+/// The remote tier behind the lower-tier seam: fetches come back from its workers, verified.
+impl LowerTier for RemoteTier {
+    type Done = Fetched;
+
+    fn harvest_reads(&mut self) -> Vec<(PrefixDigest, Fetched)> {
+        self.harvest()
+            .into_iter()
+            .map(|FetchDone { digest, fetched }| (digest, fetched))
+            .collect()
+    }
+
+    fn block<'a>(&self, done: &'a Fetched) -> Option<(&'a SlotHeader, &'a [u8])> {
+        match done {
+            Fetched::Block(header, value) => Some((&**header, self.namespace().row(value))),
+            Fetched::Miss => None,
+        }
+    }
+
+    fn finish(&mut self, done: Fetched, placed: bool) {
+        if let Fetched::Block(..) = done {
+            let s = self.stats_mut();
+            if placed {
+                s.hits += 1;
+            } else {
+                s.fetches_discarded += 1;
+            }
+        }
+    }
+
+    fn count_write_drop(&mut self) {
+        self.stats_mut().write_drops += 1;
+    }
+}
 
 /// When blocks go to the remote store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,50 +59,24 @@ pub enum RemoteWritePolicy {
     OnHostEvict,
 }
 
-/// Where a fetched block hangs once placed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Parent {
-    Tree { block: u32, epoch: u32 },
-    Read(PrefixDigest),
-    Gone,
-}
-
-#[derive(Debug)]
-struct PendingFetch {
-    dest: u32,
-    parent: Parent,
-    children: Vec<PrefixDigest>,
-    done: Option<Fetched>,
-}
-
 /// The remote tier of a window and its fetches in flight.
 #[derive(Debug)]
 pub struct WindowRemote {
     pub(super) tier: RemoteTier,
     policy: RemoteWritePolicy,
-    reads: HashMap<PrefixDigest, PendingFetch>,
+    reads: Reads<Fetched>,
     /// Most blocks of one request looked up at once.
     max_lookup_blocks: usize,
-    /// Prefix digests of tree blocks, with what they were computed from.
-    digests: HashMap<u32, (DigestTag, PrefixDigest)>,
-}
-
-/// What a remembered digest of a tree block was computed from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct DigestTag {
-    epoch: u32,
-    parent: PrefixDigest,
-    lookup: u64,
 }
 
 impl WindowRemote {
+    /// A window's remote tier, writing under `policy`.
     pub fn new(tier: RemoteTier, policy: RemoteWritePolicy) -> Self {
         WindowRemote {
             tier,
             policy,
-            reads: HashMap::new(),
+            reads: Reads::default(),
             max_lookup_blocks: 256,
-            digests: HashMap::new(),
         }
     }
 }
@@ -85,53 +92,38 @@ pub struct RemotePrefetch {
     pub pending: usize,
 }
 
-fn collect(r: &mut WindowRemote) {
-    for FetchDone { digest, fetched } in r.tier.harvest() {
-        if let Some(p) = r.reads.get_mut(&digest) {
-            p.done = Some(fetched);
-        }
+impl std::ops::AddAssign for RemotePrefetch {
+    fn add_assign(&mut self, o: RemotePrefetch) {
+        self.looked_up += o.looked_up;
+        self.started += o.started;
+        self.pending += o.pending;
     }
 }
 
 impl WindowBlockManager {
+    /// Attaches a remote tier.
     pub fn attach_remote(&mut self, remote: WindowRemote) {
+        self.digests.enable(self.arena.len());
         self.remote = Some(Box::new(remote));
     }
 
+    /// Whether a remote tier is attached.
     pub fn has_remote(&self) -> bool {
         self.remote.is_some()
     }
 
+    /// The remote tier's counters (zeros without one).
     pub fn remote_stats(&self) -> RemoteStats {
         self.remote
             .as_ref()
             .map_or_else(RemoteStats::default, |r| r.tier.stats())
     }
 
+    /// Whether `block` is claimed as the destination of a remote fetch.
     pub(super) fn is_claimed_by_remote(&self, block: u32) -> bool {
         self.remote
             .as_ref()
-            .is_some_and(|r| r.reads.values().any(|p| p.dest == block))
-    }
-
-    /// The prefix digest of a block in the tree and of its parent (a walk to the root).
-    fn remote_tree_digests(&self, block: u32) -> (PrefixDigest, PrefixDigest) {
-        let root = self.tree.root();
-        let mut chain = vec![block];
-        let mut b = block;
-        while let Some(p) = self.tree.parent(b) {
-            if p == root {
-                break;
-            }
-            chain.push(p);
-            b = p;
-        }
-        let (mut parent, mut digest) = (ROOT_DIGEST, ROOT_DIGEST);
-        for &b in chain.iter().rev() {
-            parent = digest;
-            digest = prefix_digest(&parent, &self.tree.key(b));
-        }
-        (parent, digest)
+            .is_some_and(|r| r.reads.is_claimed(block))
     }
 
     /// Queues the blocks just stored for reuse (consecutive, each the child of the one before)
@@ -147,10 +139,10 @@ impl WindowBlockManager {
         {
             return;
         }
-        let (mut parent, _) = self.remote_tree_digests(*first);
+        let (mut parent, _) = self.tree_digests(*first);
         let mut items = Vec::new();
         let mut r = self.remote.take().expect("checked");
-        collect(&mut r);
+        r.reads.collect(&mut r.tier);
         for &b in stored {
             let key = self.tree.key(b);
             let digest = prefix_digest(&parent, &key);
@@ -172,8 +164,8 @@ impl WindowBlockManager {
             && self.tree.is_in_tree(block)
             && self.arena.level(block) == Level::Secondary
         {
-            collect(&mut r);
-            let (parent, digest) = self.remote_tree_digests(block);
+            r.reads.collect(&mut r.tier);
+            let (parent, digest) = self.tree_digests(block);
             if let Some(item) = self.remote_item(&mut r, block, parent, digest, 0) {
                 r.tier.store(vec![item]);
             }
@@ -207,22 +199,15 @@ impl WindowBlockManager {
             cache_salt: key.cache_salt,
             extra_keys: key.extra_keys.to_vec(),
         };
-        // Copies queued by this call may write the row: they go first.
-        self.flush_copies();
-        if !self.engine.host_row_ready(self.arena.row(block)) {
-            // A GPU copy still writes the row (CUDA backend): the write falls behind, dropped.
-            r.tier.stats_mut().write_drops += 1;
-            return None;
-        }
-        let ns = r.tier.namespace();
-        let mut value = ns.new_value();
-        if self
-            .engine
-            .read_row(self.arena.row(block), ns.row_mut(&mut value))
-            .is_err()
-        {
-            r.tier.stats_mut().policy_skips += 1;
-            return None;
+        let mut value = r.tier.namespace().new_value();
+        let hb = r.tier.namespace().layout().header_bytes();
+        match self.copy_out_rows(&mut r.tier, block, &mut value[hb..]) {
+            Ok(()) => {}
+            Err(CopyOut::NotReady) => return None,
+            Err(CopyOut::Failed) => {
+                r.tier.stats_mut().policy_skips += 1;
+                return None;
+            }
         }
         Some(StoreItem {
             digest,
@@ -242,104 +227,47 @@ impl WindowBlockManager {
         start: bool,
     ) -> RemotePrefetch {
         let mut out = RemotePrefetch::default();
-        if !self.cfg.enable_reuse || self.remote.is_none() || input_length < 2 {
+        let Some(r) = &self.remote else {
             return out;
-        }
-        let tpb = self.cfg.tokens_per_block;
-        let reusable = (input_length - 1).min(src.token_ids.len());
-        let mut scratch = std::mem::take(&mut self.mm_scratch);
-        let mut parent = Parent::Tree {
-            block: self.tree.root(),
-            epoch: 0,
         };
-        let mut anchor = self.tree.root();
-        let mut parent_digest = ROOT_DIGEST;
+        let max_look = r.max_lookup_blocks;
         let mut to_fetch: Vec<(PrefixDigest, u32, Parent)> = Vec::new();
         let mut to_look: Vec<PrefixDigest> = Vec::new();
-        let max_look = self.remote.as_ref().expect("checked").max_lookup_blocks;
-        let mut bi = 0;
-        while bi * tpb < reusable {
-            let (s, e) = (bi * tpb, ((bi + 1) * tpb).min(reusable));
-            let key = src.key(s, e, &mut scratch);
-            let lookup = crate::key::lookup_hash(&key);
-            let in_tree = match parent {
-                Parent::Tree { block, .. } => self.tree.find_exact(block, &key, lookup),
-                _ => None,
-            };
-            // A waiting request walks its prefix on every scheduling pass: a tree block's
-            // digest is remembered, valid while its allocation epoch, its parent's digest and
-            // its key's hash are those it was computed from (its full key equals `key`: the
-            // tree compared them).
-            let digest = match in_tree {
-                Some(b) => {
-                    let tag = DigestTag {
-                        epoch: self.epoch_of(b),
-                        parent: parent_digest,
-                        lookup,
-                    };
-                    let cap = self.arena.len();
-                    let r = self.remote.as_mut().expect("checked");
-                    match r.digests.get(&b) {
-                        Some((t, d)) if *t == tag => *d,
-                        _ => {
-                            let d = prefix_digest(&parent_digest, &key);
-                            if r.digests.len() >= cap {
-                                r.digests.clear();
-                            }
-                            r.digests.insert(b, (tag, d));
-                            d
-                        }
-                    }
-                }
-                None => prefix_digest(&parent_digest, &key),
-            };
-            parent_digest = digest;
-            bi += 1;
-            if let Some(b) = in_tree {
-                parent = Parent::Tree {
-                    block: b,
-                    epoch: self.epoch_of(b),
-                };
-                anchor = b;
-                continue;
-            }
+        self.walk_lower_prefix(src, input_length, |w, cur: &mut Cursor, digest| {
             // What the disk holds (or is reading) is the disk tier's to bring back.
-            if self
-                .disk
+            if w.disk
                 .as_ref()
                 .is_some_and(|d| d.tier.contains(&digest) || d.tier.is_writing(&digest))
             {
-                break;
+                return false;
             }
-            let r = self.remote.as_mut().expect("checked");
-            if r.reads.contains_key(&digest) {
+            let r = w.remote.as_mut().expect("checked");
+            if r.reads.contains(&digest) {
                 out.pending += 1;
-                parent = Parent::Read(digest);
-                continue;
+                cur.parent = Parent::Read(digest);
+                return true;
             }
             match r.tier.known(&digest) {
                 Known::Present if start && to_look.is_empty() => {
-                    let Some(dest) = self.claim_landing_block(anchor) else {
-                        break;
+                    let Some(dest) = w.claim_landing_block(cur.anchor) else {
+                        return false;
                     };
-                    to_fetch.push((digest, dest, parent));
-                    parent = Parent::Read(digest);
+                    to_fetch.push((digest, dest, cur.parent));
+                    cur.parent = Parent::Read(digest);
+                    true
                 }
                 Known::Pending => {
                     out.pending += 1;
-                    break;
+                    false
                 }
                 Known::Unknown | Known::Present if start => {
                     // The rest of the prefix, in one lookup.
                     to_look.push(digest);
-                    if to_look.len() >= max_look {
-                        break;
-                    }
+                    to_look.len() < max_look
                 }
-                _ => break,
+                _ => false,
             }
-        }
-        self.mm_scratch = scratch;
+        });
         let r = self.remote.as_mut().expect("checked");
         if !to_look.is_empty() {
             out.looked_up = r.tier.lookup(&to_look);
@@ -349,20 +277,7 @@ impl WindowBlockManager {
             let digests: Vec<PrefixDigest> = to_fetch.iter().map(|f| f.0).collect();
             if r.tier.fetch(&digests) {
                 for (digest, dest, parent) in to_fetch {
-                    if let Parent::Read(p) = parent {
-                        if let Some(pr) = r.reads.get_mut(&p) {
-                            pr.children.push(digest);
-                        }
-                    }
-                    r.reads.insert(
-                        digest,
-                        PendingFetch {
-                            dest,
-                            parent,
-                            children: Vec::new(),
-                            done: None,
-                        },
-                    );
+                    r.reads.insert(digest, dest, parent);
                     out.started += 1;
                 }
                 out.pending += out.started;
@@ -392,75 +307,9 @@ impl WindowBlockManager {
         let Some(mut r) = self.remote.take() else {
             return 0;
         };
-        collect(&mut r);
-        let mut placed = 0;
-        loop {
-            let ready: Vec<PrefixDigest> = r
-                .reads
-                .iter()
-                .filter(|(_, p)| p.done.is_some() && !matches!(p.parent, Parent::Read(_)))
-                .map(|(k, _)| *k)
-                .collect();
-            if ready.is_empty() {
-                break;
-            }
-            for digest in ready {
-                let p = r.reads.remove(&digest).expect("listed");
-                let landed = self.place_fetch(&mut r, p.dest, p.parent, p.done.expect("done"));
-                placed += landed as usize;
-                self.queues.release(p.dest, Level::Secondary, false, now_ms);
-                let next = if landed {
-                    Parent::Tree {
-                        block: p.dest,
-                        epoch: self.epoch_of(p.dest),
-                    }
-                } else {
-                    Parent::Gone
-                };
-                for c in p.children {
-                    if let Some(child) = r.reads.get_mut(&c) {
-                        child.parent = next;
-                    }
-                }
-            }
-        }
+        r.reads.collect(&mut r.tier);
+        let placed = self.poll_lower(&mut r.tier, &mut r.reads, now_ms);
         self.remote = Some(r);
-        placed
-    }
-
-    fn place_fetch(&mut self, r: &mut WindowRemote, dest: u32, parent: Parent, f: Fetched) -> bool {
-        let Fetched::Block(header, value) = f else {
-            return false;
-        };
-        let placed = match parent {
-            Parent::Tree { block, epoch } if self.parent_is_valid(block, epoch) => {
-                let key = header.key.as_ref();
-                self.tree.set_key(dest, &key);
-                if self.tree.insert(block, dest) {
-                    let row = self.arena.row(dest);
-                    if self
-                        .engine
-                        .write_row(row, r.tier.namespace().row(&value))
-                        .is_ok()
-                    {
-                        self.record_stored(&[dest]);
-                        true
-                    } else {
-                        self.evict_from_tree(dest);
-                        false
-                    }
-                } else {
-                    false
-                }
-            }
-            _ => false,
-        };
-        let s = r.tier.stats_mut();
-        if placed {
-            s.hits += 1;
-        } else {
-            s.fetches_discarded += 1;
-        }
         placed
     }
 
@@ -469,14 +318,6 @@ impl WindowBlockManager {
         let Some(r) = &self.remote else {
             return Ok(());
         };
-        for p in r.reads.values() {
-            if self.queues.is_queued(p.dest) || self.arena.ref_count(p.dest) > 0 {
-                return Err(format!(
-                    "remote fetch destination {} is not claimed for the fetch",
-                    p.dest
-                ));
-            }
-        }
-        Ok(())
+        self.verify_reads(&r.reads, "remote fetch", "fetch")
     }
 }
