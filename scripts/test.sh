@@ -14,7 +14,30 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 source scripts/nvrtc_env.sh
 export KVBLOCK_REQUIRE_NVRTC=1
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each stage's time: printed when the next stage starts, and all of them at the end.
+stage_name=""
+stage_start=$SECONDS
+stage_times=()
+end_stage() {
+    if [[ -n "$stage_name" ]]; then
+        local took=$((SECONDS - stage_start))
+        printf '    (%s: %d s)\n' "$stage_name" "$took"
+        stage_times+=("$(printf '%5d s  %s' "$took" "$stage_name")")
+    fi
+}
+step() {
+    end_stage
+    stage_name="$*"
+    stage_start=$SECONDS
+    printf '\n==> %s\n' "$*"
+}
+report_stage_times() {
+    end_stage
+    stage_name=""
+    printf '\n==> stage times (total %d s)\n' "$SECONDS"
+    printf '%s\n' "${stage_times[@]}"
+}
+trap 'report_stage_times' EXIT
 
 step "cargo fmt --check"
 cargo fmt --check
