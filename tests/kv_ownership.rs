@@ -168,6 +168,28 @@ fn store_blocks_for_reuse_stops_at_the_history_too() {
     probe.attend(&mut m, 2, &prompt, 0..8);
 }
 
+/// Admits request 1 with a 6-token prompt whose KV is computed and stored; returns its tokens.
+fn admit_computed_prompt(m: &mut KvCacheManager, probe: &Probe) -> Vec<i32> {
+    let tokens: Vec<i32> = (0..6).collect();
+    m.add_sequence(&Request::new(1, tokens.clone())).unwrap();
+    probe.compute(m, 1, &tokens, 0..tokens.len());
+    m.store_context_blocks(1, tokens.len()).unwrap();
+    tokens
+}
+
+/// Another request takes every free block of the sliding window and writes its own KV there.
+fn intrude(m: &mut KvCacheManager, probe: &Probe, sliding: usize, intruder: &mut u64) {
+    let free = m.num_free_blocks_of_window(sliding).unwrap().0;
+    if free > 0 {
+        let theirs: Vec<i32> = (0..(free * TPB) as i32).map(|t| 7000 + t).collect();
+        m.add_sequence(&Request::new(*intruder, theirs.clone()))
+            .unwrap();
+        probe.compute(m, *intruder, &theirs, 0..theirs.len());
+        m.remove_sequence(*intruder, false).unwrap();
+        *intruder += 1;
+    }
+}
+
 /// Speculative decoding on a sliding window: each step adds the accepted token and `drafts`
 /// draft tokens (computing their KV), then rejects `rejected` of them (a rewind); meanwhile
 /// another request takes every free block and writes its own KV there. Every position inside
@@ -182,10 +204,7 @@ fn speculate_on_a_sliding_window(
         window: sliding,
         pool: 0,
     };
-    let mut tokens: Vec<i32> = (0..6).collect();
-    m.add_sequence(&Request::new(1, tokens.clone())).unwrap();
-    probe.compute(m, 1, &tokens, 0..tokens.len());
-    m.store_context_blocks(1, tokens.len()).unwrap();
+    let mut tokens = admit_computed_prompt(m, &probe);
     let mut next_token = 1000;
     let mut intruder = 2;
     while tokens.len() + drafts + 1 < MAX_LEN {
@@ -198,16 +217,7 @@ fn speculate_on_a_sliding_window(
         m.rewind(1, rejected)?;
         tokens.truncate(tokens.len() - rejected);
         m.check_invariants().unwrap();
-        // Another request takes every free block of the sliding window and writes its KV.
-        let free = m.num_free_blocks_of_window(sliding).unwrap().0;
-        if free > 0 {
-            let theirs: Vec<i32> = (0..(free * TPB) as i32).map(|t| 7000 + t).collect();
-            m.add_sequence(&Request::new(intruder, theirs.clone()))
-                .unwrap();
-            probe.compute(m, intruder, &theirs, 0..theirs.len());
-            m.remove_sequence(intruder, false).unwrap();
-            intruder += 1;
-        }
+        intrude(m, &probe, sliding, &mut intruder);
         // The next token's attention: positions `len - window ..= len - 1` (the last one's KV
         // is computed, the token after it reads them all).
         let start = tokens.len().saturating_sub(sliding);
@@ -256,10 +266,7 @@ fn draft_steps_in_iterations(m: &mut KvCacheManager, sliding: usize, drafts: usi
         window: sliding,
         pool: 0,
     };
-    let mut tokens: Vec<i32> = (0..6).collect();
-    m.add_sequence(&Request::new(1, tokens.clone())).unwrap();
-    probe.compute(m, 1, &tokens, 0..tokens.len());
-    m.store_context_blocks(1, tokens.len()).unwrap();
+    let mut tokens = admit_computed_prompt(m, &probe);
     let mut next_token = 1000;
     let mut intruder = 2;
     while tokens.len() + drafts + 1 < MAX_LEN {
@@ -272,15 +279,7 @@ fn draft_steps_in_iterations(m: &mut KvCacheManager, sliding: usize, drafts: usi
             probe.compute(m, 1, &tokens, tokens.len() - 1..tokens.len());
         }
         m.check_invariants().unwrap();
-        let free = m.num_free_blocks_of_window(sliding).unwrap().0;
-        if free > 0 {
-            let theirs: Vec<i32> = (0..(free * TPB) as i32).map(|t| 7000 + t).collect();
-            m.add_sequence(&Request::new(intruder, theirs.clone()))
-                .unwrap();
-            probe.compute(m, intruder, &theirs, 0..theirs.len());
-            m.remove_sequence(intruder, false).unwrap();
-            intruder += 1;
-        }
+        intrude(m, &probe, sliding, &mut intruder);
         // The step's first token (position `first`) attends `first + 1 - sliding ..= first`.
         probe.attend(
             m,
