@@ -66,6 +66,11 @@ pub enum kvb_status_t {
     /// but scheduled nothing and moved no block between the tiers. The message names the cause (no host
     /// tier, host tier too small, a request larger than the pool) and the remedy.
     KVB_STATUS_STALLED = 23,
+    /// The sequence is receiving its prompt's KV from another engine
+    /// (`kvb_manager_add_sequence_receiving`): only the receive calls, its block ids and its
+    /// offsets apply until `kvb_manager_complete_receive` or `kvb_manager_abort_receive`.
+    /// Nothing changed.
+    KVB_STATUS_SEQUENCE_RECEIVING = 25,
 }
 
 thread_local! {
@@ -117,6 +122,7 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::CopyFailed(_) => KVB_STATUS_COPY_FAILED,
         KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
         KvError::Stalled(_) => KVB_STATUS_STALLED,
+        KvError::SequenceReceiving(_) => KVB_STATUS_SEQUENCE_RECEIVING,
     }
 }
 
@@ -157,6 +163,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_TRANSPORT,
         KVB_STATUS_SEQUENCE_SUSPENDED,
         KVB_STATUS_STALLED,
+        KVB_STATUS_SEQUENCE_RECEIVING,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -186,6 +193,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_TRANSPORT => b"transport error\0",
         KVB_STATUS_SEQUENCE_SUSPENDED => b"sequence suspended\0",
         KVB_STATUS_STALLED => b"scheduling stalled\0",
+        KVB_STATUS_SEQUENCE_RECEIVING => b"sequence receiving\0",
     };
     s.as_ptr().cast()
 }

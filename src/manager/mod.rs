@@ -14,6 +14,7 @@
 
 mod admission;
 mod config;
+mod disagg;
 mod disk;
 mod faults;
 mod inspect;
@@ -34,6 +35,7 @@ mod tables;
 mod transfers;
 
 pub use admission::BatchEstimate;
+pub use disagg::{HoldId, HoldState, TransferOutcome, TransferStats, WindowRows};
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
 pub use disk::{
     disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
@@ -131,6 +133,8 @@ pub struct KvCacheManager {
     disk_io: Option<Arc<crate::tier::io::IoPool>>,
     /// The remote tier's worker threads.
     remote_workers: Option<Arc<crate::remote::RemoteWorkers>>,
+    /// Leases, receiving sequences, quarantines and the transfer backend (`disagg`).
+    disagg: disagg::DisaggState,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.
@@ -218,7 +222,12 @@ impl KvCacheManager {
         Ok(&mut self.windows[i])
     }
 
+    /// A sequence the ordinary calls may act on: a receiving one is refused until its receive
+    /// completes or aborts (`disagg`).
     fn sequence(&self, id: u64) -> KvResult<&Sequence> {
+        if self.disagg.is_receiving(id) {
+            return Err(KvError::SequenceReceiving(id));
+        }
         self.sequences.get(&id).ok_or(KvError::UnknownRequest(id))
     }
 
