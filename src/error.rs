@@ -47,6 +47,9 @@ pub enum KvError {
     SequenceSuspended(u64),
     /// Scheduling passes keep making no progress (the message names the cause and the remedy).
     Stalled(String),
+    /// A transfer engine (src/disagg: NIXL, the loopback hub) refused or failed a call; the
+    /// message names the call and the engine's status.
+    Transfer(String),
 }
 
 impl fmt::Display for KvError {
@@ -93,6 +96,7 @@ impl fmt::Display for KvError {
                 write!(f, "sequence {id} is suspended (resume it first)")
             }
             KvError::Stalled(m) => f.write_str(m),
+            KvError::Transfer(m) => write!(f, "transfer engine: {m}"),
         }
     }
 }

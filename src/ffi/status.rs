@@ -117,6 +117,8 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::CopyFailed(_) => KVB_STATUS_COPY_FAILED,
         KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
         KvError::Stalled(_) => KVB_STATUS_STALLED,
+        // The transfer engines of src/disagg are a transport too (no C entry point yet).
+        KvError::Transfer(_) => KVB_STATUS_TRANSPORT,
     }
 }
 
