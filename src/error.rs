@@ -50,6 +50,9 @@ pub enum KvError {
     /// The sequence is receiving its prompt's KV from another engine: complete or abort the
     /// receive before this operation.
     SequenceReceiving(u64),
+    /// A transfer engine (src/disagg: NIXL, the loopback hub) refused or failed a call; the
+    /// message names the call and the engine's status.
+    Transfer(String),
 }
 
 impl fmt::Display for KvError {
@@ -101,6 +104,7 @@ impl fmt::Display for KvError {
                 "sequence {id} is receiving its KV from another engine (complete or abort the \
                  receive first)"
             ),
+            KvError::Transfer(m) => write!(f, "transfer engine: {m}"),
         }
     }
 }

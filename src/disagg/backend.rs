@@ -177,7 +177,13 @@ mod tests {
     #[test]
     fn merges_only_when_adjacent_on_both_sides() {
         let local = [d(0, 16), d(16, 16), d(32, 16), d(64, 16), d(80, 16)];
-        let remote = [d(1000, 16), d(1016, 16), d(2000, 16), d(2016, 16), d(2032, 16)];
+        let remote = [
+            d(1000, 16),
+            d(1016, 16),
+            d(2000, 16),
+            d(2016, 16),
+            d(2032, 16),
+        ];
         let (l, r) = merge_descriptors(&local, &remote);
         // 0+1 merge; 2 is adjacent locally (32 after 16+16) but not remotely; 3 is adjacent
         // remotely to 2 but not locally; 3+4 merge.

@@ -123,6 +123,8 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
         KvError::Stalled(_) => KVB_STATUS_STALLED,
         KvError::SequenceReceiving(_) => KVB_STATUS_SEQUENCE_RECEIVING,
+        // The transfer engines of src/disagg are a transport too (no C entry point yet).
+        KvError::Transfer(_) => KVB_STATUS_TRANSPORT,
     }
 }
 
