@@ -110,7 +110,9 @@ impl FreeQueues {
     /// The (level, priority) queue a queued block waits in: two blocks in the same queue rank
     /// equally for eviction apart from their release order.
     pub fn queue_of(&self, block: u32) -> Option<(Level, u8)> {
-        self.links[block as usize].slot.map(|s| (s.level, s.priority))
+        self.links[block as usize]
+            .slot
+            .map(|s| (s.level, s.priority))
     }
 
     /// The level a queued block was queued at.

@@ -332,7 +332,9 @@ impl BlockArena {
                 }
             }
             if self.owners[self.slot_of(row)] != b as u32 {
-                return Err(format!("row {row:?} of block {b} is listed under another block"));
+                return Err(format!(
+                    "row {row:?} of block {b} is listed under another block"
+                ));
             }
         }
         Ok(())

@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn one_run_merges_into_one_pair_and_counts_are_reported() {
         let local: Vec<Desc> = (0..1000).map(|i| d(4096 * i, 4096)).collect();
-        let remote: Vec<Desc> = (0..1000).map(|i| d(1 << 40 | 4096 * i, 4096)).collect();
+        let remote: Vec<Desc> = (0..1000).map(|i| d((1 << 40) | (4096 * i), 4096)).collect();
         let (l, r) = merge_descriptors(&local, &remote);
         assert_eq!((local.len(), l.len()), (1000, 1));
         assert_eq!(l[0], d(0, 4096 * 1000));

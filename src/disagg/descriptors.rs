@@ -45,8 +45,14 @@ pub fn build(
             let r = row_start(rp, pair.remote_row, "at the peer", i)?;
             match *plan {
                 LayoutPlan::Identical => {
-                    loc.push(Desc { addr: l, len: lp.row_bytes });
-                    rem.push(Desc { addr: r, len: rp.row_bytes });
+                    loc.push(Desc {
+                        addr: l,
+                        len: lp.row_bytes,
+                    });
+                    rem.push(Desc {
+                        addr: r,
+                        len: rp.row_bytes,
+                    });
                     bytes += lp.row_bytes;
                 }
                 LayoutPlan::HeadSliced {
@@ -138,12 +144,27 @@ mod tests {
         assert_eq!(
             d.local,
             vec![
-                Desc { addr: 0x10000 + row, len: 3 * row },
-                Desc { addr: 0x10000 + 9 * row, len: row },
+                Desc {
+                    addr: 0x10000 + row,
+                    len: 3 * row
+                },
+                Desc {
+                    addr: 0x10000 + 9 * row,
+                    len: row
+                },
             ]
         );
-        assert_eq!(d.remote[0], Desc { addr: 0x90000 + 5 * row, len: 3 * row });
-        assert!(build(&a, &b, &p, &pairs(&[(16, 0)])).is_err(), "row outside the pool");
+        assert_eq!(
+            d.remote[0],
+            Desc {
+                addr: 0x90000 + 5 * row,
+                len: 3 * row
+            }
+        );
+        assert!(
+            build(&a, &b, &p, &pairs(&[(16, 0)])).is_err(),
+            "row outside the pool"
+        );
     }
 
     #[test]

@@ -211,10 +211,16 @@ pub fn plan(local: &Layout, remote: &Layout) -> LayoutPlan {
             ("K/V factor", a.kv_factor as u64, b.kv_factor as u64),
             ("head size", a.size_per_head as u64, b.size_per_head as u64),
             ("element bytes", a.unit_bytes as u64, b.unit_bytes as u64),
-            ("token slots per row", a.row_tokens as u64, b.row_tokens as u64),
+            (
+                "token slots per row",
+                a.row_tokens as u64,
+                b.row_tokens as u64,
+            ),
         ];
         if let Some((name, x, y)) = fields.iter().find(|(_, x, y)| x != y) {
-            return no(format!("pool {i}: {name} differs: {x} here, {y} at the peer"));
+            return no(format!(
+                "pool {i}: {name} differs: {x} here, {y} at the peer"
+            ));
         }
         let pair = (a.num_kv_heads, b.num_kv_heads);
         if *heads.get_or_insert(pair) != pair {
@@ -305,7 +311,10 @@ mod tests {
         let mut huge = bytes.clone();
         huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Layout::decode(&huge).is_err(), "a huge pool count");
-        assert!(Layout::decode(&layout(4, 2, 2).encode()).is_err(), "rank outside size");
+        assert!(
+            Layout::decode(&layout(4, 2, 2).encode()).is_err(),
+            "rank outside size"
+        );
         let mut version = bytes;
         version[4] = 9;
         let e = Layout::decode(&version).unwrap_err().to_string();
@@ -314,7 +323,10 @@ mod tests {
 
     #[test]
     fn plans_identical_head_sliced_and_unsupported() {
-        assert_eq!(plan(&layout(4, 0, 1), &layout(4, 0, 1)), LayoutPlan::Identical);
+        assert_eq!(
+            plan(&layout(4, 0, 1), &layout(4, 0, 1)),
+            LayoutPlan::Identical
+        );
         // Prefill with tensor-parallel 1 (8 heads) to decode rank 1 of 2 (4 heads each).
         assert_eq!(
             plan(&layout(8, 0, 1), &layout(4, 1, 2)),

@@ -25,7 +25,10 @@ pub fn row_runs(rows: &[u32]) -> Vec<RowRun> {
 
 /// Number of maximal runs of consecutive rows in `rows` (in order).
 pub fn count_runs(rows: &[u32]) -> usize {
-    rows.windows(2).filter(|w| w[0].checked_add(1) != Some(w[1])).count() + usize::from(!rows.is_empty())
+    rows.windows(2)
+        .filter(|w| w[0].checked_add(1) != Some(w[1]))
+        .count()
+        + usize::from(!rows.is_empty())
 }
 
 #[cfg(test)]
@@ -38,10 +41,22 @@ mod tests {
         assert_eq!(
             row_runs(&rows),
             vec![
-                RowRun { first_row: 3, count: 3 },
-                RowRun { first_row: 9, count: 1 },
-                RowRun { first_row: 8, count: 1 },
-                RowRun { first_row: 10, count: 2 },
+                RowRun {
+                    first_row: 3,
+                    count: 3
+                },
+                RowRun {
+                    first_row: 9,
+                    count: 1
+                },
+                RowRun {
+                    first_row: 8,
+                    count: 1
+                },
+                RowRun {
+                    first_row: 10,
+                    count: 2
+                },
             ]
         );
         assert_eq!(count_runs(&rows), 4);

@@ -37,14 +37,21 @@ pub(super) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Checks the magic and the version; `what` names the message in errors.
-    pub fn new(bytes: &'a [u8], magic: &[u8; 4], version: u32, what: &'static str) -> KvResult<Self> {
+    pub fn new(
+        bytes: &'a [u8],
+        magic: &[u8; 4],
+        version: u32,
+        what: &'static str,
+    ) -> KvResult<Self> {
         let mut r = Reader { bytes, what };
         if r.take(4)? != magic {
             return Err(r.error("not a kvblock message of this kind (bad magic)"));
         }
         let v = r.u32()?;
         if v != version {
-            return Err(r.error(&format!("version {v}, this library reads version {version}")));
+            return Err(r.error(&format!(
+                "version {v}, this library reads version {version}"
+            )));
         }
         Ok(r)
     }
@@ -63,15 +70,21 @@ impl<'a> Reader<'a> {
     }
 
     pub fn u32(&mut self) -> KvResult<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
 
     pub fn i32(&mut self) -> KvResult<i32> {
-        Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
 
     pub fn u64(&mut self) -> KvResult<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 
     /// A count of items of at least `item_bytes` each: refused when the rest cannot hold them

@@ -35,8 +35,8 @@ mod tables;
 mod transfers;
 
 pub use admission::BatchEstimate;
-pub use disagg::{HoldId, HoldState, TransferOutcome, TransferStats, WindowRows};
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
+pub use disagg::{HoldId, HoldState, RowRunStats, TransferOutcome, TransferStats, WindowRows};
 pub use disk::{
     disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
 };
@@ -225,10 +225,11 @@ impl KvCacheManager {
     /// A sequence the ordinary calls may act on: a receiving one is refused until its receive
     /// completes or aborts (`disagg`).
     fn sequence(&self, id: u64) -> KvResult<&Sequence> {
-        if self.disagg.is_receiving(id) {
-            return Err(KvError::SequenceReceiving(id));
+        match self.sequences.get(&id) {
+            Some(seq) if seq.life.receiving => Err(KvError::SequenceReceiving(id)),
+            Some(seq) => Ok(seq),
+            None => Err(KvError::UnknownRequest(id)),
         }
-        self.sequences.get(&id).ok_or(KvError::UnknownRequest(id))
     }
 
     pub fn has_sequence(&self, id: u64) -> bool {

@@ -102,7 +102,7 @@ impl WindowBlockManager {
 
     /// The block owning the row after the previous allocation's, when it may replace the
     /// eviction candidate without changing what is evicted: it waits in the same queue (so it
-    /// ranks equally) and holds no content (so taking it loses nothing cached).
+    /// ranks equally) and is not in the reuse tree (so taking it loses nothing cached).
     fn next_in_run(&self, candidate: u32) -> u32 {
         let Some(prev) = self.last_alloc_row else {
             return candidate;
@@ -115,7 +115,7 @@ impl WindowBlockManager {
             Some(next)
                 if next != candidate
                     && self.queues.queue_of(next) == self.queues.queue_of(candidate)
-                    && !self.tree.has_key(next) =>
+                    && !self.tree.is_in_tree(next) =>
             {
                 next
             }

@@ -280,6 +280,13 @@ impl WindowBlockManager {
         &self.cfg
     }
 
+    /// Turns the contiguous-run allocation preference on or off (it only orders future
+    /// allocations).
+    pub fn set_contiguous_runs(&mut self, on: bool) {
+        self.cfg.contiguous_runs = on;
+        self.last_alloc_row = None;
+    }
+
     pub fn window_size(&self) -> usize {
         self.cfg.window_size
     }

@@ -81,9 +81,10 @@ impl KvCacheManager {
     }
 
     fn attached_backend(&mut self) -> KvResult<&mut AttachedBackend> {
-        self.disagg.attached.as_mut().ok_or_else(|| {
-            KvError::InvalidArgument("no transfer backend is attached".into())
-        })
+        self.disagg
+            .attached
+            .as_mut()
+            .ok_or_else(|| KvError::InvalidArgument("no transfer backend is attached".into()))
     }
 
     /// The regions of every pool at both levels.
@@ -204,7 +205,10 @@ impl KvCacheManager {
         let plan = layout::plan(&local_layout, peer_layout);
         let mut pairs = Vec::new();
         for tw in &ticket.windows {
-            let Some(lw) = h.windows.iter().find(|w| w.window_size as u64 == tw.window_size)
+            let Some(lw) = h
+                .windows
+                .iter()
+                .find(|w| w.window_size as u64 == tw.window_size)
             else {
                 return Err(KvError::InvalidArgument(format!(
                     "the ticket names window {}, which this manager does not have",
@@ -289,8 +293,7 @@ impl KvCacheManager {
         for &(hold, outcome) in &changes {
             match outcome {
                 TransferOutcome::Done => {
-                    let quarantined =
-                        self.disagg.holds[&hold.0].state == HoldState::Quarantined;
+                    let quarantined = self.disagg.holds[&hold.0].state == HoldState::Quarantined;
                     self.end_hold(hold);
                     self.disagg.stats.transfers_done += 1;
                     if quarantined {

@@ -9,11 +9,14 @@
 //!   timeout or an abort in doubt stay held by a `HoldId` until the engine releases them or a
 //!   later completion proves the transfer over. Only `Done` and `NotSubmitted` end a
 //!   transfer's access to memory;
+//! - `runs`: the contiguous-run allocation policy and the runs of a request's rows;
 //! - `engine`: the transfer backend attached to the manager (every pool registered once), the
 //!   layout it exports, posting and polling.
 
 mod engine;
 mod receive;
+mod runs;
+pub use runs::RowRunStats;
 mod send;
 
 use std::collections::BTreeMap;
@@ -150,10 +153,9 @@ impl std::fmt::Debug for DisaggState {
 }
 
 impl DisaggState {
-    /// Whether `id` is a receiving sequence (cheap when none is).
-    #[inline]
-    pub(super) fn is_receiving(&self, id: u64) -> bool {
-        !self.receiving.is_empty() && self.receiving.contains_key(&id)
+    /// Whether `id` is a receiving sequence.
+    fn is_receiving(&self, id: u64) -> bool {
+        self.receiving.contains_key(&id)
     }
 
     fn new_hold(&mut self, hold: Hold) -> HoldId {

@@ -32,7 +32,16 @@ impl KvCacheManager {
         self.disagg
             .receiving
             .insert(req.id, Receiving { first_block_index });
-        let blocks = self.receiving_rows(req.id)?.iter().map(|w| w.blocks.len()).sum::<usize>();
+        self.sequences
+            .get_mut(&req.id)
+            .expect("admitted")
+            .life
+            .receiving = true;
+        let blocks = self
+            .receiving_rows(req.id)?
+            .iter()
+            .map(|w| w.blocks.len())
+            .sum::<usize>();
         self.disagg.stats.receiving_requests += 1;
         self.disagg.stats.receiving_blocks += blocks as u64;
         Ok(admission)
@@ -91,9 +100,7 @@ impl KvCacheManager {
     pub fn complete_receive(&mut self, id: u64) -> KvResult<()> {
         self.receiving_record(id)?;
         let blocks = self.receiving_block_count(id);
-        self.disagg.receiving.remove(&id);
-        self.disagg.stats.receiving_requests -= 1;
-        self.disagg.stats.receiving_blocks -= blocks;
+        self.stop_receiving(id, blocks);
         self.disagg.stats.receives_completed += 1;
         let prompt = self.sequences[&id].input_length;
         self.advance_history(id, prompt)?;
@@ -109,9 +116,7 @@ impl KvCacheManager {
         self.receiving_record(id)?;
         let rows = self.receiving_rows(id)?;
         let blocks = self.receiving_block_count(id);
-        self.disagg.receiving.remove(&id);
-        self.disagg.stats.receiving_requests -= 1;
-        self.disagg.stats.receiving_blocks -= blocks;
+        self.stop_receiving(id, blocks);
         self.disagg.stats.receives_aborted += 1;
         let hold = if outcome.is_quiescent() {
             None
@@ -143,6 +148,17 @@ impl KvCacheManager {
             ))),
             None => Err(KvError::UnknownRequest(id)),
         }
+    }
+
+    fn stop_receiving(&mut self, id: u64, blocks: u64) {
+        self.disagg.receiving.remove(&id);
+        self.sequences
+            .get_mut(&id)
+            .expect("receiving")
+            .life
+            .receiving = false;
+        self.disagg.stats.receiving_requests -= 1;
+        self.disagg.stats.receiving_blocks -= blocks;
     }
 
     fn receiving_block_count(&self, id: u64) -> u64 {

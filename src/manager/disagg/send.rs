@@ -28,7 +28,10 @@ impl KvCacheManager {
         }
         let limit = seq.num_tokens.min(seq.life.capacity);
         let tpb = self.cfg.tokens_per_block;
-        if computed_tokens > limit || skip_tokens % tpb != 0 || skip_tokens >= computed_tokens {
+        if computed_tokens > limit
+            || !skip_tokens.is_multiple_of(tpb)
+            || skip_tokens >= computed_tokens
+        {
             return Err(KvError::InvalidArgument(format!(
                 "a lease on tokens [{skip_tokens}, {computed_tokens}) of sequence {id}: the start \
                  must be a multiple of {tpb} tokens below the end, the end at most the {limit} \
