@@ -12,6 +12,7 @@
 
 pub mod backend;
 pub mod loopback;
+pub mod nixl;
 pub mod regions;
 
 pub use backend::{
