@@ -18,6 +18,7 @@ pub mod backend;
 pub mod descriptors;
 pub mod layout;
 pub mod loopback;
+pub mod nixl;
 pub mod regions;
 pub mod runs;
 pub mod ticket;
