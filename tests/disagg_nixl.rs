@@ -377,6 +377,27 @@ fn write_then_read_back(case: &str, ucx: &[(&'static str, &str)]) {
     assert!(be
         .post(XferOp::Write, &local[..1], &peer.name, &[bad], b"")
         .is_err());
+    // So are a local one outside registered memory, unequal lengths, an unknown peer.
+    let wild = Desc {
+        addr: 0x1000,
+        len: BLOCK,
+    };
+    assert!(be
+        .post(XferOp::Write, &[wild], &peer.name, &remote[..1], b"")
+        .is_err());
+    let short = Desc {
+        len: BLOCK / 2,
+        ..remote[0]
+    };
+    assert!(be
+        .post(XferOp::Write, &local[..1], &peer.name, &[short], b"")
+        .is_err());
+    assert!(be
+        .post(XferOp::Write, &local[..1], "nobody", &remote[..1], b"")
+        .is_err());
+    assert!(matches!(be.state(XferId(u64::MAX)), XferState::Failed(_)));
+    assert!(be.release(x).is_err(), "released already");
+    be.register(&dram(&buf)).unwrap(); // idempotent
 
     be.send_notification(&peer.name, b"bye").unwrap();
     peer.finish();

@@ -75,7 +75,7 @@ pub trait TransferBackend: Send {
     /// Loads a peer's blob; returns the peer's agent name. Loading it again updates it.
     fn add_peer(&mut self, metadata: &[u8]) -> KvResult<String>;
     fn remove_peer(&mut self, peer: &str) -> KvResult<()>;
-    /// Posts one transfer: local[i] <-> remote[i], same lengths; `notification` is delivered
+    /// Posts one transfer: `local[i] <-> remote[i]`, same lengths; `notification` is delivered
     /// to the peer after the data (none when empty).
     fn post(
         &mut self,
@@ -137,8 +137,8 @@ pub fn check_pairs(local: &[Desc], remote: &[Desc]) -> KvResult<()> {
     Ok(())
 }
 
-/// Merges neighbours that are adjacent on BOTH sides (local[i] ends where local[i+1] starts and
-/// remote[i] ends where remote[i+1] starts) into one pair. Order is kept; only consecutive
+/// Merges neighbours that are adjacent on BOTH sides (`local[i]` ends where `local[i+1]` starts
+/// and `remote[i]` ends where `remote[i+1]` starts) into one pair. Order is kept; only consecutive
 /// pairs merge. `(local.len(), merged.len())` is the "descriptors before/after merging"
 /// statistic. The inputs should satisfy `check_pairs`; pairs of unequal lengths are never
 /// merged (so the output is no less valid than the input).
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn one_run_merges_into_one_pair_and_counts_are_reported() {
         let local: Vec<Desc> = (0..1000).map(|i| d(4096 * i, 4096)).collect();
-        let remote: Vec<Desc> = (0..1000).map(|i| d((1 << 40) | (4096 * i), 4096)).collect();
+        let remote: Vec<Desc> = (0..1000).map(|i| d((1 << 40) + 4096 * i, 4096)).collect();
         let (l, r) = merge_descriptors(&local, &remote);
         assert_eq!((local.len(), l.len()), (1000, 1));
         assert_eq!(l[0], d(0, 4096 * 1000));

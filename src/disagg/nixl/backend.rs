@@ -18,8 +18,9 @@ const TAG: &str = "nixl";
 pub struct NixlConfig {
     /// This agent's name (unique among the agents that talk to each other).
     pub agent_name: String,
-    /// NIXL backends (plugins) to create, each with its default parameters: "UCX" moves
-    /// memory between agents; "POSIX" moves between memory and files.
+    /// NIXL backends (plugins) to create, each with its default parameters. "UCX" (the default
+    /// and the one tested) moves DRAM and VRAM between agents; the seam has no file memory yet,
+    /// so a file backend such as "POSIX" has nothing to move.
     pub backends: Vec<String>,
     /// NIXL's progress thread: transfers and notifications advance without polling.
     pub progress_thread: bool,
@@ -495,6 +496,23 @@ impl TransferBackend for NixlBackend {
 
     fn take_notifications(&mut self) -> KvResult<Vec<(String, Vec<u8>)>> {
         let (api, map) = (self.api, self.notif_map);
+        let read = self.read_notifications();
+        // Cleared whatever happened: NIXL appends to the map, a failed read must not leave
+        // entries to be returned twice.
+        // SAFETY: live map.
+        let cleared = check("nixl_capi_notif_map_clear", unsafe {
+            (api.notif_map_clear)(map)
+        });
+        let out = read?;
+        cleared?;
+        Ok(out)
+    }
+}
+
+impl NixlBackend {
+    /// Fetches new notifications into the map and copies them out (the map is not cleared).
+    fn read_notifications(&mut self) -> KvResult<Vec<(String, Vec<u8>)>> {
+        let (api, map) = (self.api, self.notif_map);
         let mut out = Vec::new();
         // SAFETY: live agent and map; the strings and blobs read below belong to the map and
         // are copied before the map is cleared.
@@ -535,7 +553,6 @@ impl TransferBackend for NixlBackend {
                     out.push((peer.clone(), msg));
                 }
             }
-            check("nixl_capi_notif_map_clear", (api.notif_map_clear)(map))?;
         }
         Ok(out)
     }

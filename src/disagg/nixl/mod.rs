@@ -23,6 +23,8 @@
 //! lookup), `backend` (`NixlBackend`, the `TransferBackend`).
 
 mod backend;
-pub mod sys;
+// Crate-private: the C header generator (cbindgen) would otherwise export its type aliases.
+pub(crate) mod sys;
 
 pub use backend::{NixlBackend, NixlConfig};
+pub use sys::{LIBRARY_ENV, LIBRARY_NAME, SYMBOLS};

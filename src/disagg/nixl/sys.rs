@@ -11,9 +11,9 @@ use libloading::Library;
 
 use crate::error::{KvError, KvResult};
 
-pub type Status = c_int;
-pub const SUCCESS: Status = 0;
-pub const IN_PROG: Status = 1;
+// A status is a plain `c_int` (no alias: the C header generator would export one).
+pub const SUCCESS: c_int = 0;
+pub const IN_PROG: c_int = 1;
 
 pub type Agent = *mut c_void;
 pub type Params = *mut c_void;
@@ -82,42 +82,42 @@ macro_rules! symbols {
 }
 
 symbols! {
-    create_configured_agent: fn(*const c_char, *const AgentConfig, *mut Agent) -> Status;
-    destroy_agent: fn(Agent) -> Status;
-    get_plugin_params: fn(Agent, *const c_char, *mut MemList, *mut Params) -> Status;
-    destroy_mem_list: fn(MemList) -> Status;
-    destroy_params: fn(Params) -> Status;
-    create_backend: fn(Agent, *const c_char, Params, *mut Backend) -> Status;
-    destroy_backend: fn(Backend) -> Status;
-    create_reg_dlist: fn(c_int, *mut RegDlist) -> Status;
-    destroy_reg_dlist: fn(RegDlist) -> Status;
-    reg_dlist_add_desc: fn(RegDlist, usize, usize, u64, *const c_void, usize) -> Status;
-    register_mem: fn(Agent, RegDlist, OptArgs) -> Status;
-    deregister_mem: fn(Agent, RegDlist, OptArgs) -> Status;
-    get_local_md: fn(Agent, *mut *mut c_void, *mut usize) -> Status;
-    load_remote_md: fn(Agent, *const c_void, usize, *mut *mut c_char) -> Status;
-    invalidate_remote_md: fn(Agent, *const c_char) -> Status;
-    create_xfer_dlist: fn(c_int, *mut XferDlist) -> Status;
-    destroy_xfer_dlist: fn(XferDlist) -> Status;
-    xfer_dlist_add_desc: fn(XferDlist, usize, usize, u64) -> Status;
-    create_opt_args: fn(*mut OptArgs) -> Status;
-    destroy_opt_args: fn(OptArgs) -> Status;
-    opt_args_set_notif_msg: fn(OptArgs, *const c_void, usize) -> Status;
-    opt_args_set_has_notif: fn(OptArgs, bool) -> Status;
-    create_xfer_req: fn(Agent, c_int, XferDlist, XferDlist, *const c_char, *mut XferReq, OptArgs) -> Status;
-    post_xfer_req: fn(Agent, XferReq, OptArgs) -> Status;
-    get_xfer_status: fn(Agent, XferReq) -> Status;
-    release_xfer_req: fn(Agent, XferReq) -> Status;
-    destroy_xfer_req: fn(XferReq) -> Status;
-    gen_notif: fn(Agent, *const c_char, *const c_void, usize, OptArgs) -> Status;
-    create_notif_map: fn(*mut NotifMap) -> Status;
-    destroy_notif_map: fn(NotifMap) -> Status;
-    get_notifs: fn(Agent, NotifMap, OptArgs) -> Status;
-    notif_map_size: fn(NotifMap, *mut usize) -> Status;
-    notif_map_get_agent_at: fn(NotifMap, usize, *mut *const c_char) -> Status;
-    notif_map_get_notifs_size: fn(NotifMap, *const c_char, *mut usize) -> Status;
-    notif_map_get_notif: fn(NotifMap, *const c_char, usize, *mut *const c_void, *mut usize) -> Status;
-    notif_map_clear: fn(NotifMap) -> Status;
+    create_configured_agent: fn(*const c_char, *const AgentConfig, *mut Agent) -> c_int;
+    destroy_agent: fn(Agent) -> c_int;
+    get_plugin_params: fn(Agent, *const c_char, *mut MemList, *mut Params) -> c_int;
+    destroy_mem_list: fn(MemList) -> c_int;
+    destroy_params: fn(Params) -> c_int;
+    create_backend: fn(Agent, *const c_char, Params, *mut Backend) -> c_int;
+    destroy_backend: fn(Backend) -> c_int;
+    create_reg_dlist: fn(c_int, *mut RegDlist) -> c_int;
+    destroy_reg_dlist: fn(RegDlist) -> c_int;
+    reg_dlist_add_desc: fn(RegDlist, usize, usize, u64, *const c_void, usize) -> c_int;
+    register_mem: fn(Agent, RegDlist, OptArgs) -> c_int;
+    deregister_mem: fn(Agent, RegDlist, OptArgs) -> c_int;
+    get_local_md: fn(Agent, *mut *mut c_void, *mut usize) -> c_int;
+    load_remote_md: fn(Agent, *const c_void, usize, *mut *mut c_char) -> c_int;
+    invalidate_remote_md: fn(Agent, *const c_char) -> c_int;
+    create_xfer_dlist: fn(c_int, *mut XferDlist) -> c_int;
+    destroy_xfer_dlist: fn(XferDlist) -> c_int;
+    xfer_dlist_add_desc: fn(XferDlist, usize, usize, u64) -> c_int;
+    create_opt_args: fn(*mut OptArgs) -> c_int;
+    destroy_opt_args: fn(OptArgs) -> c_int;
+    opt_args_set_notif_msg: fn(OptArgs, *const c_void, usize) -> c_int;
+    opt_args_set_has_notif: fn(OptArgs, bool) -> c_int;
+    create_xfer_req: fn(Agent, c_int, XferDlist, XferDlist, *const c_char, *mut XferReq, OptArgs) -> c_int;
+    post_xfer_req: fn(Agent, XferReq, OptArgs) -> c_int;
+    get_xfer_status: fn(Agent, XferReq) -> c_int;
+    release_xfer_req: fn(Agent, XferReq) -> c_int;
+    destroy_xfer_req: fn(XferReq) -> c_int;
+    gen_notif: fn(Agent, *const c_char, *const c_void, usize, OptArgs) -> c_int;
+    create_notif_map: fn(*mut NotifMap) -> c_int;
+    destroy_notif_map: fn(NotifMap) -> c_int;
+    get_notifs: fn(Agent, NotifMap, OptArgs) -> c_int;
+    notif_map_size: fn(NotifMap, *mut usize) -> c_int;
+    notif_map_get_agent_at: fn(NotifMap, usize, *mut *const c_char) -> c_int;
+    notif_map_get_notifs_size: fn(NotifMap, *const c_char, *mut usize) -> c_int;
+    notif_map_get_notif: fn(NotifMap, *const c_char, usize, *mut *const c_void, *mut usize) -> c_int;
+    notif_map_clear: fn(NotifMap) -> c_int;
 }
 
 /// Loaded once per process and never unloaded: UCX and NIXL's plugins do not support being
@@ -148,7 +148,10 @@ pub fn api() -> KvResult<&'static Api> {
     };
     // SAFETY: loading NIXL runs its (and UCX's) initializers; nothing else is assumed.
     let loaded = unsafe { Library::new(&target) }
-        .map_err(|e| e.to_string())
+        .map_err(|e| match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        })
         // SAFETY: the library is NIXL's C API; the declarations above follow its header.
         .and_then(|lib| unsafe { Api::resolve(lib) });
     match loaded {
@@ -162,7 +165,7 @@ pub fn api() -> KvResult<&'static Api> {
 }
 
 /// A NIXL status as an error for `call`.
-pub fn check(call: &str, status: Status) -> KvResult<()> {
+pub fn check(call: &str, status: c_int) -> KvResult<()> {
     if status == SUCCESS {
         Ok(())
     } else {
@@ -174,7 +177,7 @@ pub fn check(call: &str, status: Status) -> KvResult<()> {
 }
 
 /// `nixl_capi_status_t` in words.
-pub fn describe(status: Status) -> String {
+pub fn describe(status: c_int) -> String {
     let name = match status {
         0 => "NIXL_CAPI_SUCCESS",
         1 => "NIXL_CAPI_IN_PROG",
