@@ -471,4 +471,56 @@ TEST_F(DisaggTest, BadArgumentsGetClearStatuses) {
     decode.checkInvariants();
 }
 
+// Every new call on a destroyed manager returns KVB_STATUS_DESTROYED (never touches freed memory).
+TEST(DisaggHandleTest, DestroyedManagerIsRejectedByEveryCall) {
+    kvb::Config config = engineConfig();
+    kvb_manager_config_t raw = kvb_test::rawConfig(config);
+    kvb_manager_t* m = nullptr;
+    ASSERT_EQ(kvb_manager_create(&raw, &m), KVB_OK);
+    kvb::LoopbackHub hub;
+    ASSERT_EQ(kvb_manager_attach_loopback(m, hub.get(), "gone", 0, 1, 10), KVB_OK);
+    ASSERT_EQ(kvb_manager_destroy(m), KVB_OK);
+
+    std::vector<int32_t> tokens = tokenRun(0, 8);
+    kvb_request_t req;
+    ASSERT_EQ(kvb_request_init(&req), KVB_OK);
+    req.request_id = 1;
+    req.tokens = tokens.data();
+    req.num_tokens = tokens.size();
+    req.input_length = 8;
+    uint8_t buf[64];
+    char name[16];
+    size_t len = 0, len2 = 0;
+    uint64_t hold = 0;
+    bool flag = false;
+    kvb_transfer_event_t event{};
+    kvb_row_runs_t runs{};
+    kvb_transfer_stats_t stats{};
+    stats.struct_size = sizeof stats;
+    const std::vector<std::pair<const char*, kvb_status_t>> calls = {
+        {"attach_loopback", kvb_manager_attach_loopback(m, hub.get(), "again", 0, 1, 10)},
+        {"get_transfer_metadata", kvb_manager_get_transfer_metadata(m, buf, sizeof buf, &len)},
+        {"export_layout", kvb_manager_export_layout(m, buf, sizeof buf, &len)},
+        {"add_transfer_peer",
+         kvb_manager_add_transfer_peer(m, buf, sizeof buf, name, sizeof name, &len)},
+        {"take_transfer_notification",
+         kvb_manager_take_transfer_notification(m, name, sizeof name, &len, buf, sizeof buf, &len2,
+                                                &flag)},
+        {"get_transfer_stats", kvb_manager_get_transfer_stats(m, &stats)},
+        {"begin_send", kvb_manager_begin_send(m, 1, 0, 8, &hold)},
+        {"post_send",
+         kvb_manager_post_send(m, 1, "peer", buf, sizeof buf, buf, sizeof buf, nullptr, 0)},
+        {"poll_transfers", kvb_manager_poll_transfers(m, &event, 1, &len)},
+        {"settle_hold", kvb_manager_settle_hold(m, 1, KVB_TRANSFER_DONE, &flag)},
+        {"release_quarantine", kvb_manager_release_quarantine(m, 1)},
+        {"add_sequence_receiving", kvb_manager_add_sequence_receiving(m, &req, nullptr)},
+        {"get_receive_ticket", kvb_manager_get_receive_ticket(m, 1, buf, sizeof buf, &len)},
+        {"complete_receive", kvb_manager_complete_receive(m, 1)},
+        {"abort_receive", kvb_manager_abort_receive(m, 1, KVB_TRANSFER_DONE, &hold)},
+        {"set_contiguous_runs", kvb_manager_set_contiguous_runs(m, true)},
+        {"get_row_runs", kvb_manager_get_row_runs(m, 1, &runs, 1, &len)},
+    };
+    for (const auto& [call, status] : calls) EXPECT_EQ(status, KVB_STATUS_DESTROYED) << call;
+}
+
 }  // namespace
