@@ -5,8 +5,11 @@ namespace kvb_py {
 
 namespace {
 
-constexpr int kNumStatuses = KVB_STATUS_STALLED + 1;
-// Python exception type per status (index = status value); filled at import.
+// The highest status + 1. Status values have a gap (24 is unused): its name is null, and it gets no
+// exception type (a kvb::Error carrying it is raised as the base kvblock.Error).
+constexpr int kNumStatuses = KVB_STATUS_SEQUENCE_RECEIVING + 1;
+// Python exception type per status (index = status value; null for an unused value); filled at
+// import.
 PyObject* g_error_types[kNumStatuses] = {};
 
 }  // namespace
@@ -35,7 +38,9 @@ void init_errors(nb::module_& m) {
                                                                 "CopyFailedError",
                                                                 "TransportError",
                                                                 "SequenceSuspendedError",
-                                                                "StalledError"};
+                                                                "StalledError",
+                                                                nullptr,
+                                                                "SequenceReceivingError"};
     PyObject* base = PyErr_NewExceptionWithDoc(
         "kvblock.Error",
         "A failed kvblock call. ``status`` (a :class:`Status`) names the failure; the message is "
@@ -45,6 +50,7 @@ void init_errors(nb::module_& m) {
     nb::object status_enum = m.attr("Status");
     nb::setattr(base, "status", nb::none());
     for (int s = 1; s < kNumStatuses; ++s) {
+        if (names[s] == nullptr) continue;  // an unused status value
         // Argument errors are also ValueErrors.
         const bool value_error =
             s == KVB_STATUS_INVALID_ARGUMENT || s == KVB_STATUS_INVALID_CONFIG ||
@@ -67,8 +73,9 @@ void init_errors(nb::module_& m) {
                 std::rethrow_exception(p);
             } catch (const kvb::Error& e) {
                 const int s = static_cast<int>(e.status());
-                PyObject* type = (s > 0 && s < kNumStatuses) ? g_error_types[s]
-                                                             : static_cast<PyObject*>(payload);
+                PyObject* type = (s > 0 && s < kNumStatuses && g_error_types[s])
+                                     ? g_error_types[s]
+                                     : static_cast<PyObject*>(payload);
                 PyErr_SetString(type, e.what());
             }
         },

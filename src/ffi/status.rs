@@ -57,7 +57,8 @@ pub enum kvb_status_t {
     /// stays where its bytes are, the counters are as before, and the manager keeps working.
     /// Blocks whose rows the call had already overwritten leave the reuse tree.
     KVB_STATUS_COPY_FAILED = 20,
-    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...), or a transfer
+    /// backend of disaggregated serving did (an unreachable peer, a refused transfer).
     KVB_STATUS_TRANSPORT = 21,
     /// The sequence is suspended (`kvb_manager_suspend`); resume it before adding tokens,
     /// resizing it or reading its offsets. Nothing changed.
@@ -123,7 +124,7 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
         KvError::Stalled(_) => KVB_STATUS_STALLED,
         KvError::SequenceReceiving(_) => KVB_STATUS_SEQUENCE_RECEIVING,
-        // The transfer engines of src/disagg are a transport too (no C entry point yet).
+        // The transfer engines of src/disagg are a transport too.
         KvError::Transfer(_) => KVB_STATUS_TRANSPORT,
     }
 }

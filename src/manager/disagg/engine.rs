@@ -313,9 +313,31 @@ impl KvCacheManager {
         changes
     }
 
-    /// Notifications the attached backend received since the last call: (peer, message).
+    /// Notifications the attached backend received since the last call: (peer, message). Those
+    /// already fetched by `peek_transfer_notification` and not popped come first.
     pub fn take_transfer_notifications(&mut self) -> KvResult<Vec<(String, Vec<u8>)>> {
-        self.attached_backend()?.backend.take_notifications()
+        let fresh = self.attached_backend()?.backend.take_notifications()?;
+        let mut out: Vec<_> = self.disagg.pending_notifications.drain(..).collect();
+        out.extend(fresh);
+        Ok(out)
+    }
+
+    /// The oldest notification not yet handed out, (peer, message), left in place: the C ABI
+    /// hands them out one at a time and keeps one whose buffer was too small. Fetches what the
+    /// backend received when nothing is pending.
+    pub fn peek_transfer_notification(&mut self) -> KvResult<Option<&(String, Vec<u8>)>> {
+        if self.disagg.pending_notifications.is_empty() {
+            let fresh = self.attached_backend()?.backend.take_notifications()?;
+            self.disagg.pending_notifications.extend(fresh);
+        } else {
+            self.attached_backend()?;
+        }
+        Ok(self.disagg.pending_notifications.front())
+    }
+
+    /// Drops the notification `peek_transfer_notification` returned (once delivered).
+    pub fn pop_transfer_notification(&mut self) -> Option<(String, Vec<u8>)> {
+        self.disagg.pending_notifications.pop_front()
     }
 
     /// The transfer lifecycle's counters.

@@ -19,7 +19,7 @@ mod runs;
 pub use runs::RowRunStats;
 mod send;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::disagg::{Region, TransferBackend, XferId};
 use crate::premixed::PremixedMap;
@@ -140,6 +140,9 @@ pub(super) struct DisaggState {
     receiving: PremixedMap<u64, Receiving>,
     attached: Option<AttachedBackend>,
     stats: TransferStats,
+    /// Notifications taken from the backend and not yet handed out one at a time
+    /// (`peek_transfer_notification`); `take_transfer_notifications` drains them first.
+    pending_notifications: VecDeque<(String, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for DisaggState {
