@@ -1109,7 +1109,7 @@ TEST(BadInputHandleTest, PoisoningIsPerHandle) {
 
 // Every status has its own non-empty name; values the library does not define are "unknown
 // status" (never null).
-constexpr kvb_status_t kLastStatus = KVB_STATUS_STALLED;  // the highest defined status
+constexpr kvb_status_t kLastStatus = KVB_STATUS_SEQUENCE_RECEIVING;  // the highest defined status
 
 TEST(BadInputStatusTest, EveryStatusHasADistinctName) {
     std::set<std::string> names;

@@ -389,7 +389,7 @@ typedef enum kvb_status_t {
      * offsets apply until `kvb_manager_complete_receive` or `kvb_manager_abort_receive`.
      * Nothing changed.
      */
-    KVB_STATUS_SEQUENCE_RECEIVING = 25,
+    KVB_STATUS_SEQUENCE_RECEIVING = 24,
 } kvb_status_t;
 
 /**

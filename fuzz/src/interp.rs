@@ -43,7 +43,7 @@ use lifecycle::lifecycle_call;
 use publisher::{publisher_call, Publishers};
 
 /// Highest status value the header documents.
-const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_STALLED as i32;
+const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_SEQUENCE_RECEIVING as i32;
 /// Calls interpreted per input, so one input stays fast.
 const MAX_CALLS: usize = 400;
 /// Publishers created per input (each binds loopback sockets and starts two threads).

@@ -5,11 +5,9 @@ namespace kvb_py {
 
 namespace {
 
-// The highest status + 1. Status values have a gap (24 is unused): its name is null, and it gets no
-// exception type (a kvb::Error carrying it is raised as the base kvblock.Error).
+// The highest status + 1.
 constexpr int kNumStatuses = KVB_STATUS_SEQUENCE_RECEIVING + 1;
-// Python exception type per status (index = status value; null for an unused value); filled at
-// import.
+// Python exception type per status (index = status value); filled at import.
 PyObject* g_error_types[kNumStatuses] = {};
 
 }  // namespace
@@ -39,7 +37,6 @@ void init_errors(nb::module_& m) {
                                                                 "TransportError",
                                                                 "SequenceSuspendedError",
                                                                 "StalledError",
-                                                                nullptr,
                                                                 "SequenceReceivingError"};
     PyObject* base = PyErr_NewExceptionWithDoc(
         "kvblock.Error",
@@ -50,7 +47,6 @@ void init_errors(nb::module_& m) {
     nb::object status_enum = m.attr("Status");
     nb::setattr(base, "status", nb::none());
     for (int s = 1; s < kNumStatuses; ++s) {
-        if (names[s] == nullptr) continue;  // an unused status value
         // Argument errors are also ValueErrors.
         const bool value_error =
             s == KVB_STATUS_INVALID_ARGUMENT || s == KVB_STATUS_INVALID_CONFIG ||

@@ -71,7 +71,7 @@ pub enum kvb_status_t {
     /// (`kvb_manager_add_sequence_receiving`): only the receive calls, its block ids and its
     /// offsets apply until `kvb_manager_complete_receive` or `kvb_manager_abort_receive`.
     /// Nothing changed.
-    KVB_STATUS_SEQUENCE_RECEIVING = 25,
+    KVB_STATUS_SEQUENCE_RECEIVING = 24,
 }
 
 thread_local! {
