@@ -3589,6 +3589,25 @@ enum kvb_status_t kvb_manager_get_transfer_stats(struct kvb_manager_t *manager,
                                                  struct kvb_transfer_stats_t *out);
 
 /**
+ * Attaches a NIXL agent named `agent_name` (NUL-terminated; the name peers know it by) as the
+ * manager's transfer backend: NIXL's UCX plugin with its default parameters and NIXL's progress
+ * thread; every pool of every window, at both levels, is registered with it (GPU pools as
+ * device memory of the configured device, host pools as host memory). `tp_rank` of `tp_size`
+ * and `timeout_ms` as for `kvb_manager_attach_loopback`. NIXL's C API (`libnixl_capi.so`) is
+ * loaded at run time, from `KVBLOCK_NIXL_LIBRARY` (a full path) or the loader path:
+ * `KVB_STATUS_UNSUPPORTED` names both when it is missing (`scripts/setup.sh` installs the
+ * `nixl-cu12` wheel; `scripts/nixl_env.sh` sets the variable). `KVB_STATUS_TRANSPORT` when NIXL
+ * refuses to create the agent or register the pools (the message has NIXL's status);
+ * `KVB_STATUS_INVALID_ARGUMENT`, `KVB_STATUS_UNSUPPORTED`, `KVB_STATUS_NULL_POINTER` and
+ * `KVB_STATUS_DESTROYED` as for the loopback attach. Nothing changes on failure.
+ */
+enum kvb_status_t kvb_manager_attach_nixl(struct kvb_manager_t *manager,
+                                          const char *agent_name,
+                                          int32_t tp_rank,
+                                          int32_t tp_size,
+                                          int64_t timeout_ms);
+
+/**
  * Takes a lease on the blocks of request `request_id` that hold tokens `[skip_tokens,
  * computed_tokens)` (whole blocks; beam 0; in each window the blocks it still holds): they
  * are pinned, so the engine may remove the sequence at once and the rows stay as they are

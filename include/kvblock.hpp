@@ -829,6 +829,10 @@ class Manager {
     /// Attaches agent `agentName` of `hub` as the transfer backend (every pool registered).
     void attachLoopback(LoopbackHub& hub, const std::string& agentName, int32_t tpRank = 0,
                         int32_t tpSize = 1, int64_t timeoutMs = 1000);
+    /// Attaches a NIXL agent named agentName (kvb_manager_attach_nixl): the transfer backend
+    /// between engine processes.
+    void attachNixl(const std::string& agentName, int32_t tpRank = 0, int32_t tpSize = 1,
+                    int64_t timeoutMs = 1000);
     /// The attached backend's metadata blob, for the peer's addTransferPeer.
     std::vector<uint8_t> transferMetadata() const;
     /// This manager's layout blob, for the peer's postSend.

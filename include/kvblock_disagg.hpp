@@ -70,6 +70,11 @@ inline void Manager::attachLoopback(LoopbackHub& hub, const std::string& agentNa
                                       timeoutMs));
 }
 
+inline void Manager::attachNixl(const std::string& agentName, int32_t tpRank, int32_t tpSize,
+                                int64_t timeoutMs) {
+    check(kvb_manager_attach_nixl(handle_, agentName.c_str(), tpRank, tpSize, timeoutMs));
+}
+
 inline std::vector<uint8_t> Manager::transferMetadata() const {
     return detail::readBlob([&](uint8_t* buf, size_t cap, size_t* len) {
         return kvb_manager_get_transfer_metadata(handle_, buf, cap, len);

@@ -253,24 +253,30 @@ pub extern "C" fn kvb_manager_attach_loopback(
     with_manager(manager, |m| {
         let hub = hub_ref(hub)?;
         let name = cstr_arg(agent_name, "agent_name")?;
-        let rank = u32::try_from(tp_rank)
-            .map_err(|_| invalid(format!("tp_rank is negative ({tp_rank})")))?;
-        let size = u32::try_from(tp_size)
-            .map_err(|_| invalid(format!("tp_size is negative ({tp_size})")))?;
-        let timeout = u64::try_from(timeout_ms)
-            .map_err(|_| invalid(format!("timeout_ms is negative ({timeout_ms})")))?;
-        if size == 0 || rank >= size || timeout == 0 {
-            return Err(invalid(format!(
-                "tensor-parallel rank {rank} of {size}, timeout {timeout} ms: the rank must be \
-                 below a positive size and the timeout positive"
-            )));
-        }
+        let (rank, size, timeout) = attach_args(tp_rank, tp_size, timeout_ms)?;
         // The agent is created last: dropping it (on the manager's error) leaves the hub as it
         // was.
         let agent = hub.agent(&name)?;
         m.attach_transfer_backend(Box::new(agent), rank, size, timeout)?;
         Ok(())
     })
+}
+
+/// The tensor-parallel position and the timeout of an attach call, checked.
+pub(crate) fn attach_args(tp_rank: i32, tp_size: i32, timeout_ms: i64) -> FfiResult<(u32, u32, u64)> {
+    let rank =
+        u32::try_from(tp_rank).map_err(|_| invalid(format!("tp_rank is negative ({tp_rank})")))?;
+    let size =
+        u32::try_from(tp_size).map_err(|_| invalid(format!("tp_size is negative ({tp_size})")))?;
+    let timeout = u64::try_from(timeout_ms)
+        .map_err(|_| invalid(format!("timeout_ms is negative ({timeout_ms})")))?;
+    if size == 0 || rank >= size || timeout == 0 {
+        return Err(invalid(format!(
+            "tensor-parallel rank {rank} of {size}, timeout {timeout} ms: the rank must be below \
+             a positive size and the timeout positive"
+        )));
+    }
+    Ok((rank, size, timeout))
 }
 
 /// Copies the attached backend's metadata blob (its agent name and registered memory) into

@@ -61,6 +61,8 @@ pub mod remote;
 // Disaggregated prefill/decode: transfer outcomes, the loopback hub, attaching a transfer
 // backend, the blobs the engines exchange, notifications, transfer statistics.
 pub mod disagg_transport;
+// Attaching a NIXL agent (two engine processes).
+pub mod disagg_nixl;
 // Disaggregated prefill/decode, the sending side: leases, posting, polling, holds.
 pub mod disagg_send;
 // Disaggregated prefill/decode, the receiving side: receiving sequences and tickets; row runs.
