@@ -254,8 +254,8 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     rec("add_transfer_peer",
         kvb_manager_add_transfer_peer(m, blob, sizeof blob, name, sizeof name, &len));
     rec("take_transfer_notification",
-        kvb_manager_take_transfer_notification(m, name, sizeof name, &len, blob, sizeof blob,
-                                               &len2, &got));
+        kvb_manager_take_transfer_notification(m, name, sizeof name, &len, blob, sizeof blob, &len2,
+                                               &got));
     kvb_transfer_stats_t transferStats{};
     transferStats.struct_size = sizeof transferStats;
     rec("get_transfer_stats", kvb_manager_get_transfer_stats(m, &transferStats));

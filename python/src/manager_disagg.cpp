@@ -30,7 +30,8 @@ void init_disagg(nb::module_& m) {
         .value("IN_DOUBT", KVB_TRANSFER_IN_DOUBT);
 
     auto stats = nb::class_<kvb_transfer_stats_t>(
-        m, "TransferStats", "Counters and gauges of the transfer lifecycle (kvb_transfer_stats_t).");
+        m, "TransferStats",
+        "Counters and gauges of the transfer lifecycle (kvb_transfer_stats_t).");
     // clang-format off
 #define KVB_TRANSFER_STATS_FIELDS(X) \
     X(active_leases) X(leased_blocks) X(receiving_requests) X(receiving_blocks) \
@@ -69,8 +70,8 @@ void init_disagg(nb::module_& m) {
 void init_manager_disagg(ManagerClass& cls) {
     cls.def(
            "attach_loopback",
-           [](Manager& self, kvb::LoopbackHub& hub, const std::string& agent_name,
-              int32_t tp_rank, int32_t tp_size, int64_t timeout_ms) {
+           [](Manager& self, kvb::LoopbackHub& hub, const std::string& agent_name, int32_t tp_rank,
+              int32_t tp_size, int64_t timeout_ms) {
                nogil([&] { self.m.attachLoopback(hub, agent_name, tp_rank, tp_size, timeout_ms); });
            },
            "hub"_a, "agent_name"_a, "tp_rank"_a = 0, "tp_size"_a = 1, "timeout_ms"_a = 1000,
@@ -87,7 +88,9 @@ void init_manager_disagg(ManagerClass& cls) {
             "NIXL's C API is loaded from ``KVBLOCK_NIXL_LIBRARY`` or the loader path.")
         .def(
             "transfer_metadata",
-            [](Manager& self) { return to_bytes(nogil([&] { return self.m.transferMetadata(); })); },
+            [](Manager& self) {
+                return to_bytes(nogil([&] { return self.m.transferMetadata(); }));
+            },
             "The attached backend's metadata blob, for the peer's ``add_transfer_peer``.")
         .def(
             "export_layout",
