@@ -60,6 +60,17 @@ def ticket_fields(ticket: bytes) -> tuple[int, int, int]:
     return struct.unpack_from("<QQQ", ticket, 8)
 
 
+def ticket_windows(ticket: bytes) -> list[tuple[int, int, int]]:
+    """Per window of a receive ticket: (window size, first block index, receiving rows)."""
+    (n,) = struct.unpack_from("<I", ticket, 32)
+    out, at = [], 36
+    for _ in range(n):
+        window, first, rows = struct.unpack_from("<QQI", ticket, at)
+        out.append((window, first, rows))
+        at += 20 + 4 * rows
+    return out
+
+
 def layout_geometry(blob: bytes) -> tuple:
     """A layout blob (src/disagg/layout.rs) without the pools' base addresses: what must be equal
     on both sides for rows to move whole."""
@@ -74,10 +85,11 @@ def layout_geometry(blob: bytes) -> tuple:
     return version, tpb, rank, size, tuple(pools), devices
 
 
-def new_engine(seed: int, agent: str, timeout_ms: int):
+def new_engine(seed: int, agent: str, timeout_ms: int, contiguous_runs: bool = False):
     cfg = model.ModelConfig(seed=seed)
     e = engine_config()
     m = kvblock.KVCacheManager(manager_config(cfg, e))
+    m.set_contiguous_runs(contiguous_runs)  # rows in runs: fewer descriptors a transfer
     try:
         m.attach_nixl(agent, timeout_ms=timeout_ms)
     except kvblock.UnsupportedError as err:
@@ -101,10 +113,10 @@ def stats_dict(s) -> dict:
 
 # ---- the prefill engine (the child process) ------------------------------------------------
 
-def prefill_main(conn, seed: int, timeout_s: float) -> None:
+def prefill_main(conn, seed: int, timeout_s: float, contiguous_runs: bool) -> None:
     deadline = time.monotonic() + timeout_s
     try:
-        prefill_serve(conn, seed, deadline)
+        prefill_serve(conn, seed, deadline, contiguous_runs)
     except BaseException as err:  # the decode engine learns why, then this process ends
         try:
             conn.send(("error", f"{type(err).__name__}: {err}"))
@@ -113,8 +125,8 @@ def prefill_main(conn, seed: int, timeout_s: float) -> None:
         raise
 
 
-def prefill_serve(conn, seed: int, deadline: float) -> None:
-    cfg, w, m, pools = new_engine(seed, "prefill", timeout_ms=10_000)
+def prefill_serve(conn, seed: int, deadline: float, contiguous_runs: bool) -> None:
+    cfg, w, m, pools = new_engine(seed, "prefill", 10_000, contiguous_runs)
     conn.send(("hello", m.transfer_metadata(), m.export_layout()))
     _, peer_md, peer_layout = receive(conn, deadline, "metadata")
     assert layout_geometry(peer_layout) == layout_geometry(m.export_layout()), "layouts differ"
@@ -177,6 +189,13 @@ def decode_one(m, cfg, w, pools, conn, r, counts: Counter, deadline: float) -> N
     counts["requests with skip_tokens > 0"] += skip > 0
     counts["tokens skipped (decode-side cache)"] += skip
     counts["tokens received"] += n - skip
+    for window, first, rows in ticket_windows(ticket):
+        counts[f"rows received, {window}-token window"] += rows
+        # Rows this request's sliding-window layers never read: wholly before the last `window`
+        # prompt positions (decode reads [position - window + 1, position]).
+        if window < engine_config().max_len:
+            outside = max(0, max(0, n - window) // tpb - first)
+            counts[f"rows received, {window}-token window, out of it at decode"] += outside
     conn.send(("prefill", r.rid, np.asarray(r.prompt, dtype=np.int32), ticket))
     reply = None  # the prefill engine's reply may come before the notification is taken
     while (note := m.take_transfer_notification()) is None:
@@ -208,15 +227,17 @@ def decode_one(m, cfg, w, pools, conn, r, counts: Counter, deadline: float) -> N
     m.flush_iteration_events()
 
 
-def run(first: int = 3700, count: int = 30, seed: int = 0, timeout_s: float = 120.0):
-    """Both engines, `count` requests; returns (counts, verdict, seconds). Raises NixlMissing
-    when NIXL's library is not there."""
+def run(first: int = 3700, count: int = 30, seed: int = 0, timeout_s: float = 120.0,
+        contiguous_runs: bool = False):
+    """Both engines, `count` requests; returns (counts, (the prefill side's transfer stats, the
+    decode side's), verdict, seconds). Raises NixlMissing when NIXL's library is not there."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout_s
-    cfg, w, m, pools = new_engine(seed, "decode", timeout_ms=10_000)
+    cfg, w, m, pools = new_engine(seed, "decode", 10_000, contiguous_runs)
     ctx = multiprocessing.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    child = ctx.Process(target=prefill_main, args=(child_conn, seed, timeout_s), daemon=True)
+    child = ctx.Process(target=prefill_main, args=(child_conn, seed, timeout_s, contiguous_runs),
+                        daemon=True)
     counts: Counter = Counter()
     try:
         child.start()
@@ -249,6 +270,7 @@ def run(first: int = 3700, count: int = 30, seed: int = 0, timeout_s: float = 12
         "prompt tokens received (over NIXL)": counts["tokens received"],
         "prompt tokens skipped (decode-side cache)": counts["tokens skipped (decode-side cache)"],
         "decode-side reused prompt tokens": counts["decode-side reused tokens"],
+        **{k: v for k, v in sorted(counts.items()) if k.startswith("rows received")},
         "prefill-side reused prompt tokens": prefill_reused,
         "prefill tokens computed": counts["prefill tokens computed"],
         "decode tokens": counts["decode tokens"],
@@ -269,9 +291,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=30, help="requests (default 30)")
     ap.add_argument("--seed", type=int, default=0, help="weights seed")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    ap.add_argument("--contiguous-runs", action="store_true",
+                    help="both managers prefer allocating rows in runs (fewer, larger descriptors)")
     args = ap.parse_args()
     try:
-        counts, _, verdict, seconds = run(args.first, args.requests, args.seed, args.timeout)
+        counts, _, verdict, seconds = run(args.first, args.requests, args.seed, args.timeout,
+                                              args.contiguous_runs)
     except NixlMissing as err:
         print(f"NIXL is missing: {err} (source scripts/nixl_env.sh)", file=sys.stderr)
         return 2
