@@ -301,9 +301,9 @@ def main() -> int:
         print(f"NIXL is missing: {err} (source scripts/nixl_env.sh)", file=sys.stderr)
         return 2
     for k, v in counts.items():
-        print(f"{k:42s} {v}")
-    print(f"{'max relative logit error':42s} {verdict.max_rel_error:.2e}")
-    print(f"{'time':42s} {seconds:.1f} s")
+        print(f"{k:51s} {v}")
+    print(f"{'max relative logit error':51s} {verdict.max_rel_error:.2e}")
+    print(f"{'time':51s} {seconds:.1f} s")
     print(f"tokens equal to the uncached model: {verdict.equal}/{verdict.tokens}"
           + ("" if verdict.failures == 0 else f"  ({verdict.failures} FAILED)"))
     return 0 if verdict.failures == 0 and verdict.tokens > 0 else 1
