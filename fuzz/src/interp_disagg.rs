@@ -64,15 +64,17 @@ fn corrupt(inp: &mut Input, mut b: Vec<u8>) -> Vec<u8> {
     b
 }
 
-fn attach(d: &mut Disagg, pair: &[Managed]) {
+/// Attaches both managers to the hub and introduces them to each other; the last call's
+/// status (the first failure stops it: a manager without pool bytes cannot attach).
+fn attach(d: &mut Disagg, pair: &[Managed]) -> (kvb_status_t, &'static str, usize) {
     let names: [&CStr; 2] = [c"prefill", c"decode"];
-    for (m, name) in pair.iter().zip(names) {
+    for (i, (m, name)) in pair.iter().zip(names).enumerate() {
         let st = kvb_manager_attach_loopback(m.handle, d.hub, name.as_ptr(), 0, 1, 50);
-        check_status(st, "attach_loopback");
         if st != kvb_status_t::KVB_OK {
-            return; // no pool bytes (no host backend), or poisoned: the family stays off
+            return (st, "attach_loopback", i);
         }
     }
+    let mut last = (kvb_status_t::KVB_OK, "add_transfer_peer", 0);
     for (a, b) in [(0, 1), (1, 0)] {
         let md = blob(
             |p, c, l| kvb_manager_get_transfer_metadata(pair[b].handle, p, c, l),
@@ -88,9 +90,13 @@ fn attach(d: &mut Disagg, pair: &[Managed]) {
             name.len(),
             &mut len,
         );
-        check_status(st, "add_transfer_peer");
+        last = (st, "add_transfer_peer", a);
+        if st != kvb_status_t::KVB_OK {
+            return last;
+        }
     }
     d.attached = true;
+    last
 }
 
 /// One disaggregation call on the pair (index 0 sends, index 1 receives); the status, what
@@ -101,8 +107,7 @@ pub(super) fn call(
     pair: &[Managed],
 ) -> (kvb_status_t, &'static str, usize) {
     if !d.attached {
-        attach(d, pair);
-        return (kvb_status_t::KVB_OK, "attach", 0);
+        return attach(d, pair);
     }
     let (p, r) = (pair[0].handle, pair[1].handle);
     let id = inp.request_id();
@@ -116,7 +121,11 @@ pub(super) fn call(
         0 | 1 => {
             let req = request(inp, pair[1].tpb);
             let mut out = unsafe { std::mem::zeroed::<kvb_admission_t>() };
-            (kvb_manager_add_sequence_receiving(r, &req.raw, &mut out), "add_sequence_receiving", 1)
+            (
+                kvb_manager_add_sequence_receiving(r, &req.raw, &mut out),
+                "add_sequence_receiving",
+                1,
+            )
         }
         2 => {
             let req = request(inp, pair[0].tpb);
@@ -128,8 +137,14 @@ pub(super) fn call(
             (st, "begin_send", 0)
         }
         4 => {
-            let ticket = blob(|b, c, l| kvb_manager_get_receive_ticket(r, id, b, c, l), "ticket");
-            let layout = blob(|b, c, l| kvb_manager_export_layout(r, b, c, l), "export_layout");
+            let ticket = blob(
+                |b, c, l| kvb_manager_get_receive_ticket(r, id, b, c, l),
+                "ticket",
+            );
+            let layout = blob(
+                |b, c, l| kvb_manager_export_layout(r, b, c, l),
+                "export_layout",
+            );
             let (ticket, layout) = (corrupt(inp, ticket), corrupt(inp, layout));
             let st = kvb_manager_post_send(
                 p,
@@ -158,10 +173,18 @@ pub(super) fn call(
         }
         7 => {
             let m = [p, r][usize::from(inp.u8() % 2)];
-            (kvb_manager_release_quarantine(m, inp.u64() % 8), "release_quarantine", usize::from(m == r))
+            (
+                kvb_manager_release_quarantine(m, inp.u64() % 8),
+                "release_quarantine",
+                usize::from(m == r),
+            )
         }
         8 => (kvb_manager_complete_receive(r, id), "complete_receive", 1),
-        9 => (kvb_manager_abort_receive(r, id, outcome, &mut hold), "abort_receive", 1),
+        9 => (
+            kvb_manager_abort_receive(r, id, outcome, &mut hold),
+            "abort_receive",
+            1,
+        ),
         10 => {
             let mut s = unsafe { std::mem::zeroed::<kvb_transfer_stats_t>() };
             s.struct_size = std::mem::size_of::<kvb_transfer_stats_t>() as u32;
