@@ -263,7 +263,11 @@ pub extern "C" fn kvb_manager_attach_loopback(
 }
 
 /// The tensor-parallel position and the timeout of an attach call, checked.
-pub(crate) fn attach_args(tp_rank: i32, tp_size: i32, timeout_ms: i64) -> FfiResult<(u32, u32, u64)> {
+pub(crate) fn attach_args(
+    tp_rank: i32,
+    tp_size: i32,
+    timeout_ms: i64,
+) -> FfiResult<(u32, u32, u64)> {
     let rank =
         u32::try_from(tp_rank).map_err(|_| invalid(format!("tp_rank is negative ({tp_rank})")))?;
     let size =
