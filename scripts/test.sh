@@ -50,6 +50,9 @@ scripts/format.sh --check
 step "build with the minimum Rust version (Cargo.toml rust-version)"
 source scripts/toolchains.sh
 cargo "+$KVB_MSRV" build --lib --locked --target-dir target/msrv
+# NIXL for the prefill/decode tests (tests/disagg_nixl.rs, tests/disagg_pd_processes.rs: two
+# processes on 127.0.0.1): they fail, not skip, without the nixl-cu12 wheel of scripts/setup.sh.
+source scripts/nixl_env.sh
 step "cargo test --release"
 cargo test --release
 step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
