@@ -1,6 +1,7 @@
 //! From pairs of rows to transfer descriptors: for every pool of the rows' window, the bytes of
 //! the local row and of the peer's row, whole (identical layouts) or per (layer, K|V) head
-//! slice (another tensor-parallel split), then merged where both sides are adjacent.
+//! slice (another tensor-parallel split), then merged where both sides are adjacent (in local
+//! address order, so that runs taken in descending order merge too).
 
 use super::backend::{merge_descriptors, Desc};
 use super::layout::{Layout, LayoutPlan, PoolLayout};
@@ -75,6 +76,13 @@ pub fn build(
         }
     }
     let unmerged = loc.len();
+    // Each pair moves independently: in local address order, rows allocated in descending order
+    // (a sequence releases its blocks last to first, and the next one takes them in that order)
+    // become ascending on both sides and merge like any run.
+    let mut order: Vec<usize> = (0..loc.len()).collect();
+    order.sort_by_key(|&i| (loc[i].addr, rem[i].addr));
+    let loc: Vec<Desc> = order.iter().map(|&i| loc[i]).collect();
+    let rem: Vec<Desc> = order.iter().map(|&i| rem[i]).collect();
     let (local, remote) = merge_descriptors(&loc, &rem);
     Ok(Descriptors {
         local,
@@ -164,6 +172,40 @@ mod tests {
         assert!(
             build(&a, &b, &p, &pairs(&[(16, 0)])).is_err(),
             "row outside the pool"
+        );
+    }
+
+    #[test]
+    fn rows_taken_in_descending_order_merge_too() {
+        let (a, b) = (layout(2, 0, 1, 0x10000), layout(2, 0, 1, 0x90000));
+        let p = plan(&a, &b);
+        let d = build(&a, &b, &p, &pairs(&[(7, 3), (6, 2), (5, 1), (9, 9)])).unwrap();
+        let row = 2 * 2 * 2 * 32;
+        assert_eq!(d.unmerged, 4);
+        assert_eq!(
+            (d.local.clone(), d.remote.clone()),
+            (
+                vec![
+                    Desc {
+                        addr: 0x10000 + 5 * row,
+                        len: 3 * row
+                    },
+                    Desc {
+                        addr: 0x10000 + 9 * row,
+                        len: row
+                    },
+                ],
+                vec![
+                    Desc {
+                        addr: 0x90000 + row,
+                        len: 3 * row
+                    },
+                    Desc {
+                        addr: 0x90000 + 9 * row,
+                        len: row
+                    },
+                ]
+            )
         );
     }
 
