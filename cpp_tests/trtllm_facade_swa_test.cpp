@@ -55,7 +55,9 @@ void generate(KVCacheManager& m, Request& r, int32_t token) {
     m.addToken(r.getRequestId());
 }
 
-int32_t freeBlocks(KVCacheManager const& m) { return m.getBlockManager().getNumFreeBlocks(); }
+int32_t freeBlocks(KVCacheManager const& m) {
+    return m.getBlockManager().getNumFreeBlocks();
+}
 
 }  // namespace
 
