@@ -2506,6 +2506,26 @@ enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
                                      bool *out_resized);
 
 /**
+ * Reserves one more KV slot for a sequence without its token id (TensorRT-LLM's
+ * `addToken(requestId)`, which takes the token from the request later): in every sliding
+ * window, first detaches the front blocks that lie wholly before the window of the new last
+ * slot (the token the engine computes next; TensorRT-LLM's rule, on slots instead of known
+ * tokens), so their references are dropped and
+ * `kvb_manager_get_num_front_blocks_removed` counts them; then grows the capacity by one
+ * (`kvb_manager_resize`), allocating a block at a block boundary. The token id goes into the
+ * reserved slot later (`kvb_manager_add_token`). A block detached before all its tokens were
+ * known never gets them in its slots: the sequence then stores nothing more in that window
+ * (no key is cut from unknown tokens). `*out_added` is false, with nothing changed, when the
+ * new slot's block cannot be had even with the detached blocks freed. Fails with
+ * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
+ * beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
+ * `KVB_STATUS_UNSUPPORTED` with beam search.
+ */
+enum kvb_status_t kvb_manager_add_slot(struct kvb_manager_t *manager,
+                                       uint64_t request_id,
+                                       bool *out_added);
+
+/**
  * Reserves KV slots for a generation step: capacity for `1 + num_draft_tokens` tokens past
  * the known ones (capped at `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`
  * of the config, the capacity whose blocks still fit the offset table), so that the step's

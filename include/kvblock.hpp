@@ -400,6 +400,11 @@ class Manager {
         check(kvb_manager_resize(handle_, id, capacity, &done));
         return done;
     }
+    bool addSlot(uint64_t id) {
+        bool done = false;
+        check(kvb_manager_add_slot(handle_, id, &done));
+        return done;
+    }
     bool allocateGeneration(uint64_t id, size_t numDraftTokens = 0) {
         bool done = false;
         check(kvb_manager_allocate_generation(handle_, id, numDraftTokens, &done));

@@ -206,8 +206,10 @@ inline SizeType32 BlockManager::getNumFreeBlocks() const {
 inline SizeType32 BlockManager::getNumAllocatedBlocks() const {
     return getMaxNumBlocks() - getNumFreeBlocks();
 }
+// TensorRT-LLM counts every block of every window, the host tier's included (so
+// getNumAllocatedBlocks counts the host blocks as allocated: its free count is the GPU's).
 inline SizeType32 BlockManager::getMaxNumBlocks() const {
-    return getNumPrimaryBlocks();
+    return getNumPrimaryBlocks() + getNumSecondaryBlocks();
 }
 inline SizeType32 BlockManager::getNumPrimaryBlocks() const {
     SizeType32 n = 0;

@@ -45,8 +45,8 @@ inline void KVCacheManager::addSequenceBatch(
 }
 
 inline void KVCacheManager::addToken(RequestIdType requestId) {
-    auto l = impl().getSequenceLengths(requestId);
-    if (!impl().resize(requestId, l.capacity + 1))
+    // Detaches the blocks that leave a sliding window, then reserves the slot.
+    if (!impl().addSlot(requestId))
         throw Error(KVB_STATUS_OUT_OF_BLOCKS, "no free block for the new slot");
     refreshSequence(requestId);
 }

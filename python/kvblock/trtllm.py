@@ -372,9 +372,11 @@ class KVCacheManager:
             req.missed_blocks += admission.stats.missed_blocks
 
     def add_token(self, request_id: int) -> None:
-        """Reserves one KV slot (decode, extra KV or draft token); the token id comes later."""
-        capacity = self.impl.get_sequence_lengths(request_id).capacity
-        if not self.impl.resize(request_id, capacity + 1):
+        """Reserves one KV slot (decode, extra KV or draft token); the token id comes later.
+
+        In a sliding window the blocks that left the window of the new slot are released first.
+        """
+        if not self.impl.add_slot(request_id):
             raise _kvb.OutOfBlocksError("no free block for the new slot")
 
     def get_token_count(self, request_id: int) -> int:

@@ -69,6 +69,14 @@ void init_manager_lifecycle(ManagerClass& cls) {
             },
             "request_id"_a, "The sequence's :class:`SequenceLengths`.")
         .def(
+            "add_slot",
+            [](Manager& self, uint64_t id) { return nogil([&] { return self.m.addSlot(id); }); },
+            "request_id"_a,
+            "Reserves one more slot without its token id (TensorRT-LLM ``addToken(requestId)``): "
+            "first releases the blocks that left a sliding window of the new slot, then grows "
+            "the capacity by one. Returns False, changing nothing, when the slot's block cannot "
+            "be had.")
+        .def(
             "resize",
             [](Manager& self, uint64_t id, size_t capacity) {
                 return nogil([&] { return self.m.resize(id, capacity); });

@@ -210,6 +210,28 @@ def test_committed_hashes_and_lookups_by_key():
     assert rows == [f.impl.get_block_info(WINDOW, b).memory_index for b in ids]
 
 
+def test_add_token_slides_the_window_before_the_token_arrives():
+    # The window of 8 keeps the configured draft tokens (2) of blocks past it: the first block
+    # leaves once 8 + 4 + 2 = 14 slots are reserved, at add_token, with no token handed over.
+    f = make_facade(windows={8: (10, 0), 64: (10, 0)})
+    req = LlmRequest.from_prompt(1, range(10, 21))
+    f.add_sequence_batch([(1, 11, 1)], [req])
+    free = f.get_num_free_blocks_per_window_size()
+    for token in (21, 22):
+        req.add_new_token(token)
+        f.add_token(1)
+    assert f.get_num_front_blocks_removed(1, 8) == 0
+    req.add_new_token(23)
+    f.add_token(1)
+    assert f.get_token_count(1) == 14
+    assert f.get_num_front_blocks_removed(1, 8) == 1
+    assert f.get_num_front_blocks_removed(1, 64) == 0
+    now = f.get_num_free_blocks_per_window_size()
+    # 14 slots take a fourth block in both windows; the window of 8 got its first block back.
+    assert now[8] == free[8] and now[64] == free[64] - 1
+    f.impl.check_invariants()
+
+
 def test_configuration_queries_and_pools():
     f = make_facade(reuse=False, windows={16: (20, 0), 64: (20, 0)})
     assert f.is_variable_window

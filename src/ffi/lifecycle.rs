@@ -113,6 +113,29 @@ pub extern "C" fn kvb_manager_resize(
     answer(manager, out_resized, |m| m.resize(request_id, capacity))
 }
 
+/// Reserves one more KV slot for a sequence without its token id (TensorRT-LLM's
+/// `addToken(requestId)`, which takes the token from the request later): in every sliding
+/// window, first detaches the front blocks that lie wholly before the window of the new last
+/// slot (the token the engine computes next; TensorRT-LLM's rule, on slots instead of known
+/// tokens), so their references are dropped and
+/// `kvb_manager_get_num_front_blocks_removed` counts them; then grows the capacity by one
+/// (`kvb_manager_resize`), allocating a block at a block boundary. The token id goes into the
+/// reserved slot later (`kvb_manager_add_token`). A block detached before all its tokens were
+/// known never gets them in its slots: the sequence then stores nothing more in that window
+/// (no key is cut from unknown tokens). `*out_added` is false, with nothing changed, when the
+/// new slot's block cannot be had even with the detached blocks freed. Fails with
+/// `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
+/// beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
+/// `KVB_STATUS_UNSUPPORTED` with beam search.
+#[no_mangle]
+pub extern "C" fn kvb_manager_add_slot(
+    manager: *mut kvb_manager_t,
+    request_id: u64,
+    out_added: *mut bool,
+) -> kvb_status_t {
+    answer(manager, out_added, |m| m.add_slot(request_id))
+}
+
 /// Reserves KV slots for a generation step: capacity for `1 + num_draft_tokens` tokens past
 /// the known ones (capped at `max_sequence_length + num_extra_kv_tokens + max_draft_tokens`
 /// of the config, the capacity whose blocks still fit the offset table), so that the step's

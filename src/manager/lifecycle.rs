@@ -257,6 +257,51 @@ impl KvCacheManager {
         Ok(done)
     }
 
+    /// Reserves one more KV slot for sequence `id` without its token id (TensorRT-LLM's
+    /// `addToken(requestId)`, which reads the token from the request later): in every sliding
+    /// window, first detaches the front blocks wholly before the window of the new last slot
+    /// (the token the engine computes next), then grows the capacity by one (`resize`). The
+    /// token id arrives later (`add_token` into the reserved slot); a block detached before its
+    /// tokens arrived never gets them, and the sequence then stops storing in that window, so
+    /// no key is ever cut from unknown tokens. Returns `Ok(false)`, changing nothing, when the
+    /// new slot's block cannot be had even with the detached blocks freed.
+    /// `SequenceTooLong` past `max_kv_tokens`, `Unsupported` with beam search, and
+    /// `SequenceSuspended` for a suspended sequence.
+    pub fn add_slot(&mut self, id: u64) -> KvResult<bool> {
+        let seq = self.active_sequence(id)?;
+        if seq.beam_width != 1 {
+            return Err(KvError::Unsupported(
+                "capacity operations need beam width 1".into(),
+            ));
+        }
+        let (num_tokens, capacity) = (seq.num_tokens, seq.life.capacity);
+        let slots = self.capacity_sum(capacity, 1)?;
+        let max_kv_tokens = self.max_kv_tokens();
+        if slots > max_kv_tokens {
+            return Err(KvError::SequenceTooLong {
+                length: slots,
+                max: max_kv_tokens,
+            });
+        }
+        let max_len = self.cfg.max_sequence_length;
+        let fits = self
+            .windows
+            .iter()
+            .all(|w| w.can_grow_sliding(id, slots, w.config().is_swa(max_len)));
+        if !fits {
+            return Ok(false);
+        }
+        let now = self.op_now_ms();
+        for w in &mut self.windows {
+            let swa = w.config().is_swa(max_len);
+            w.slide_to_slots(id, slots, num_tokens, swa, now);
+            absorb(&mut self.events, w);
+        }
+        let grown = self.resize(id, slots)?;
+        debug_assert!(grown, "checked with the detached blocks freed");
+        Ok(grown)
+    }
+
     /// `resize` without touching the recorded allocations; a grow adds the blocks it counts in
     /// the statistics to `counted` (per window).
     fn resize_to(

@@ -171,6 +171,8 @@ impl WindowBlockManager {
                 beams,
                 front_removed: 0,
                 detached_epochs: Vec::new(),
+                slid_to: 0,
+                lost_tokens: false,
                 suspended_at: None,
             },
         );

@@ -270,6 +270,10 @@ impl WindowBlockManager {
         let s = &self.seqs[&id];
         for (i, &t) in tokens.iter().enumerate() {
             let pos = start + i;
+            if pos / tpb < s.front_removed {
+                // Detached by `slide_to_slots` before the token was known (see `lost_tokens`).
+                continue;
+            }
             for beam in &s.beams {
                 self.tree
                     .write_token(beam[pos / tpb], pos % tpb, t, extra.map(|e| e[i]));

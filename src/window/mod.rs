@@ -152,6 +152,13 @@ struct SeqBlocks {
     /// Allocation epoch of each front-detached block when it was detached: if a block has been
     /// allocated again since, its content is someone else's and this sequence must not store.
     detached_epochs: Vec<u32>,
+    /// The slot count the window was last slid to by `slide_to_slots` (0: never): the next
+    /// token the engine computes is at position `slid_to - 1`, so the detached blocks lie before
+    /// its window even while the known tokens lag the slots.
+    slid_to: usize,
+    /// A block was detached before all its tokens were known (`slide_to_slots` ran ahead of the
+    /// tokens): its slots never get them, so the sequence must not store in this window.
+    lost_tokens: bool,
     /// When the sequence was suspended (a tick of `suspend_clock`), `None` while active. The
     /// blocks of a suspended sequence may move to the host tier; the oldest suspension moves
     /// first.
@@ -351,13 +358,15 @@ impl WindowBlockManager {
     }
 
     /// False once a block this sequence detached (sliding window) was allocated to someone
-    /// else: storing the sequence would then insert foreign content under its keys.
+    /// else (storing the sequence would then insert foreign content under its keys), or was
+    /// detached before its tokens were known (`slide_to_slots`: its slots miss them).
     pub fn is_valid_for_store(&self, id: u64) -> bool {
         self.seqs.get(&id).is_some_and(|s| {
-            s.detached_epochs
-                .iter()
-                .zip(&s.beams[0])
-                .all(|(&epoch, &b)| self.alloc_epoch[b as usize] == epoch)
+            !s.lost_tokens
+                && s.detached_epochs
+                    .iter()
+                    .zip(&s.beams[0])
+                    .all(|(&epoch, &b)| self.alloc_epoch[b as usize] == epoch)
         })
     }
 

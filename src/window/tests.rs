@@ -214,3 +214,27 @@ fn snapshot_windows_reuse_exact_full_blocks_in_multiples_of_the_interval() {
         assert_eq!(plan.matched_tokens, capped, "granularity {granularity}");
     }
 }
+
+#[test]
+fn sliding_to_slots_detaches_by_slots_and_marks_blocks_slid_out_before_their_tokens() {
+    let mut w = window(16, 0, 8);
+    let prompt: Vec<i32> = (0..11).collect();
+    admit(&mut w, 1, &prompt);
+    let free = w.num_free(Level::Primary);
+    // Not a sliding window: nothing leaves.
+    assert_eq!(w.slide_to_slots(1, 12, 11, false, 0), 0);
+    // 12 slots: the first block (tokens 0..4, all known) leaves the window of position 11.
+    assert_eq!(w.slide_to_slots(1, 12, 11, true, 0), 1);
+    assert_eq!(w.front_blocks_removed(1), 1);
+    assert_eq!(w.num_free(Level::Primary), free + 1);
+    assert!(w.is_valid_for_store(1));
+    // Slots far ahead of the 11 known tokens: positions 0..16 leave the window of position 23,
+    // the third block before its last token is known and the fourth before any, so the
+    // sequence no longer stores in this window.
+    w.grow(1, 24, BlockRetention::default(), 0);
+    assert_eq!(w.slide_to_slots(1, 24, 11, true, 0), 3);
+    assert_eq!(w.front_blocks_removed(1), 4);
+    assert!(!w.is_valid_for_store(1));
+    // Sliding again to the same slots is a no-op.
+    assert_eq!(w.slide_to_slots(1, 24, 11, true, 0), 0);
+}

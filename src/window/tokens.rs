@@ -44,6 +44,11 @@ fn write_slots(
     }
     let pos = num_tokens - 1;
     let (index, offset) = (pos / cfg.tokens_per_block, pos % cfg.tokens_per_block);
+    if index < seq.front_removed {
+        // Slid past before the token arrived (`slide_to_slots`): the block is not the
+        // sequence's any more (the sequence no longer stores in this window).
+        return;
+    }
     for beam in &seq.beams {
         tree.write_token(beam[index], offset, token, extra);
     }
@@ -67,7 +72,8 @@ impl WindowBlockManager {
         if swa && seq.beams.len() == 1 {
             let mut removed = seq.front_removed;
             let reach = self.cfg.window_size + tpb + self.cfg.detach_slack_tokens.max(step_slack);
-            while num_tokens - removed * tpb >= reach {
+            // (`slide_to_slots` may have detached past the known tokens: saturate.)
+            while num_tokens.saturating_sub(removed * tpb) >= reach {
                 let b = seq.beams[0][removed];
                 if self.arena.ref_count(b) == 1 {
                     freed += 1;
@@ -173,6 +179,73 @@ impl WindowBlockManager {
         self.write_last_token(id, num_tokens, token, extra);
     }
 
+    /// Out-of-window front blocks of `seq` when its slots end at `slots` and the engine computes
+    /// the token at position `slots - 1` next: `(detach, freed)`, the blocks to detach and of
+    /// them those this sequence holds the last reference of. The rule is `add_token`'s (a block
+    /// leaves once `slots - front * tpb` reaches `window + tpb` plus the configured slack), on
+    /// the slots instead of the known tokens. Beam width 1 and sliding windows only.
+    fn slide_needs(&self, seq: &SeqBlocks, slots: usize, swa: bool) -> (usize, usize) {
+        let tpb = self.cfg.tokens_per_block;
+        let (mut detach, mut freed) = (0, 0);
+        if !swa || seq.beams.len() != 1 {
+            return (0, 0);
+        }
+        let reach = self.cfg.window_size + tpb + self.cfg.detach_slack_tokens;
+        let mut removed = seq.front_removed;
+        while removed < seq.beams[0].len() && slots.saturating_sub(removed * tpb) >= reach {
+            if self.arena.ref_count(seq.beams[0][removed]) == 1 {
+                freed += 1;
+            }
+            removed += 1;
+            detach += 1;
+        }
+        (detach, freed)
+    }
+
+    /// Whether sequence `id` can grow to `slots` slots once `slide_to_slots(id, slots, ..)` has
+    /// detached the blocks that leave the window (their freed blocks count as free).
+    pub fn can_grow_sliding(&self, id: u64, slots: usize, swa: bool) -> bool {
+        let (_, freed) = self.slide_needs(&self.seqs[&id], slots, swa);
+        let needed = self.blocks_to_grow(id, slots);
+        let free = self.queues.num_free(Level::Primary) + freed;
+        needed <= free || needed <= free + self.movable_count(&|_| false, 0)
+    }
+
+    /// Slides the window of sequence `id` to its slots, without token ids: detaches the front
+    /// blocks that lie wholly before the window of the token at position `slots - 1` (the one
+    /// the engine computes next), as `add_token` does for known tokens. `num_tokens`: the
+    /// sequence's known tokens. A detached block holding a position at or past them never gets
+    /// those tokens in its slots, so the sequence stops storing in this window (no key is ever
+    /// cut from slots that miss their tokens). Returns how many blocks were detached.
+    pub fn slide_to_slots(
+        &mut self,
+        id: u64,
+        slots: usize,
+        num_tokens: usize,
+        swa: bool,
+        now_ms: u64,
+    ) -> usize {
+        let (detach, _) = self.slide_needs(&self.seqs[&id], slots, swa);
+        let tpb = self.cfg.tokens_per_block;
+        for _ in 0..detach {
+            let seq = self.seqs.get_mut(&id).expect("sequence exists");
+            let b = seq.beams[0][seq.front_removed];
+            seq.front_removed += 1;
+            if seq.front_removed * tpb > num_tokens {
+                seq.lost_tokens = true;
+            }
+            seq.detached_epochs.push(self.alloc_epoch[b as usize]);
+            if self.arena.remove_ref(b) == 0 {
+                self.queues.release(b, self.arena.level(b), false, now_ms);
+            }
+        }
+        let seq = self.seqs.get_mut(&id).expect("sequence exists");
+        if swa && seq.beams.len() == 1 {
+            seq.slid_to = seq.slid_to.max(slots);
+        }
+        detach
+    }
+
     /// Whether growing sequence `id` to `num_tokens` tokens only writes the token into a block
     /// it already holds (nothing to detach, no block to allocate): `add_token`'s common case,
     /// which needs no check and cannot fail.
@@ -234,10 +307,16 @@ impl WindowBlockManager {
     }
 
     /// Whether shrinking sequence `id` to `num_tokens` would release a front-detached block.
+    /// After `slide_to_slots`, also whether the token at position `num_tokens - 1` (computed
+    /// next once the slots end there) would still find every block of its window held.
     pub fn can_shrink_to(&self, id: u64, num_tokens: usize) -> bool {
         let seq = &self.seqs[&id];
         let keep = self.blocks_for_tokens(num_tokens);
-        keep > seq.front_removed || (keep == 0 && seq.front_removed == 0)
+        let kept = keep > seq.front_removed || (keep == 0 && seq.front_removed == 0);
+        let slid_window_held = seq.slid_to <= num_tokens
+            || seq.front_removed * self.cfg.tokens_per_block
+                <= num_tokens.saturating_sub(self.cfg.window_size);
+        kept && slid_window_held
     }
 
     /// Whether rewinding sequence `id` to `num_tokens` known tokens keeps every block inside the
@@ -310,6 +389,7 @@ impl WindowBlockManager {
     ) {
         let keep = self.blocks_for_tokens(num_tokens);
         let seq = self.seqs.get_mut(&id).expect("sequence exists");
+        seq.slid_to = seq.slid_to.min(num_tokens);
         let mut released = Vec::new();
         for beam in seq.beams.iter_mut() {
             while beam.len() > keep {

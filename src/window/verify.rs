@@ -108,7 +108,7 @@ impl WindowBlockManager {
             if swa
                 && generating
                 && seq.beams.len() == 1
-                && num_tokens - seq.front_removed * tpb >= reach
+                && num_tokens.saturating_sub(seq.front_removed * tpb) >= reach
             {
                 return Err(format!(
                     "window {w}: sequence {id} holds blocks outside its window"
@@ -117,7 +117,9 @@ impl WindowBlockManager {
             // Never an offset to a block the sequence does not hold: every detached block lies
             // wholly before the window of the next token computed (at `history`, and at most
             // the last known token).
-            let next = num_tokens.min(history + 1);
+            // After `slide_to_slots` the next token computed is the last slot's (the known
+            // tokens may lag it).
+            let next = num_tokens.min(history + 1).max(seq.slid_to.min(capacity));
             if seq.front_removed * tpb > next.saturating_sub(w) {
                 return Err(format!(
                     "window {w}: sequence {id} detached {} blocks but its window reaches back to \
