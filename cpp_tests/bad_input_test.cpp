@@ -241,6 +241,7 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
                                                  &count, &numStored));
     const int32_t position = 4;
     rec("copy_recurrent_state", kvb_manager_copy_recurrent_state(m, &rid, &position, 1, &count));
+    rec("add_slot", kvb_manager_add_slot(m, kLive, &flag));
     // Disaggregated prefill/decode.
     uint8_t blob[64] = {};
     char name[16] = {};
