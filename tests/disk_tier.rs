@@ -400,8 +400,11 @@ fn flipped_bits_on_disk_never_reach_the_engine() {
     }
     std::fs::write(&path, &bytes).unwrap();
     assert_eq!(serve_a_again(&mut m, &a), 0);
-    let s = m.disk_stats();
-    assert_eq!(s.verify_failures, 4);
+    // Every read fails its verification, or finishes after the failed block's and is discarded
+    // unverified (its parent is gone): which, depends on the I/O threads' timing.
+    let s = settle(&mut m);
+    assert!(s.verify_failures >= 1);
+    assert_eq!(s.verify_failures + s.reads_discarded, 4);
     assert_eq!(s.hits, 0);
 }
 
