@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/toolchains.sh
+source scripts/libzmq.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 TARGET=x86_64-unknown-linux-gnu
@@ -37,17 +38,20 @@ for stage in "${stages[@]}"; do
     printf '\n==> sanitize: %s\n' "$stage"
     case "$stage" in
     asan-rust)
+        kvb_libzmq_once # libzmq built once (scripts/libzmq.sh)
         # Flags and options in scripts/toolchains.sh: scripts/soak.sh runs this build's soak.
         ASAN_OPTIONS="$KVB_ASAN_OPTIONS" RUSTFLAGS="$KVB_ASAN_RUSTFLAGS" \
         RUSTDOCFLAGS="-Zsanitizer=address" \
             cargo "+$KVB_NIGHTLY" test --locked --release --target "$TARGET" \
-            --target-dir target/asan --lib --tests
+            --target-dir target/asan --lib --tests "${KVB_LIBZMQ_CONFIG[@]}"
         ;;
     tsan-rust)
+        kvb_libzmq_once
         TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
         RUSTFLAGS="-Zsanitizer=thread -Cforce-frame-pointers" \
             cargo "+$KVB_NIGHTLY" test --locked --release --target "$TARGET" \
-            --target-dir target/tsan -Zbuild-std --test concurrency --test soak
+            --target-dir target/tsan -Zbuild-std --test concurrency --test soak \
+            "${KVB_LIBZMQ_CONFIG[@]}"
         ;;
     asan-cpp)
         cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVBLOCK_BUILD_TESTS=ON \

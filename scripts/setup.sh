@@ -3,15 +3,16 @@
 # nothing that is already done.
 #
 #   scripts/setup.sh           what the build and the replay need (scripts/run_replay.sh): system
-#                              packages (compilers, CMake, GoogleTest, libzmq) and Rust stable.
+#                              packages (compilers, CMake, GoogleTest) and Rust stable.
 #   scripts/setup.sh --tests   also what scripts/test.sh needs: clang-format, Redis, OpenSSL, the
 #                              pinned nightly (with rust-src) and minimum Rust, clippy and rustfmt,
 #                              the pinned cbindgen, NVRTC (.tools/), the Python venv (.venv/).
 #
 # Without --tests no NVRTC is installed, so the library embeds no CUBINs (build_support/
 # embed_cubins.rs says so in a warning) and compiles its CUDA kernel at run time if a GPU run needs
-# it; the replay runs on host memory. A later `--tests` makes cargo embed them (the build script
-# watches .tools/nvrtc.done).
+# it; the replay runs on host memory. .tools/nvrtc.done then says `none`: the build script watches
+# that file, so a later `--tests` (which rewrites it) makes cargo embed them, and while it exists
+# the build script does not rerun (and rebuild the crate) on every build.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,8 +51,8 @@ done
 # GoogleTest: a CMake configure of the tree (scripts/run_replay.sh's too) finds it.
 [[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
-# libzmq: the event publisher (src/publisher) links it.
-[[ -e /usr/include/zmq.h ]] || missing+=(libzmq3-dev)
+# No libzmq package: the zmq-sys crate builds libzmq from source and links it statically
+# (scripts/libzmq.sh).
 if ((tests)); then
     command -v clang-format >/dev/null || missing+=(clang-format)
     # python3-venv: the NVRTC venv (.tools/), the project venv (.venv/), the wire test's packages.
@@ -79,6 +80,7 @@ fi
 cargo --version
 rustc --version
 if ((!tests)); then
+    [[ -e .tools/nvrtc.done ]] || { mkdir -p .tools && echo none >.tools/nvrtc.done; }
     echo "setup for the build and the replay: done (scripts/setup.sh --tests adds what the tests need)"
     exit 0
 fi

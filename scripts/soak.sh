@@ -12,9 +12,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/toolchains.sh
+source scripts/libzmq.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export KVB_SOAK_OPS="${KVB_SOAK_OPS:-1000000}"
+kvb_libzmq_once # as asan-rust does: the same cargo arguments, the same build
 ASAN_OPTIONS="$KVB_ASAN_OPTIONS" RUSTFLAGS="$KVB_ASAN_RUSTFLAGS" \
     cargo "+$KVB_NIGHTLY" test --locked --release --target x86_64-unknown-linux-gnu \
-    --target-dir target/asan --test soak -- --nocapture
+    --target-dir target/asan --test soak "${KVB_LIBZMQ_CONFIG[@]}" -- --nocapture

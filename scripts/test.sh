@@ -21,6 +21,7 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 source scripts/nvrtc_env.sh
 export KVBLOCK_REQUIRE_NVRTC=1
 source scripts/toolchains.sh
+source scripts/libzmq.sh
 # Not exported: the other test runs keep their own (smaller) soak.
 FUZZ_SECONDS="${FUZZ_SECONDS:-120}"
 KVB_SOAK_OPS="${KVB_SOAK_OPS:-1000000}"
@@ -116,20 +117,24 @@ hardening() {
     step "sanitizers: tsan-rust (scripts/sanitize.sh tsan-rust)"
     scripts/sanitize.sh tsan-rust
 }
+# libzmq, compiled from source by zmq-sys, is built once for every target folder (scripts/libzmq.sh):
+# before the lanes start, which then use it.
+step "libzmq, built once for all target folders (scripts/libzmq.sh)"
+kvb_libzmq_once
 in_background hardening hardening
 
 step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets "${KVB_LIBZMQ_CONFIG[@]}" -- -D warnings
 step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked "${KVB_LIBZMQ_CONFIG[@]}"
 step "clang-format --check"
 scripts/format.sh --check
 step "check with the minimum Rust version (Cargo.toml rust-version)"
 # A check (no code generation): what the MSRV can fail on is the language and the standard
 # library the crate and its dependencies use, which `check` covers.
-cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv
+cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
 step "cargo test --release"
 cargo test --release
 step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
