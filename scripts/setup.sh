@@ -88,13 +88,22 @@ fi
 # --- What the tests need. The Rust part (rustup's downloads, then cbindgen's compile) runs in the
 # background while pip downloads NVRTC and the Python packages; its output is printed at the end.
 rust_for_tests() {
-    # clippy and rustfmt (cargo clippy, cargo fmt --check); the pinned nightly (sanitizers,
-    # libFuzzer; rust-src for the ThreadSanitizer's -Zbuild-std) and the declared minimum Rust
-    # version (scripts/toolchains.sh). One rustup at a time: they share ~/.rustup.
+    # clippy and rustfmt (cargo clippy, cargo fmt --check).
     if command -v rustup >/dev/null; then
         echo "+ rustup component add clippy rustfmt"
         rustup component add clippy rustfmt
     fi
+    # The header generator (scripts/gen_header.sh, scripts/check_header.sh), compiled from source
+    # with stable (a few minutes of CPU): started first, it compiles while rustup downloads.
+    local cbindgen_pid=""
+    if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
+        echo "+ cargo install cbindgen --version $CBINDGEN_VERSION --locked --force"
+        cargo install cbindgen --version "$CBINDGEN_VERSION" --locked --force --quiet &
+        cbindgen_pid=$!
+    fi
+    # The pinned nightly (sanitizers, libFuzzer; rust-src for the ThreadSanitizer's -Zbuild-std)
+    # and the declared minimum Rust version (scripts/toolchains.sh). One rustup at a time: they
+    # share ~/.rustup.
     source scripts/toolchains.sh
     for tc in "$KVB_NIGHTLY" "$KVB_MSRV"; do
         if ! rustup run "$tc" rustc --version >/dev/null 2>&1; then
@@ -106,10 +115,8 @@ rust_for_tests() {
         echo "+ rustup component add rust-src --toolchain $KVB_NIGHTLY"
         rustup component add rust-src --toolchain "$KVB_NIGHTLY"
     fi
-    # The header generator (scripts/gen_header.sh, scripts/check_header.sh), compiled from source.
-    if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
-        echo "+ cargo install cbindgen --version $CBINDGEN_VERSION --locked --force"
-        cargo install cbindgen --version "$CBINDGEN_VERSION" --locked --force
+    if [[ -n "$cbindgen_pid" ]]; then
+        wait "$cbindgen_pid" # its failure fails this function (set -e)
     fi
     cbindgen --version
 }

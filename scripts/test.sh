@@ -5,9 +5,9 @@
 # against the replay, then the hardening runs: the C-ABI fuzz target (bounded), the sanitizer
 # builds and the soak.
 #
-# Two lanes share the machine's cores: the hardening runs on the pinned nightly (fuzz, the Rust
-# sanitizers, the soak; their own target folders) start in the background at once, while the rest
-# runs here; the fuzz run uses one core for its two minutes and the test runs leave cores idle, so
+# Two lanes share the machine's cores: once libzmq is built (scripts/libzmq.sh: once for every
+# target folder), the hardening runs on the pinned nightly (fuzz, the Rust sanitizers, the soak;
+# their own target folders) start in the background, while the rest runs here; the fuzz run uses one core for its two minutes and the test runs leave cores idle, so
 # neither lane waits for the other. The background lane's output goes to its own log, printed if
 # it fails (its tail otherwise); every stage's time is reported, of both lanes, and any failure
 # fails the script.
