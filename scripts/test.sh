@@ -7,10 +7,10 @@
 #
 # Two lanes share the machine's cores: once libzmq is built (scripts/libzmq.sh: once for every
 # target folder), the hardening runs on the pinned nightly (fuzz, the Rust sanitizers, the soak;
-# their own target folders) start in the background, while the rest runs here; the fuzz run uses one core for its two minutes and the test runs leave cores idle, so
-# neither lane waits for the other. The background lane's output goes to its own log, printed if
-# it fails (its tail otherwise); every stage's time is reported, of both lanes, and any failure
-# fails the script.
+# their own target folders) start in the background, while the rest runs here; the fuzz run uses
+# one core for its two minutes and the test runs leave cores idle, so neither lane waits for the
+# other. The background lane's output goes to its own log, printed if it fails (its tail
+# otherwise); every stage's time is reported, of both lanes, and any failure fails the script.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
