@@ -137,8 +137,6 @@ step "check with the minimum Rust version (Cargo.toml rust-version)"
 cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
 step "cargo test --release"
 cargo test --release
-step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
-cargo test --release --features tls --test remote_tls
 step "scripts/check_header.sh"
 scripts/check_header.sh
 step "cmake configure + build (build/, Release)"
@@ -201,6 +199,13 @@ step "KV events on the wire: schema, transport, Dynamo indexer (scripts/events_w
 
 step "sanitizers: asan-cpp (scripts/sanitize.sh asan-cpp)"
 scripts/sanitize.sh asan-cpp
+
+# The last release build: libkvblock is a cdylib, whose file name has no hash, so the builds with
+# and without the feature share target/release/deps/libkvblock.so and each switch between them
+# compiles the crate again. Run after every build without it (cargo test, CMake's, pip's, the
+# asan-cpp build), it costs one such compile instead of two.
+step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
+cargo test --release --features tls --test remote_tls
 
 step "waiting for the background lane (hardening)"
 wait_background
