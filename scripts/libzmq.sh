@@ -9,18 +9,29 @@
 # such as the sanitizers' never reach C++ that a build script compiles), so the fuzz target and the
 # sanitizer builds link what their own build script would have built; the checks link nothing.
 # The release target folder never gets the override: the library, CMake's and pip's builds are
-# built as always. KVB_LIBZMQ_OUT (exported) passes the built one on to the scripts run after.
+# built as always. The library is copied to target/libzmq/; KVB_LIBZMQ_OUT (exported) passes that
+# folder on to the scripts run after.
 kvb_libzmq_once() {
-    local root
+    local root built
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     if [[ -z "${KVB_LIBZMQ_OUT:-}" || ! -e "$KVB_LIBZMQ_OUT/lib/libzmq.a" ]]; then
-        KVB_LIBZMQ_OUT="$(cd "$root" &&
+        built="$(cd "$root" &&
             cargo build --release --locked -p zmq-sys --message-format=json-render-diagnostics |
             sed -n 's/.*"reason":"build-script-executed","package_id":"[^"]*zmq-sys@[^"]*".*"out_dir":"\([^"]*\)".*/\1/p')"
-        if [[ ! -e "$KVB_LIBZMQ_OUT/lib/libzmq.a" ]]; then
-            echo "libzmq: zmq-sys's build left no libzmq.a (out dir: '$KVB_LIBZMQ_OUT')" >&2
+        if [[ ! -e "$built/lib/libzmq.a" ]]; then
+            echo "libzmq: zmq-sys's build left no libzmq.a (out dir: '$built')" >&2
             return 1
         fi
+        # A copy in a folder of its own: a later build script run in target/release (rewriting
+        # its libzmq.a) cannot touch what a build in another folder is linking, and the path in
+        # the overrides (part of the other folders' fingerprints) stays the same across versions.
+        KVB_LIBZMQ_OUT="$root/target/libzmq"
+        mkdir -p "$KVB_LIBZMQ_OUT/lib" "$KVB_LIBZMQ_OUT/include"
+        if ! cmp -s "$built/lib/libzmq.a" "$KVB_LIBZMQ_OUT/lib/libzmq.a"; then
+            cp "$built/lib/libzmq.a" "$KVB_LIBZMQ_OUT/lib/libzmq.a.tmp"
+            mv "$KVB_LIBZMQ_OUT/lib/libzmq.a.tmp" "$KVB_LIBZMQ_OUT/lib/libzmq.a"
+        fi
+        cp -R "$built/source/include/." "$KVB_LIBZMQ_OUT/include/"
     fi
     export KVB_LIBZMQ_OUT
     local key="target.x86_64-unknown-linux-gnu.zmq"
@@ -28,7 +39,7 @@ kvb_libzmq_once() {
     KVB_LIBZMQ_CONFIG=(
         --config "$key.rustc-link-lib=[\"static=zmq\", \"stdc++\"]"
         --config "$key.rustc-link-search=[\"native=$KVB_LIBZMQ_OUT/lib\"]"
-        --config "$key.include=\"$KVB_LIBZMQ_OUT/source/include\""
+        --config "$key.include=\"$KVB_LIBZMQ_OUT/include\""
         --config "$key.lib=\"$KVB_LIBZMQ_OUT/lib\""
         --config "$key.out=\"$KVB_LIBZMQ_OUT\""
     )
