@@ -2,7 +2,8 @@
 #
 #   <prefix>/lib/libkvblock.so.X.Y.Z            the library (SONAME libkvblock.so.X)
 #   <prefix>/lib/libkvblock.so.X, libkvblock.so symbolic links to it
-#   <prefix>/include/kvblock.h, kvblock.hpp, kvblock_trtllm.hpp and kvblock_trtllm/*.hpp
+#   <prefix>/include/kvblock.h, kvblock.hpp, kvblock_disagg.hpp, kvblock_trtllm.hpp and
+#   kvblock_trtllm/*.hpp
 #   <prefix>/lib/cmake/kvblock/                 find_package(kvblock CONFIG) -> kvblock::kvblock
 #   <prefix>/lib/pkgconfig/kvblock.pc           pkg-config --cflags --libs kvblock
 #
@@ -32,6 +33,7 @@ else()
 endif()
 
 install(FILES "${PROJECT_SOURCE_DIR}/include/kvblock.h" "${PROJECT_SOURCE_DIR}/include/kvblock.hpp"
+              "${PROJECT_SOURCE_DIR}/include/kvblock_disagg.hpp"
               "${PROJECT_SOURCE_DIR}/include/kvblock_trtllm.hpp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT kvblock)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvblock_trtllm"

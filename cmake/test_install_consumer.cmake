@@ -24,7 +24,8 @@ set(prefix "${WORK_DIR}/prefix")
 run("${CMAKE_COMMAND}" --install "${KVBLOCK_BUILD_DIR}" --prefix "${prefix}" --component kvblock)
 
 # 1. The layout.
-set(expected include/kvblock.h include/kvblock.hpp include/kvblock_trtllm.hpp
+set(expected include/kvblock.h include/kvblock.hpp include/kvblock_disagg.hpp
+    include/kvblock_trtllm.hpp
     include/kvblock_trtllm/request.hpp include/kvblock_trtllm/types.hpp
     include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/sizing.hpp
     include/kvblock_trtllm/kv_cache_manager.hpp

@@ -241,6 +241,38 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
                                                  &count, &numStored));
     const int32_t position = 4;
     rec("copy_recurrent_state", kvb_manager_copy_recurrent_state(m, &rid, &position, 1, &count));
+    // Disaggregated prefill/decode.
+    uint8_t blob[64] = {};
+    char name[16] = {};
+    size_t len = 0, len2 = 0;
+    uint64_t hold = 0;
+    bool got = false;
+    rec("attach_loopback", kvb_manager_attach_loopback(m, nullptr, "a", 0, 1, 100));
+    rec("attach_nixl", kvb_manager_attach_nixl(m, "a", 0, 1, 100));
+    rec("get_transfer_metadata", kvb_manager_get_transfer_metadata(m, blob, sizeof blob, &len));
+    rec("export_layout", kvb_manager_export_layout(m, blob, sizeof blob, &len));
+    rec("add_transfer_peer",
+        kvb_manager_add_transfer_peer(m, blob, sizeof blob, name, sizeof name, &len));
+    rec("take_transfer_notification",
+        kvb_manager_take_transfer_notification(m, name, sizeof name, &len, blob, sizeof blob, &len2,
+                                               &got));
+    kvb_transfer_stats_t transferStats{};
+    transferStats.struct_size = sizeof transferStats;
+    rec("get_transfer_stats", kvb_manager_get_transfer_stats(m, &transferStats));
+    rec("begin_send", kvb_manager_begin_send(m, kLive, 0, 8, &hold));
+    rec("post_send",
+        kvb_manager_post_send(m, 1, "a", blob, sizeof blob, blob, sizeof blob, nullptr, 0));
+    kvb_transfer_event_t transferEvents[2] = {};
+    rec("poll_transfers", kvb_manager_poll_transfers(m, transferEvents, 2, &len));
+    rec("settle_hold", kvb_manager_settle_hold(m, 1, KVB_TRANSFER_DONE, &got));
+    rec("release_quarantine", kvb_manager_release_quarantine(m, 1));
+    rec("add_sequence_receiving", kvb_manager_add_sequence_receiving(m, &req, &admission));
+    rec("get_receive_ticket", kvb_manager_get_receive_ticket(m, kLive, blob, sizeof blob, &len));
+    rec("complete_receive", kvb_manager_complete_receive(m, kLive));
+    rec("abort_receive", kvb_manager_abort_receive(m, kLive, KVB_TRANSFER_DONE, &hold));
+    rec("set_contiguous_runs", kvb_manager_set_contiguous_runs(m, true));
+    kvb_row_runs_t runs[2] = {};
+    rec("get_row_runs", kvb_manager_get_row_runs(m, kLive, runs, 2, &len));
     rec("debug_trigger_panic", kvb_manager_debug_trigger_panic(m));
     return out;
 }
@@ -1109,7 +1141,7 @@ TEST(BadInputHandleTest, PoisoningIsPerHandle) {
 
 // Every status has its own non-empty name; values the library does not define are "unknown
 // status" (never null).
-constexpr kvb_status_t kLastStatus = KVB_STATUS_STALLED;  // the highest defined status
+constexpr kvb_status_t kLastStatus = KVB_STATUS_SEQUENCE_RECEIVING;  // the highest defined status
 
 TEST(BadInputStatusTest, EveryStatusHasADistinctName) {
     std::set<std::string> names;

@@ -368,7 +368,8 @@ typedef enum kvb_status_t {
      */
     KVB_STATUS_COPY_FAILED = 20,
     /**
-     * The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+     * The network transport refused (ZeroMQ: bad endpoint, address in use, ...), or a transfer
+     * backend of disaggregated serving did (an unreachable peer, a refused transfer).
      */
     KVB_STATUS_TRANSPORT = 21,
     /**
@@ -382,7 +383,43 @@ typedef enum kvb_status_t {
      * tier, host tier too small, a request larger than the pool) and the remedy.
      */
     KVB_STATUS_STALLED = 23,
+    /**
+     * The sequence is receiving its prompt's KV from another engine
+     * (`kvb_manager_add_sequence_receiving`): only the receive calls, its block ids and its
+     * offsets apply until `kvb_manager_complete_receive` or `kvb_manager_abort_receive`.
+     * Nothing changed.
+     */
+    KVB_STATUS_SEQUENCE_RECEIVING = 24,
 } kvb_status_t;
+
+/**
+ * How a transfer ended (values of the `int32_t outcome` arguments and of
+ * `kvb_transfer_event_t::outcome`). Only `KVB_TRANSFER_DONE` and `KVB_TRANSFER_NOT_SUBMITTED`
+ * end a transfer's access to its rows; the others quarantine them.
+ */
+typedef enum kvb_transfer_outcome_t {
+    /**
+     * The backend reported completion: the rows are quiescent.
+     */
+    KVB_TRANSFER_DONE = 0,
+    /**
+     * Never handed to a backend: the rows are quiescent.
+     */
+    KVB_TRANSFER_NOT_SUBMITTED = 1,
+    /**
+     * The backend reported an error: which bytes moved, and whether some still move, is
+     * unknown.
+     */
+    KVB_TRANSFER_FAILED = 2,
+    /**
+     * The deadline passed while the transfer was in progress.
+     */
+    KVB_TRANSFER_TIMED_OUT = 3,
+    /**
+     * The engine cannot tell (an abort from the peer, a lost connection).
+     */
+    KVB_TRANSFER_IN_DOUBT = 4,
+} kvb_transfer_outcome_t;
 
 /**
  * A drained batch of events. Free with `kvb_event_batch_free`.
@@ -395,6 +432,16 @@ typedef struct kvb_event_batch_t kvb_event_batch_t;
  * so that a second destroy or any later call returns `KVB_STATUS_DESTROYED`.
  */
 typedef struct kvb_event_publisher_t kvb_event_publisher_t;
+
+/**
+ * Opaque in-process transfer hub: managers attached to the same hub
+ * (`kvb_manager_attach_loopback`) move KV bytes between each other with memcpy, as two engine
+ * processes would over a network. For tests and single-process setups; with fault injection.
+ * Create with `kvb_loopback_hub_create`, free with `kvb_loopback_hub_destroy`. Like a manager
+ * handle, a destroyed handle keeps a small shell, so that a second destroy or any later call
+ * returns `KVB_STATUS_DESTROYED`.
+ */
+typedef struct kvb_loopback_hub_t kvb_loopback_hub_t;
 
 /**
  * Opaque handle to a KV-cache manager. Create with `kvb_manager_create`, free with
@@ -1995,6 +2042,115 @@ typedef struct kvb_remote_stats_t {
     uint64_t errors_oversized;
 } kvb_remote_stats_t;
 
+/**
+ * Counters and gauges of the transfer lifecycle (`kvb_manager_get_transfer_stats`). Set
+ * `struct_size` to `sizeof(kvb_transfer_stats_t)` before the call.
+ */
+typedef struct kvb_transfer_stats_t {
+    /**
+     * `sizeof(kvb_transfer_stats_t)`, set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * Leases not yet settled (taken or posted), now.
+     */
+    uint64_t active_leases;
+    /**
+     * Blocks of those leases.
+     */
+    uint64_t leased_blocks;
+    /**
+     * Sequences receiving now.
+     */
+    uint64_t receiving_requests;
+    /**
+     * Blocks those sequences receive.
+     */
+    uint64_t receiving_blocks;
+    /**
+     * Holds in quarantine now.
+     */
+    uint64_t quarantined_holds;
+    /**
+     * Blocks of those holds.
+     */
+    uint64_t quarantined_blocks;
+    /**
+     * Transfers posted (cumulative).
+     */
+    uint64_t transfers_posted;
+    /**
+     * Transfers that completed (cumulative).
+     */
+    uint64_t transfers_done;
+    /**
+     * Transfers the backend reported failed (cumulative).
+     */
+    uint64_t transfers_failed;
+    /**
+     * Transfers past their deadline (cumulative).
+     */
+    uint64_t transfers_timed_out;
+    /**
+     * Bytes of the posted transfers (cumulative).
+     */
+    uint64_t bytes_posted;
+    /**
+     * Descriptors the posted transfers had before adjacent ones were merged (cumulative).
+     */
+    uint64_t descriptors_unmerged;
+    /**
+     * Descriptors posted, after merging (cumulative).
+     */
+    uint64_t descriptors_posted;
+    /**
+     * Receives completed (cumulative).
+     */
+    uint64_t receives_completed;
+    /**
+     * Receives aborted (cumulative).
+     */
+    uint64_t receives_aborted;
+    /**
+     * Quarantines released, by the engine or by a late completion (cumulative).
+     */
+    uint64_t quarantines_released;
+} kvb_transfer_stats_t;
+
+/**
+ * A hold whose state a poll changed (`kvb_manager_poll_transfers`).
+ */
+typedef struct kvb_transfer_event_t {
+    /**
+     * The lease or quarantine (`kvb_manager_begin_send`, `kvb_manager_abort_receive`).
+     */
+    uint64_t hold_id;
+    /**
+     * A `kvb_transfer_outcome_t`: `KVB_TRANSFER_DONE` (the hold ended, its blocks released),
+     * `KVB_TRANSFER_FAILED` or `KVB_TRANSFER_TIMED_OUT` (the hold is quarantined).
+     */
+    int32_t outcome;
+} kvb_transfer_event_t;
+
+/**
+ * The rows of one window of a sequence (`kvb_manager_get_row_runs`).
+ */
+typedef struct kvb_row_runs_t {
+    /**
+     * The window.
+     */
+    int32_t window_size;
+    /**
+     * GPU-level blocks of beam 0 the sequence holds in it (front-detached ones not counted).
+     */
+    int32_t blocks;
+    /**
+     * Maximal runs of consecutive rows among them, in token order (each run moves as one
+     * descriptor per pool when the peer's rows are a run too).
+     */
+    int32_t runs;
+} kvb_row_runs_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -3304,6 +3460,313 @@ enum kvb_status_t kvb_manager_get_remote_stats(struct kvb_manager_t *manager,
  * Whether the manager has a remote tier.
  */
 enum kvb_status_t kvb_manager_has_remote_tier(struct kvb_manager_t *manager, bool *out);
+
+/**
+ * Creates an empty loopback hub; `*out` receives its handle (null on failure). Fails only with
+ * `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_loopback_hub_create(struct kvb_loopback_hub_t **out);
+
+/**
+ * Frees a hub handle. Managers attached to the hub keep it alive and go on transferring
+ * between each other; the handle's fault injection calls are gone. Null is accepted. A second
+ * destroy, or any call after it, returns `KVB_STATUS_DESTROYED` (never a double free).
+ */
+enum kvb_status_t kvb_loopback_hub_destroy(struct kvb_loopback_hub_t *hub);
+
+/**
+ * Fault injection: the next transfer posted on the hub (by any manager) stays in progress,
+ * its bytes not copied and its notification not delivered, until
+ * `kvb_loopback_hub_finish_held`. Cumulative: two calls hold the next two posts.
+ * `KVB_STATUS_NULL_POINTER`, `KVB_STATUS_DESTROYED`.
+ */
+enum kvb_status_t kvb_loopback_hub_hold_next(struct kvb_loopback_hub_t *hub);
+
+/**
+ * Fault injection: the next transfer posted on the hub (by any manager) is accepted and ends
+ * failed at once: nothing copied, no notification; the sender's poll reports
+ * `KVB_TRANSFER_FAILED`. Cumulative. `KVB_STATUS_NULL_POINTER`, `KVB_STATUS_DESTROYED`.
+ */
+enum kvb_status_t kvb_loopback_hub_fail_next(struct kvb_loopback_hub_t *hub);
+
+/**
+ * Completes every held transfer of the hub, oldest first: copies its bytes, delivers its
+ * notification, and its state becomes done (or failed when a side deregistered its memory
+ * meanwhile); the sender sees it at its next `kvb_manager_poll_transfers`.
+ * `*out_finished` receives how many were completed. `KVB_STATUS_NULL_POINTER`,
+ * `KVB_STATUS_DESTROYED`.
+ */
+enum kvb_status_t kvb_loopback_hub_finish_held(struct kvb_loopback_hub_t *hub,
+                                               size_t *out_finished);
+
+/**
+ * Attaches an agent of loopback hub `hub`, named `agent_name` (NUL-terminated, unique on the
+ * hub), as the manager's transfer backend: every pool of every window, at both levels, is
+ * registered with it. `tp_rank` of `tp_size` is the manager's tensor-parallel position (its
+ * heads are that slice of the model's); `timeout_ms` bounds every transfer the manager posts
+ * (past it, `kvb_manager_poll_transfers` reports `KVB_TRANSFER_TIMED_OUT` and quarantines the
+ * lease). Needs pools with bytes in host memory (`KVB_COPY_BACKEND_HOST`: the loopback backend
+ * moves host memory only). Fails with `KVB_STATUS_INVALID_ARGUMENT` for a name empty or taken
+ * on the hub, a negative rank, a rank not below a positive size, a non-positive timeout, or a
+ * manager that already has a backend; `KVB_STATUS_UNSUPPORTED` without pool bytes (or GPU
+ * pools); `KVB_STATUS_NULL_POINTER`; `KVB_STATUS_DESTROYED` for a destroyed hub or manager.
+ * Nothing changes on failure.
+ */
+enum kvb_status_t kvb_manager_attach_loopback(struct kvb_manager_t *manager,
+                                              struct kvb_loopback_hub_t *hub,
+                                              const char *agent_name,
+                                              int32_t tp_rank,
+                                              int32_t tp_size,
+                                              int64_t timeout_ms);
+
+/**
+ * Copies the attached backend's metadata blob (its agent name and registered memory) into
+ * `buf` of `capacity` bytes, for the peer's `kvb_manager_add_transfer_peer`. `*out_len`
+ * receives the blob's size; `KVB_STATUS_BUFFER_TOO_SMALL` when it is above `capacity` (call
+ * with `capacity` 0 and `buf` null to learn it). `KVB_STATUS_INVALID_ARGUMENT` without an
+ * attached backend; `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_manager_get_transfer_metadata(struct kvb_manager_t *manager,
+                                                    uint8_t *buf,
+                                                    size_t capacity,
+                                                    size_t *out_len);
+
+/**
+ * Copies this manager's layout blob (every pool's geometry, rows and address, the tokens per
+ * block and the tensor-parallel position) into `buf` of `capacity` bytes, for the peer's
+ * `kvb_manager_post_send`. `*out_len` receives its size; `KVB_STATUS_BUFFER_TOO_SMALL` when
+ * it is above `capacity` (`buf` may be null for `capacity` 0). `KVB_STATUS_INVALID_ARGUMENT`
+ * without an attached backend; `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_manager_export_layout(struct kvb_manager_t *manager,
+                                            uint8_t *buf,
+                                            size_t capacity,
+                                            size_t *out_len);
+
+/**
+ * Loads a peer's metadata blob (`kvb_manager_get_transfer_metadata` of the peer, `len` bytes)
+ * into the attached backend, so that transfers can be posted to it; loading it again updates
+ * it. Its agent name, NUL-terminated, goes to `name_buf` of `name_capacity` bytes and its
+ * length without the NUL to `*out_name_len`. Fails with `KVB_STATUS_INVALID_ARGUMENT` for a
+ * malformed blob or without an attached backend, `KVB_STATUS_TRANSPORT` when the backend
+ * cannot reach the peer (a loopback agent not on this hub), `KVB_STATUS_NULL_POINTER`; nothing
+ * changes then. `KVB_STATUS_BUFFER_TOO_SMALL` (`*out_name_len` = the name's length) when the
+ * name and its NUL do not fit: the peer is loaded nonetheless (the one exception to "nothing
+ * changes on failure"; loading the same blob again with a larger buffer is harmless).
+ */
+enum kvb_status_t kvb_manager_add_transfer_peer(struct kvb_manager_t *manager,
+                                                const uint8_t *metadata,
+                                                size_t len,
+                                                char *name_buf,
+                                                size_t name_capacity,
+                                                size_t *out_name_len);
+
+/**
+ * Hands out the oldest transfer notification the manager received and has not handed out:
+ * the sender's agent name (NUL-terminated) into `peer_buf` of `peer_capacity` bytes with its
+ * length (without the NUL) in `*out_peer_len`, the message into `msg_buf` of `msg_capacity`
+ * bytes with its size in `*out_msg_len`, and `*out_got` true. With none, `*out_got` is false
+ * and the lengths 0. One at a time: when either buffer is too small the call fails with
+ * `KVB_STATUS_BUFFER_TOO_SMALL`, both lengths are written (the name's without its NUL) and the
+ * notification stays first in the queue. `KVB_STATUS_INVALID_ARGUMENT` without an attached
+ * backend; `KVB_STATUS_NULL_POINTER` (the buffers may be null only with capacity 0).
+ */
+enum kvb_status_t kvb_manager_take_transfer_notification(struct kvb_manager_t *manager,
+                                                         char *peer_buf,
+                                                         size_t peer_capacity,
+                                                         size_t *out_peer_len,
+                                                         uint8_t *msg_buf,
+                                                         size_t msg_capacity,
+                                                         size_t *out_msg_len,
+                                                         bool *out_got);
+
+/**
+ * The transfer lifecycle's counters and gauges (with or without an attached backend). Set
+ * `out->struct_size` to `sizeof(kvb_transfer_stats_t)` first (`KVB_STATUS_STRUCT_SIZE`
+ * otherwise). `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_manager_get_transfer_stats(struct kvb_manager_t *manager,
+                                                 struct kvb_transfer_stats_t *out);
+
+/**
+ * Attaches a NIXL agent named `agent_name` (NUL-terminated; the name peers know it by) as the
+ * manager's transfer backend: NIXL's UCX plugin with its default parameters and NIXL's progress
+ * thread; every pool of every window, at both levels, is registered with it (GPU pools as
+ * device memory of the configured device, host pools as host memory). `tp_rank` of `tp_size`
+ * and `timeout_ms` as for `kvb_manager_attach_loopback`. NIXL's C API (`libnixl_capi.so`) is
+ * loaded at run time, from `KVBLOCK_NIXL_LIBRARY` (a full path) or the loader path:
+ * `KVB_STATUS_UNSUPPORTED` names both when it is missing (`scripts/setup.sh` installs the
+ * `nixl-cu12` wheel; `scripts/nixl_env.sh` sets the variable). `KVB_STATUS_TRANSPORT` when NIXL
+ * refuses to create the agent or register the pools (the message has NIXL's status);
+ * `KVB_STATUS_INVALID_ARGUMENT`, `KVB_STATUS_UNSUPPORTED`, `KVB_STATUS_NULL_POINTER` and
+ * `KVB_STATUS_DESTROYED` as for the loopback attach. Nothing changes on failure.
+ */
+enum kvb_status_t kvb_manager_attach_nixl(struct kvb_manager_t *manager,
+                                          const char *agent_name,
+                                          int32_t tp_rank,
+                                          int32_t tp_size,
+                                          int64_t timeout_ms);
+
+/**
+ * Takes a lease on the blocks of request `request_id` that hold tokens `[skip_tokens,
+ * computed_tokens)` (whole blocks; beam 0; in each window the blocks it still holds): they
+ * are pinned, so the engine may remove the sequence at once and the rows stay as they are
+ * until the lease is settled (by `kvb_manager_poll_transfers` once posted, or
+ * `kvb_manager_settle_hold`). `skip_tokens` is what the receiver already caches (its ticket's
+ * skip, a multiple of the tokens per block); `computed_tokens` the tokens whose KV the engine
+ * has computed. `*out_hold_id` receives the lease's id (never 0). Fails with
+ * `KVB_STATUS_UNKNOWN_REQUEST`, `KVB_STATUS_INVALID_ARGUMENT` for a negative count, a skip
+ * that is not a multiple of the tokens per block or not below `computed_tokens`, or
+ * `computed_tokens` beyond the sequence's slots, `KVB_STATUS_UNSUPPORTED` for a beam width
+ * above 1 or a block on the host tier, `KVB_STATUS_SEQUENCE_SUSPENDED` /
+ * `KVB_STATUS_SEQUENCE_RECEIVING` for such a sequence, `KVB_STATUS_NULL_POINTER`. Nothing
+ * changes on failure.
+ */
+enum kvb_status_t kvb_manager_begin_send(struct kvb_manager_t *manager,
+                                         uint64_t request_id,
+                                         int32_t skip_tokens,
+                                         int32_t computed_tokens,
+                                         uint64_t *out_hold_id);
+
+/**
+ * Posts lease `hold_id` (from `kvb_manager_begin_send`, not yet posted) to peer `peer_name`
+ * (NUL-terminated, as `kvb_manager_add_transfer_peer` named it): the lease's rows are written
+ * into the rows of the peer's receive ticket (`ticket`, `ticket_len` bytes from the peer's
+ * `kvb_manager_get_receive_ticket`), block index by block index and window by window, laid
+ * out as the peer's layout says (`layout`, `layout_len` bytes from its
+ * `kvb_manager_export_layout`; identical layouts, or head slices for a different
+ * tensor-parallel split), in as few descriptors as both sides' runs of rows allow. The peer
+ * receives `notification` (`notification_len` bytes; none when 0) after the data. The
+ * transfer is then watched by `kvb_manager_poll_transfers`, with the attached timeout.
+ * Fails with `KVB_STATUS_INVALID_ARGUMENT` for a malformed layout or ticket blob (the message
+ * says why), an unknown hold or one already posted or quarantined, a ticket asking for more
+ * tokens or other blocks than the lease holds or for no rows, layouts that do not fit each
+ * other, an unknown peer, or no attached backend; `KVB_STATUS_TRANSPORT` when the backend
+ * refuses the transfer; `KVB_STATUS_NULL_POINTER`. Nothing is posted and nothing changes on
+ * failure.
+ */
+enum kvb_status_t kvb_manager_post_send(struct kvb_manager_t *manager,
+                                        uint64_t hold_id,
+                                        const char *peer_name,
+                                        const uint8_t *layout,
+                                        size_t layout_len,
+                                        const uint8_t *ticket,
+                                        size_t ticket_len,
+                                        const uint8_t *notification,
+                                        size_t notification_len);
+
+/**
+ * Reads every watched transfer without blocking and settles what ended: a completed transfer
+ * ends its lease (its blocks are released), or a quarantine whose transfer completed late; a
+ * failed one quarantines its lease; one past its deadline is quarantined as timed out and
+ * still watched (its later completion releases it). `out_events` receives one entry per hold
+ * whose state changed, `*out_count` their number. Outcomes are consumed by the poll, so none
+ * may be lost: `capacity` must be at least the holds that can change, `active_leases +
+ * quarantined_holds` of `kvb_transfer_stats_t`; otherwise the call fails with
+ * `KVB_STATUS_BUFFER_TOO_SMALL` before polling (nothing read, `*out_count` = that bound).
+ * Without an attached backend nothing changes (`*out_count` = 0). `KVB_STATUS_NULL_POINTER`
+ * (`out_events` may be null when the bound is 0).
+ */
+enum kvb_status_t kvb_manager_poll_transfers(struct kvb_manager_t *manager,
+                                             struct kvb_transfer_event_t *out_events,
+                                             size_t capacity,
+                                             size_t *out_count);
+
+/**
+ * Settles hold `hold_id` with the outcome of its transfer, as the engine learned it
+ * (`outcome`, a `kvb_transfer_outcome_t`): `KVB_TRANSFER_DONE` and
+ * `KVB_TRANSFER_NOT_SUBMITTED` end it (its blocks are released; a lease never posted is
+ * settled so); any other outcome quarantines it (its rows are never reused until
+ * `kvb_manager_release_quarantine`). `*out_still_held` receives whether the hold still
+ * exists. A posted lease is settled by `kvb_manager_poll_transfers`: declaring it done here is
+ * refused. Fails with `KVB_STATUS_INVALID_ARGUMENT` for an unknown hold, an outcome value
+ * outside `kvb_transfer_outcome_t`, or a quiescent outcome for a posted lease;
+ * `KVB_STATUS_NULL_POINTER`. Nothing changes on failure.
+ */
+enum kvb_status_t kvb_manager_settle_hold(struct kvb_manager_t *manager,
+                                          uint64_t hold_id,
+                                          int32_t outcome,
+                                          bool *out_still_held);
+
+/**
+ * Releases quarantined hold `hold_id`: the engine (or the peer's acknowledgement) says no
+ * transfer touches its rows any more; its blocks go back to the free queues. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown hold or one not quarantined (nothing changes).
+ */
+enum kvb_status_t kvb_manager_release_quarantine(struct kvb_manager_t *manager, uint64_t hold_id);
+
+/**
+ * Admits a request whose prompt's KV will arrive from another engine (the decode side of
+ * disaggregated serving). Local reuse works as for `kvb_manager_add_sequence`; the receive
+ * starts at the reused prefix rounded down to whole blocks (the ticket says where). Until
+ * `kvb_manager_complete_receive` or `kvb_manager_abort_receive`, the sequence answers only
+ * the receive calls, its block ids and its offsets: every other call on it (adding a token,
+ * storing, removing, suspending) fails with `KVB_STATUS_SEQUENCE_RECEIVING`. `out` (may be
+ * null) receives the admission result, as for `kvb_manager_add_sequence`. Fails as
+ * `kvb_manager_add_sequence` does, and with `KVB_STATUS_UNSUPPORTED` for a beam width above 1;
+ * a failed call changes nothing.
+ */
+enum kvb_status_t kvb_manager_add_sequence_receiving(struct kvb_manager_t *manager,
+                                                     const struct kvb_request_t *request,
+                                                     struct kvb_admission_t *out);
+
+/**
+ * Copies the receive ticket of receiving sequence `request_id` (its id, the tokens the sender
+ * skips, the prompt's length and, per window, the rows that receive the KV) into `buf` of
+ * `capacity` bytes, for the prefill engine's `kvb_manager_post_send`. `*out_len` receives its
+ * size; `KVB_STATUS_BUFFER_TOO_SMALL` when it is above `capacity` (`buf` may be null for
+ * `capacity` 0). `KVB_STATUS_UNKNOWN_REQUEST`, `KVB_STATUS_INVALID_ARGUMENT` for a sequence
+ * that is not receiving, `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_manager_get_receive_ticket(struct kvb_manager_t *manager,
+                                                 uint64_t request_id,
+                                                 uint8_t *buf,
+                                                 size_t capacity,
+                                                 size_t *out_len);
+
+/**
+ * The prompt's KV of receiving sequence `request_id` has landed (the engine saw the sender's
+ * notification): the history covers the prompt, its full blocks are stored for reuse (their
+ * events are emitted now, not before), and the sequence becomes an ordinary one whose first
+ * generated token is the engine's to add. `KVB_STATUS_UNKNOWN_REQUEST`,
+ * `KVB_STATUS_INVALID_ARGUMENT` for a sequence that is not receiving (nothing changes).
+ */
+enum kvb_status_t kvb_manager_complete_receive(struct kvb_manager_t *manager, uint64_t request_id);
+
+/**
+ * Gives up the receive of sequence `request_id` and removes the sequence (nothing stored for
+ * reuse). `outcome` (a `kvb_transfer_outcome_t`) is what the engine knows of the transfer:
+ * `KVB_TRANSFER_DONE` (without the data wanted) or `KVB_TRANSFER_NOT_SUBMITTED` release every
+ * block at once and `*out_hold_id` is 0; any other outcome (a transfer may still write the
+ * rows) keeps the receiving rows in quarantine under the hold written to `*out_hold_id`, never
+ * reused until `kvb_manager_release_quarantine`. The reused prefix is released either way.
+ * Fails with `KVB_STATUS_UNKNOWN_REQUEST`, `KVB_STATUS_INVALID_ARGUMENT` for a sequence that
+ * is not receiving or an outcome value outside `kvb_transfer_outcome_t`,
+ * `KVB_STATUS_NULL_POINTER`. Nothing changes on failure.
+ */
+enum kvb_status_t kvb_manager_abort_receive(struct kvb_manager_t *manager,
+                                            uint64_t request_id,
+                                            int32_t outcome,
+                                            uint64_t *out_hold_id);
+
+/**
+ * Turns the contiguous-run allocation preference on or off for every window (the config's
+ * `contiguous_runs`): with it, blocks allocated together prefer consecutive rows, so that a
+ * transfer moves them in fewer descriptors. It orders future allocations only.
+ */
+enum kvb_status_t kvb_manager_set_contiguous_runs(struct kvb_manager_t *manager, bool on);
+
+/**
+ * How the rows of sequence `request_id` (beam 0; a receiving sequence included) fall into runs
+ * of consecutive rows, one entry per window into `out` of `capacity` entries; `*out_count` =
+ * the number of windows. `KVB_STATUS_BUFFER_TOO_SMALL` when above `capacity`;
+ * `KVB_STATUS_UNKNOWN_REQUEST`; `KVB_STATUS_NULL_POINTER`.
+ */
+enum kvb_status_t kvb_manager_get_row_runs(struct kvb_manager_t *manager,
+                                           uint64_t request_id,
+                                           struct kvb_row_runs_t *out,
+                                           size_t capacity,
+                                           size_t *out_count);
 
 #ifdef __cplusplus
 }  // extern "C"

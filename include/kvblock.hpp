@@ -279,6 +279,8 @@ struct Event {
     bool diskTier = false;
 };
 
+class LoopbackHub;
+
 /// Owns a kvb_manager_t. Move-only.
 class Manager {
   public:
@@ -823,6 +825,49 @@ class Manager {
         return out;
     }
 
+    // --- Disaggregated prefill/decode (defined in kvblock_disagg.hpp) ---------------------------
+    /// Attaches agent `agentName` of `hub` as the transfer backend (every pool registered).
+    void attachLoopback(LoopbackHub& hub, const std::string& agentName, int32_t tpRank = 0,
+                        int32_t tpSize = 1, int64_t timeoutMs = 1000);
+    /// Attaches a NIXL agent named agentName (kvb_manager_attach_nixl): the transfer backend
+    /// between engine processes.
+    void attachNixl(const std::string& agentName, int32_t tpRank = 0, int32_t tpSize = 1,
+                    int64_t timeoutMs = 1000);
+    /// The attached backend's metadata blob, for the peer's addTransferPeer.
+    std::vector<uint8_t> transferMetadata() const;
+    /// This manager's layout blob, for the peer's postSend.
+    std::vector<uint8_t> exportLayout() const;
+    /// Loads a peer's metadata blob; returns the peer's agent name.
+    std::string addTransferPeer(const std::vector<uint8_t>& metadata);
+    /// Admits a request whose prompt's KV arrives from another engine.
+    kvb_admission_t addSequenceReceiving(const Request& request);
+    /// The receive ticket blob of receiving sequence `id`, for the sender's postSend.
+    std::vector<uint8_t> receiveTicket(uint64_t id) const;
+    /// The prompt's KV of `id` has landed: stored for reuse, an ordinary sequence from now on.
+    void completeReceive(uint64_t id);
+    /// Gives up the receive of `id`; the quarantine hold when `outcome` is not quiescent.
+    std::optional<uint64_t> abortReceive(uint64_t id, kvb_transfer_outcome_t outcome);
+    /// Leases tokens [skipTokens, computedTokens) of `id`; returns the hold id.
+    uint64_t beginSend(uint64_t id, int32_t skipTokens, int32_t computedTokens);
+    /// Posts lease `hold` to `peer` into the rows of its ticket, laid out as its layout says.
+    void postSend(uint64_t hold, const std::string& peer, const std::vector<uint8_t>& peerLayout,
+                  const std::vector<uint8_t>& ticket,
+                  const std::vector<uint8_t>& notification = {});
+    /// Settles what the watched transfers did since the last poll: one event per changed hold.
+    std::vector<kvb_transfer_event_t> pollTransfers();
+    /// Settles `hold` with the engine's outcome; returns whether the hold still exists.
+    bool settleHold(uint64_t hold, kvb_transfer_outcome_t outcome);
+    /// Releases a quarantined hold: its blocks go back to the free queues.
+    void releaseQuarantine(uint64_t hold);
+    /// The oldest notification received and not yet taken: (peer name, message).
+    std::optional<std::pair<std::string, std::vector<uint8_t>>> takeTransferNotification();
+    /// The transfer lifecycle's counters and gauges.
+    kvb_transfer_stats_t transferStats() const;
+    /// Turns the contiguous-run allocation preference on or off.
+    void setContiguousRuns(bool on);
+    /// Per window, how the rows of `id` fall into runs of consecutive rows.
+    std::vector<kvb_row_runs_t> rowRuns(uint64_t id) const;
+
   private:
     /// Calls `f` with a C view of `request`, or with null.
     template <typename F>
@@ -846,5 +891,8 @@ class Manager {
 };
 
 }  // namespace kvb
+
+// The disaggregated prefill/decode methods of kvb::Manager, and kvb::LoopbackHub.
+#include "kvblock_disagg.hpp"
 
 #endif  // KVBLOCK_HPP

@@ -142,6 +142,21 @@ if [[ ! -e .tools/nvrtc.done ]] || [[ "$(cat .tools/nvrtc.done)" != "$NVRTC_WHEE
 fi
 echo "nvrtc: $NVRTC_WHEEL"
 
+# NIXL for the disaggregation transfer backend's tests (src/disagg/nixl, tests/disagg_nixl.rs):
+# the nixl-cu12 wheel without its dependencies (torch is only a type hint) in .tools/nixl-venv
+# (git-ignored, about 270 MB). Its libnixl_capi.so finds NIXL, the plugins and UCX through its
+# own RPATH; scripts/nixl_env.sh points KVBLOCK_NIXL_LIBRARY at it. Keep the system rdma-core
+# (libibverbs) off this machine: with it, NIXL processes crash at exit (see nixl_env.sh).
+NIXL_WHEEL="nixl-cu12==1.5.1"
+if [[ ! -e .tools/nixl.done ]] || [[ "$(cat .tools/nixl.done)" != "$NIXL_WHEEL" ]]; then
+    echo "+ installing $NIXL_WHEEL (--no-deps) into .tools/nixl-venv"
+    rm -rf .tools/nixl-venv
+    python3 -m venv .tools/nixl-venv
+    .tools/nixl-venv/bin/pip install -q --disable-pip-version-check --no-deps "$NIXL_WHEEL"
+    echo "$NIXL_WHEEL" > .tools/nixl.done
+fi
+echo "nixl: $NIXL_WHEEL"
+
 # --- Python: a project virtual environment (.venv/, git-ignored) with the pinned build and test
 # dependencies of the Python module (python/requirements-dev.txt); scripts/test.sh installs the
 # module into it with `pip install --no-build-isolation .`.

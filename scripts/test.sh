@@ -135,6 +135,10 @@ step "check with the minimum Rust version (Cargo.toml rust-version)"
 # A check (no code generation): what the MSRV can fail on is the language and the standard
 # library the crate and its dependencies use, which `check` covers.
 cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
+# NIXL for the prefill/decode tests (tests/disagg_nixl.rs, tests/disagg_pd_processes.rs: two
+# processes on 127.0.0.1): they fail, not skip, without the nixl-cu12 wheel of scripts/setup.sh
+# --tests. (The sanitizer runs unset it: scripts/sanitize.sh.)
+source scripts/nixl_env.sh
 step "cargo test --release"
 cargo test --release
 step "scripts/check_header.sh"

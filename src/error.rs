@@ -47,6 +47,12 @@ pub enum KvError {
     SequenceSuspended(u64),
     /// Scheduling passes keep making no progress (the message names the cause and the remedy).
     Stalled(String),
+    /// The sequence is receiving its prompt's KV from another engine: complete or abort the
+    /// receive before this operation.
+    SequenceReceiving(u64),
+    /// A transfer engine (src/disagg: NIXL, the loopback hub) refused or failed a call; the
+    /// message names the call and the engine's status.
+    Transfer(String),
 }
 
 impl fmt::Display for KvError {
@@ -93,6 +99,12 @@ impl fmt::Display for KvError {
                 write!(f, "sequence {id} is suspended (resume it first)")
             }
             KvError::Stalled(m) => f.write_str(m),
+            KvError::SequenceReceiving(id) => write!(
+                f,
+                "sequence {id} is receiving its KV from another engine (complete or abort the \
+                 receive first)"
+            ),
+            KvError::Transfer(m) => write!(f, "transfer engine: {m}"),
         }
     }
 }

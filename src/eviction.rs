@@ -107,6 +107,14 @@ impl FreeQueues {
         self.links[block as usize].slot.is_some()
     }
 
+    /// The (level, priority) queue a queued block waits in: two blocks in the same queue rank
+    /// equally for eviction apart from their release order.
+    pub fn queue_of(&self, block: u32) -> Option<(Level, u8)> {
+        self.links[block as usize]
+            .slot
+            .map(|s| (s.level, s.priority))
+    }
+
     /// The level a queued block was queued at.
     pub fn queued_level(&self, block: u32) -> Option<Level> {
         self.links[block as usize].slot.map(|s| s.level)

@@ -5,6 +5,7 @@
 //! `transfer::CopyEngine` and is chosen by `manager` at creation.
 
 pub mod cuda;
+pub mod disagg;
 pub mod error;
 pub mod events;
 pub mod eviction;

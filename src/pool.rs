@@ -165,6 +165,9 @@ impl PackedRow {
 #[derive(Clone, Debug)]
 pub struct BlockArena {
     rows: Vec<PackedRow>,
+    /// The block owning each row (primary rows `0..P`, then secondary rows): the inverse of
+    /// `rows`, for finding a row's neighbour (contiguous-run allocation).
+    owners: Vec<u32>,
     ref_count: Vec<u32>,
     /// Pins per pinned block.
     pins: PremixedMap<u32, u32>,
@@ -190,6 +193,7 @@ impl BlockArena {
         let n = num_primary + num_secondary;
         BlockArena {
             rows,
+            owners: (0..n as u32).collect(),
             ref_count: vec![0; n],
             pins: PremixedMap::default(),
             scheduling_ref: PremixedMap::default(),
@@ -228,6 +232,25 @@ impl BlockArena {
     /// Exchanges the memory rows of two blocks (the data copy is the copy engine's business).
     pub fn swap_rows(&mut self, a: u32, b: u32) {
         self.rows.swap(a as usize, b as usize);
+        let (ra, rb) = (self.slot_of(self.row(a)), self.slot_of(self.row(b)));
+        self.owners[ra] = a;
+        self.owners[rb] = b;
+    }
+
+    fn slot_of(&self, row: MemRow) -> usize {
+        match row.level {
+            Level::Primary => row.index as usize,
+            Level::Secondary => self.num_primary + row.index as usize,
+        }
+    }
+
+    /// The block that owns `row`, if the row exists.
+    pub fn block_at(&self, row: MemRow) -> Option<u32> {
+        let in_range = match row.level {
+            Level::Primary => (row.index as usize) < self.num_primary,
+            Level::Secondary => (row.index as usize) < self.num_secondary(),
+        };
+        in_range.then(|| self.owners[self.slot_of(row)])
     }
 
     /// Prefetches the reference count of `block` (the next allocation's victim).
@@ -307,6 +330,11 @@ impl BlockArena {
                         "block {b} owns an invalid or duplicate row {row:?}"
                     ))
                 }
+            }
+            if self.owners[self.slot_of(row)] != b as u32 {
+                return Err(format!(
+                    "row {row:?} of block {b} is listed under another block"
+                ));
             }
         }
         Ok(())

@@ -24,6 +24,8 @@ use kvblock::ffi::types::*;
 // One module per family of calls; each reads the input and the checks above through `super`.
 #[path = "interp_calls.rs"]
 mod calls;
+#[path = "interp_disagg.rs"]
+mod disagg;
 #[path = "interp_disk.rs"]
 mod disk;
 #[path = "interp_free.rs"]
@@ -43,7 +45,7 @@ use lifecycle::lifecycle_call;
 use publisher::{publisher_call, Publishers};
 
 /// Highest status value the header documents.
-const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_STALLED as i32;
+const MAX_STATUS: i32 = kvb_status_t::KVB_STATUS_SEQUENCE_RECEIVING as i32;
 /// Calls interpreted per input, so one input stays fast.
 const MAX_CALLS: usize = 400;
 /// Publishers created per input (each binds loopback sockets and starts two threads).
@@ -470,6 +472,7 @@ pub fn run(data: &[u8]) {
     let mut managers: Vec<Managed> = Vec::new();
     let mut destroyed: Vec<*mut kvb_manager_t> = Vec::new();
     let mut publishers = Publishers::default();
+    let mut transfers = disagg::Disagg::default();
     for _ in 0..MAX_CALLS {
         if inp.done() {
             break;
@@ -478,6 +481,23 @@ pub fn run(data: &[u8]) {
             0..=7 => {
                 if managers.len() < 2 {
                     managers.extend(create(&mut inp));
+                } else if managers.iter().all(|m| !m.poisoned) {
+                    // With both managers live: a disaggregation call between them.
+                    let before: Vec<_> = managers.iter().map(|m| stats(m.handle)).collect();
+                    let (st, what, acted) = disagg::call(&mut inp, &mut transfers, &managers);
+                    check_status(st, what);
+                    for m in &managers {
+                        let inv = kvb_manager_check_invariants(m.handle);
+                        assert_eq!(inv, kvb_status_t::KVB_OK, "after {what}: {}", last_error());
+                    }
+                    if st != kvb_status_t::KVB_OK {
+                        let after = stats(managers[acted].handle);
+                        let same = match (&before[acted], &after) {
+                            (Some(b), Some(a)) => same_stats(b, a),
+                            _ => true,
+                        };
+                        assert!(same, "{what} failed with {st:?} but changed the statistics");
+                    }
                 }
             }
             8..=11 => free_call(&mut inp),

@@ -28,7 +28,8 @@ void init_enums(nb::module_& m) {
         .value("COPY_FAILED", KVB_STATUS_COPY_FAILED)
         .value("TRANSPORT", KVB_STATUS_TRANSPORT)
         .value("SEQUENCE_SUSPENDED", KVB_STATUS_SEQUENCE_SUSPENDED)
-        .value("STALLED", KVB_STATUS_STALLED);
+        .value("STALLED", KVB_STATUS_STALLED)
+        .value("SEQUENCE_RECEIVING", KVB_STATUS_SEQUENCE_RECEIVING);
     nb::enum_<kvb_context_revert_t>(m, "ContextRevert",
                                     "What :meth:`Manager.revert_allocate_context` did.")
         .value("NOTHING", KVB_CONTEXT_REVERT_NOTHING,

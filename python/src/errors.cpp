@@ -5,7 +5,8 @@ namespace kvb_py {
 
 namespace {
 
-constexpr int kNumStatuses = KVB_STATUS_STALLED + 1;
+// The highest status + 1.
+constexpr int kNumStatuses = KVB_STATUS_SEQUENCE_RECEIVING + 1;
 // Python exception type per status (index = status value); filled at import.
 PyObject* g_error_types[kNumStatuses] = {};
 
@@ -35,7 +36,8 @@ void init_errors(nb::module_& m) {
                                                                 "CopyFailedError",
                                                                 "TransportError",
                                                                 "SequenceSuspendedError",
-                                                                "StalledError"};
+                                                                "StalledError",
+                                                                "SequenceReceivingError"};
     PyObject* base = PyErr_NewExceptionWithDoc(
         "kvblock.Error",
         "A failed kvblock call. ``status`` (a :class:`Status`) names the failure; the message is "
@@ -67,8 +69,9 @@ void init_errors(nb::module_& m) {
                 std::rethrow_exception(p);
             } catch (const kvb::Error& e) {
                 const int s = static_cast<int>(e.status());
-                PyObject* type = (s > 0 && s < kNumStatuses) ? g_error_types[s]
-                                                             : static_cast<PyObject*>(payload);
+                PyObject* type = (s > 0 && s < kNumStatuses && g_error_types[s])
+                                     ? g_error_types[s]
+                                     : static_cast<PyObject*>(payload);
                 PyErr_SetString(type, e.what());
             }
         },

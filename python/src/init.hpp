@@ -20,5 +20,7 @@ void init_disk(nb::module_& m);
 // the enum), and ManagerConfig.with_remote_tier (called by init_config).
 void init_remote(nb::module_& m);
 void init_config_remote(nb::class_<kvb::Config>& config);
+// Disaggregated prefill/decode: TransferOutcome, TransferStats, RowRuns, LoopbackHub.
+void init_disagg(nb::module_& m);
 
 }  // namespace kvb_py

@@ -42,6 +42,7 @@ void init_manager(nb::module_& m) {
     init_manager_tables(cls);
     init_manager_queries(cls);
     init_manager_remote(cls);
+    init_manager_disagg(cls);
     init_manager_scheduling(cls);
     init_manager_iteration(cls);
     init_manager_reuse_tree(m, cls);

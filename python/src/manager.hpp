@@ -76,5 +76,6 @@ void init_manager_reuse_tree(nb::module_& m, ManagerClass& cls);
 void init_sizing(ManagerClass& cls);
 void init_manager_disk(ManagerClass& cls);
 void init_manager_pools(ManagerClass& cls);
+void init_manager_disagg(ManagerClass& cls);
 
 }  // namespace kvb_py

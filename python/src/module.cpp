@@ -20,6 +20,7 @@ NB_MODULE(_kvblock, m) {
     kvb_py::init_request(m);
     kvb_py::init_results(m);
     kvb_py::init_events(m);
+    kvb_py::init_disagg(m);
     kvb_py::init_manager(m);
     kvb_py::init_disk(m);
     kvb_py::init_publisher(m);

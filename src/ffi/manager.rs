@@ -6,6 +6,9 @@
 pub use super::admission::*;
 pub use super::config::*;
 pub use super::cuda::kvb_manager_get_pool_pointer;
+pub use super::disagg_receive::*;
+pub use super::disagg_send::*;
+pub use super::disagg_transport::*;
 pub use super::inspect::*;
 pub use super::iteration::*;
 pub use super::iteration_stats::*;

@@ -58,6 +58,15 @@ pub mod recurrent;
 pub mod disk;
 // The shared remote tier (Redis / Valkey).
 pub mod remote;
+// Disaggregated prefill/decode: transfer outcomes, the loopback hub, attaching a transfer
+// backend, the blobs the engines exchange, notifications, transfer statistics.
+pub mod disagg_transport;
+// Attaching a NIXL agent (two engine processes).
+pub mod disagg_nixl;
+// Disaggregated prefill/decode, the sending side: leases, posting, polling, holds.
+pub mod disagg_send;
+// Disaggregated prefill/decode, the receiving side: receiving sequences and tickets; row runs.
+pub mod disagg_receive;
 // The bodies the lower tiers' entry points share (no C functions).
 mod lower;
 

@@ -57,7 +57,8 @@ pub enum kvb_status_t {
     /// stays where its bytes are, the counters are as before, and the manager keeps working.
     /// Blocks whose rows the call had already overwritten leave the reuse tree.
     KVB_STATUS_COPY_FAILED = 20,
-    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...).
+    /// The network transport refused (ZeroMQ: bad endpoint, address in use, ...), or a transfer
+    /// backend of disaggregated serving did (an unreachable peer, a refused transfer).
     KVB_STATUS_TRANSPORT = 21,
     /// The sequence is suspended (`kvb_manager_suspend`); resume it before adding tokens,
     /// resizing it or reading its offsets. Nothing changed.
@@ -66,6 +67,11 @@ pub enum kvb_status_t {
     /// but scheduled nothing and moved no block between the tiers. The message names the cause (no host
     /// tier, host tier too small, a request larger than the pool) and the remedy.
     KVB_STATUS_STALLED = 23,
+    /// The sequence is receiving its prompt's KV from another engine
+    /// (`kvb_manager_add_sequence_receiving`): only the receive calls, its block ids and its
+    /// offsets apply until `kvb_manager_complete_receive` or `kvb_manager_abort_receive`.
+    /// Nothing changed.
+    KVB_STATUS_SEQUENCE_RECEIVING = 24,
 }
 
 thread_local! {
@@ -117,6 +123,9 @@ pub(crate) fn status_of(err: &KvError) -> kvb_status_t {
         KvError::CopyFailed(_) => KVB_STATUS_COPY_FAILED,
         KvError::SequenceSuspended(_) => KVB_STATUS_SEQUENCE_SUSPENDED,
         KvError::Stalled(_) => KVB_STATUS_STALLED,
+        KvError::SequenceReceiving(_) => KVB_STATUS_SEQUENCE_RECEIVING,
+        // The transfer engines of src/disagg are a transport too.
+        KvError::Transfer(_) => KVB_STATUS_TRANSPORT,
     }
 }
 
@@ -157,6 +166,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_TRANSPORT,
         KVB_STATUS_SEQUENCE_SUSPENDED,
         KVB_STATUS_STALLED,
+        KVB_STATUS_SEQUENCE_RECEIVING,
     ];
     let Some(&status) = known.iter().find(|&&k| k as i32 == status) else {
         return c"unknown status".as_ptr();
@@ -186,6 +196,7 @@ pub extern "C" fn kvb_status_string(status: i32) -> *const c_char {
         KVB_STATUS_TRANSPORT => b"transport error\0",
         KVB_STATUS_SEQUENCE_SUSPENDED => b"sequence suspended\0",
         KVB_STATUS_STALLED => b"scheduling stalled\0",
+        KVB_STATUS_SEQUENCE_RECEIVING => b"sequence receiving\0",
     };
     s.as_ptr().cast()
 }

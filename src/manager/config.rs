@@ -91,6 +91,10 @@ pub struct ManagerConfig {
     /// `tokens_per_block`; 0 (the default) = every block. A window with recurrent-state layers
     /// reuses a multiple of this many tokens, in exact full blocks.
     pub recurrent_snapshot_interval_tokens: usize,
+    /// Allocation prefers runs of consecutive rows among equally ranked free blocks without
+    /// cached content (`WindowConfig::contiguous_runs`): a request's rows become few runs, which
+    /// a transfer moves in few descriptors. Off (the default): TensorRT-LLM's allocation order.
+    pub contiguous_runs: bool,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -128,6 +132,7 @@ impl Default for ManagerConfig {
             remote: super::RemoteTierConfig::default(),
             layers: Vec::new(),
             recurrent_snapshot_interval_tokens: 0,
+            contiguous_runs: false,
         }
     }
 }
@@ -427,6 +432,7 @@ impl KvCacheManager {
                 } else {
                     0
                 },
+                contiguous_runs: cfg.contiguous_runs,
             };
             windows.push(WindowBlockManager::new(wc, engine));
         }
@@ -468,6 +474,7 @@ impl KvCacheManager {
             iteration: 0,
             disk_io,
             remote_workers,
+            disagg: Default::default(),
         })
     }
 }

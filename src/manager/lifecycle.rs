@@ -86,6 +86,9 @@ pub(super) struct SeqLifecycle {
     /// Tokens the sequence cannot lose (reused at admission).
     pub(super) reused: usize,
     pub(super) suspended: bool,
+    /// Its prompt's KV arrives from another engine (`disagg::receive`): only the receive
+    /// calls act on it until the receive completes or aborts.
+    pub(super) receiving: bool,
     /// Known tokens past the capacity (positions `capacity..num_tokens`), kept while their
     /// blocks are given back (a reverted context allocation), with their extra ids.
     pending_tokens: Vec<i32>,
@@ -600,6 +603,9 @@ impl KvCacheManager {
 
     /// Checks that sequence `id` (`seq`) can take V1 token calls: active and fully allocated.
     pub(super) fn check_generating(id: u64, seq: &super::Sequence) -> KvResult<()> {
+        if seq.life.receiving {
+            return Err(KvError::SequenceReceiving(id));
+        }
         if seq.life.suspended {
             return Err(KvError::SequenceSuspended(id));
         }

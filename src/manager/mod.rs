@@ -14,6 +14,7 @@
 
 mod admission;
 mod config;
+mod disagg;
 mod disk;
 mod faults;
 mod inspect;
@@ -35,6 +36,7 @@ mod transfers;
 
 pub use admission::BatchEstimate;
 pub use config::{CopyBackend, EngineFactory, ManagerConfig, WindowSpec};
+pub use disagg::{HoldId, HoldState, RowRunStats, TransferOutcome, TransferStats, WindowRows};
 pub use disk::{
     disk_file_name, free_bytes, slot_layout, DiskTierConfig, DEFAULT_DISK_FREE_SPACE_SHARE,
 };
@@ -131,6 +133,8 @@ pub struct KvCacheManager {
     disk_io: Option<Arc<crate::tier::io::IoPool>>,
     /// The remote tier's worker threads.
     remote_workers: Option<Arc<crate::remote::RemoteWorkers>>,
+    /// Leases, receiving sequences, quarantines and the transfer backend (`disagg`).
+    disagg: disagg::DisaggState,
 }
 
 /// Moves a window's raw events into the iteration queue, in order.
@@ -218,8 +222,14 @@ impl KvCacheManager {
         Ok(&mut self.windows[i])
     }
 
+    /// A sequence the ordinary calls may act on: a receiving one is refused until its receive
+    /// completes or aborts (`disagg`).
     fn sequence(&self, id: u64) -> KvResult<&Sequence> {
-        self.sequences.get(&id).ok_or(KvError::UnknownRequest(id))
+        match self.sequences.get(&id) {
+            Some(seq) if seq.life.receiving => Err(KvError::SequenceReceiving(id)),
+            Some(seq) => Ok(seq),
+            None => Err(KvError::UnknownRequest(id)),
+        }
     }
 
     pub fn has_sequence(&self, id: u64) -> bool {

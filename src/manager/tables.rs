@@ -8,8 +8,9 @@ pub const NO_BLOCK_OFFSET: i32 = i32::MAX;
 
 impl KvCacheManager {
     /// Block ids of one beam of a sequence in one window.
+    /// Also answers for a receiving sequence (its receiving rows are in these blocks).
     pub fn cache_block_ids(&self, id: u64, window_size: usize, beam: usize) -> KvResult<Vec<u32>> {
-        let seq = self.sequence(id)?;
+        let seq = self.sequences.get(&id).ok_or(KvError::UnknownRequest(id))?;
         if beam >= seq.beam_width {
             return Err(KvError::InvalidArgument(format!(
                 "beam {beam} of a sequence with beam width {}",

@@ -4,7 +4,7 @@
 use super::WindowBlockManager;
 use crate::error::{KvError, KvResult};
 use crate::events::WindowEvent;
-use crate::pool::Level;
+use crate::pool::{Level, MemRow};
 use crate::retention::{BlockRetention, DEFAULT_PRIORITY};
 use crate::transfer::RowCopy;
 
@@ -58,10 +58,13 @@ impl WindowBlockManager {
     /// checked by the caller.
     #[inline]
     pub(super) fn get_free_block(&mut self, retention: BlockRetention, now_ms: u64) -> u32 {
-        let (candidate, can_offload) = self
+        let (mut candidate, can_offload) = self
             .queues
             .peek(Level::Primary)
             .expect("capacity is checked before allocation");
+        if self.cfg.contiguous_runs {
+            candidate = self.next_in_run(candidate);
+        }
         // The next two victims: bring in what evicting them touches while this one is handled.
         if let Some(next) = self.queues.next_queued(candidate) {
             self.tree.prefetch_neighbors(next);
@@ -97,9 +100,36 @@ impl WindowBlockManager {
         self.finish_allocation(victim, retention)
     }
 
+    /// The block owning the row after the previous allocation's, when it may replace the
+    /// eviction candidate without changing what is evicted: it waits in the same queue (so it
+    /// ranks equally) and is not in the reuse tree (so taking it loses nothing cached).
+    fn next_in_run(&self, candidate: u32) -> u32 {
+        let Some(prev) = self.last_alloc_row else {
+            return candidate;
+        };
+        let row = MemRow {
+            level: Level::Primary,
+            index: prev + 1,
+        };
+        match self.arena.block_at(row) {
+            Some(next)
+                if next != candidate
+                    && self.queues.queue_of(next) == self.queues.queue_of(candidate)
+                    && !self.tree.is_in_tree(next) =>
+            {
+                next
+            }
+            _ => candidate,
+        }
+    }
+
     /// Claims the victim (if still queued) with its retention and gives it a new allocation
     /// epoch; it has left the tree.
     fn finish_allocation(&mut self, victim: u32, retention: BlockRetention) -> u32 {
+        let row = self.arena.row(victim);
+        if row.level == Level::Primary {
+            self.last_alloc_row = Some(row.index);
+        }
         self.queues.claim_with_retention(
             victim,
             BlockRetention {

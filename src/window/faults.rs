@@ -117,6 +117,8 @@ impl WindowBlockManager {
             remote: _,
             // Not rolled back: forgotten at a restore (`restore`).
             digests: _,
+            // A hint for the next allocation, not bookkeeping.
+            last_alloc_row: _,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),

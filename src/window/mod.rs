@@ -76,6 +76,10 @@ pub struct WindowConfig {
     /// state snapshots, one per block at its end, valid once the block is full, of which every
     /// n-th is kept: reuse takes exact full blocks only, a multiple of n of them.
     pub reuse_granularity_blocks: usize,
+    /// Allocation prefers the free block owning the row after the previous allocation's, when
+    /// it ranks equally for eviction and holds no cached content: requests get runs of
+    /// consecutive rows (fewer transfer descriptors). Off: TensorRT-LLM's order exactly.
+    pub contiguous_runs: bool,
 }
 
 impl WindowConfig {
@@ -185,6 +189,8 @@ pub struct WindowBlockManager {
     remote: Option<Box<remote::WindowRemote>>,
     /// Prefix digests of tree blocks, for the lower tiers (`lower`).
     digests: lower::DigestCache,
+    /// The primary row of the latest allocation (`contiguous_runs`).
+    last_alloc_row: Option<u32>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -228,6 +234,7 @@ impl WindowBlockManager {
             disk: None,
             remote: None,
             digests: lower::DigestCache::default(),
+            last_alloc_row: None,
         }
     }
 
@@ -271,6 +278,13 @@ impl WindowBlockManager {
 
     pub fn config(&self) -> &WindowConfig {
         &self.cfg
+    }
+
+    /// Turns the contiguous-run allocation preference on or off (it only orders future
+    /// allocations).
+    pub fn set_contiguous_runs(&mut self, on: bool) {
+        self.cfg.contiguous_runs = on;
+        self.last_alloc_row = None;
     }
 
     pub fn window_size(&self) -> usize {

@@ -28,6 +28,7 @@ fn window(primary: usize, secondary: usize, window_size: usize) -> WindowBlockMa
         }
         .into(),
         reuse_granularity_blocks: 0,
+        contiguous_runs: false,
     };
     WindowBlockManager::new(cfg, Box::new(NullEngine::default()))
 }

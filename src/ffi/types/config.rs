@@ -285,6 +285,8 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
     }
     let layers = crate::ffi::pools::layer_specs(c.layers, c.num_layers)?;
     Ok(ManagerConfig {
+        // Set after creation: kvb_manager_set_contiguous_runs.
+        contiguous_runs: false,
         layers,
         recurrent_snapshot_interval_tokens: usize_field(
             c.recurrent_snapshot_interval_tokens,
