@@ -97,7 +97,7 @@ finish() {
     printf '\n==> stage times (total %d s)\n' "$SECONDS"
     cat "$work/stage_times" 2>/dev/null || true
     if ((${#bg_pids[@]})); then
-        echo "(background lanes stopped early: ${bg_names[*]}; their logs: $work)"
+        echo "(background lanes not waited for: ${bg_names[*]}; their logs: $work)"
     else
         rm -rf "$work"
     fi
