@@ -194,8 +194,9 @@ pub fn embed() {
     println!("cargo:rerun-if-changed=kernels/block_copy.cu");
     println!("cargo:rerun-if-changed=build_support/embed_cubins.rs");
     println!("cargo:rerun-if-env-changed=KVBLOCK_BUILD_NVRTC");
-    // scripts/setup.sh writes this file when it installs NVRTC: a build made before setup (no
-    // CUBIN) is redone after it. While it is missing the step reruns on every build (cheaply).
+    // scripts/setup.sh writes this file (the NVRTC wheels it installed, or `none` without
+    // --tests): a build made before NVRTC was installed (no CUBIN) is redone after it. While it is
+    // missing the step reruns on every build, and the crate is compiled again.
     println!("cargo:rerun-if-changed=.tools/nvrtc.done");
     let manifest_dir =
         PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));

@@ -12,8 +12,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/toolchains.sh
+source scripts/libzmq.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+# libzmq as built once in target/release (scripts/libzmq.sh), before RUSTFLAGS are set.
+kvb_libzmq_once
 
 TARGET=x86_64-unknown-linux-gnu
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
@@ -21,7 +24,8 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 -Cllvm-args=-sanitizer-coverage-trace-compares -Zsanitizer=address -Cforce-frame-pointers \
 -Cdebug-assertions -Coverflow-checks"
 export RUSTDOCFLAGS="$RUSTFLAGS"
-cargo "+$KVB_NIGHTLY" build --release --locked --manifest-path fuzz/Cargo.toml --target "$TARGET" --bin c_abi
+cargo "+$KVB_NIGHTLY" build --release --locked --manifest-path fuzz/Cargo.toml --target "$TARGET" --bin c_abi \
+    "${KVB_LIBZMQ_CONFIG[@]}"
 [[ "${1:-}" == build ]] && exit 0
 
 BIN="fuzz/target/$TARGET/release/c_abi"

@@ -3,6 +3,7 @@
 #   asan-rust  every Rust test (unit and integration) built with the pinned nightly's
 #              AddressSanitizer (+ LeakSanitizer), debug assertions and overflow checks: memory
 #              errors and leaks in the library, its unsafe C boundary included, and wraps.
+#              scripts/soak.sh runs the long soak from this build.
 #   tsan-rust  the multi-threaded tests (tests/concurrency.rs: executors and a drainer on one
 #              handle, destroy while a drain waits; the soak's concurrent drainer) under
 #              ThreadSanitizer, std rebuilt instrumented (-Zbuild-std) so its locks are seen.
@@ -18,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/toolchains.sh
+source scripts/libzmq.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 TARGET=x86_64-unknown-linux-gnu
@@ -40,18 +42,20 @@ for stage in "${stages[@]}"; do
     printf '\n==> sanitize: %s\n' "$stage"
     case "$stage" in
     asan-rust)
-        # allocator_may_return_null: the out-of-memory tests ask for absurd pools on purpose.
-        ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:abort_on_error=1" \
-        RUSTFLAGS="-Zsanitizer=address -Cforce-frame-pointers -Cdebug-assertions -Coverflow-checks" \
+        kvb_libzmq_once # libzmq built once (scripts/libzmq.sh)
+        # Flags and options in scripts/toolchains.sh: scripts/soak.sh runs this build's soak.
+        ASAN_OPTIONS="$KVB_ASAN_OPTIONS" RUSTFLAGS="$KVB_ASAN_RUSTFLAGS" \
         RUSTDOCFLAGS="-Zsanitizer=address" \
             cargo "+$KVB_NIGHTLY" test --locked --release --target "$TARGET" \
-            --target-dir target/asan --lib --tests
+            --target-dir target/asan --lib --tests "${KVB_LIBZMQ_CONFIG[@]}"
         ;;
     tsan-rust)
+        kvb_libzmq_once
         TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
         RUSTFLAGS="-Zsanitizer=thread -Cforce-frame-pointers" \
             cargo "+$KVB_NIGHTLY" test --locked --release --target "$TARGET" \
-            --target-dir target/tsan -Zbuild-std --test concurrency --test soak
+            --target-dir target/tsan -Zbuild-std --test concurrency --test soak \
+            "${KVB_LIBZMQ_CONFIG[@]}"
         ;;
     asan-cpp)
         cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVBLOCK_BUILD_TESTS=ON \

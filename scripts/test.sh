@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# The full test suite: Rust lints, docs, formatting, the MSRV build and tests, header freshness,
+# The full test suite: Rust lints, docs, formatting, the MSRV check and tests, header freshness,
 # the C++ tests through CMake (with the install/consumer test), the Python module (built,
 # installed into .venv, pytest), KV events on the wire (schema, transport, Dynamo's indexer)
 # against the replay, then the hardening runs: the C-ABI fuzz target (bounded), the sanitizer
 # builds and the soak.
+#
+# Two lanes share the machine's cores: once libzmq is built (scripts/libzmq.sh: once for every
+# target folder), the hardening runs on the pinned nightly (fuzz, the Rust sanitizers, the soak;
+# their own target folders) start in the background, while the rest runs here; the fuzz run uses
+# one core for its two minutes and the test runs leave cores idle, so neither lane waits for the
+# other. The background lane's output goes to its own log, printed if it fails (its tail
+# otherwise); every stage's time is reported, of both lanes, and any failure fails the script.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,17 +20,25 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 # NVRTC fails those tests instead of skipping them).
 source scripts/nvrtc_env.sh
 export KVBLOCK_REQUIRE_NVRTC=1
+source scripts/toolchains.sh
+source scripts/libzmq.sh
+# Not exported: the other test runs keep their own (smaller) soak.
+FUZZ_SECONDS="${FUZZ_SECONDS:-120}"
+KVB_SOAK_OPS="${KVB_SOAK_OPS:-1000000}"
 
-# Each stage's time: printed when the next stage starts, and all of them at the end.
+# Each stage's time: printed when the next stage of its lane starts, and all of them at the end
+# (in the order they ended; a background stage is marked so).
+work="$(mktemp -d)"
 stage_name=""
 stage_start=$SECONDS
-stage_times=()
+lane=""
 end_stage() {
     if [[ -n "$stage_name" ]]; then
         local took=$((SECONDS - stage_start))
         printf '    (%s: %d s)\n' "$stage_name" "$took"
-        stage_times+=("$(printf '%5d s  %s' "$took" "$stage_name")")
+        printf '%5d s  %s%s\n' "$took" "$lane" "$stage_name" >>"$work/stage_times"
     fi
+    stage_name=""
 }
 step() {
     end_stage
@@ -31,32 +46,101 @@ step() {
     stage_start=$SECONDS
     printf '\n==> %s\n' "$*"
 }
-report_stage_times() {
-    end_stage
-    stage_name=""
-    printf '\n==> stage times (total %d s)\n' "$SECONDS"
-    printf '%s\n' "${stage_times[@]}"
+
+# Lanes in the background: `in_background NAME FUNCTION` runs FUNCTION (its own `step`s) with its
+# output in $work/NAME.log; `wait_background` waits for all of them, prints the log of a failed
+# one (the tail of one that passed) and fails if any failed. Each lane is its own process group,
+# so that a failure here stops it with everything it started.
+bg_pids=()
+bg_names=()
+in_background() {
+    local name="$1"
+    shift
+    set -m
+    (
+        lane="[$name] " stage_name=""
+        trap end_stage EXIT
+        "$@"
+    ) >"$work/$name.log" 2>&1 </dev/null &
+    set +m
+    bg_pids+=("$!")
+    bg_names+=("$name")
+    printf '\n==> started in the background: %s (log: %s)\n' "$name" "$work/$name.log"
 }
-trap 'report_stage_times' EXIT
+wait_background() {
+    local i failed=()
+    for i in "${!bg_pids[@]}"; do
+        if wait "${bg_pids[i]}"; then
+            printf '\n==> background lane %s passed; the end of its log:\n' "${bg_names[i]}"
+            tail -n 40 "$work/${bg_names[i]}.log"
+        else
+            printf '\n==> background lane %s FAILED; its log:\n' "${bg_names[i]}"
+            cat "$work/${bg_names[i]}.log"
+            failed+=("${bg_names[i]}")
+        fi
+    done
+    bg_pids=()
+    bg_names=()
+    if ((${#failed[@]})); then
+        echo "failed in the background: ${failed[*]}" >&2
+        return 1
+    fi
+}
+finish() {
+    local rc=$?
+    end_stage
+    local pid
+    for pid in "${bg_pids[@]}"; do
+        # Still running only when this lane failed first: stop it and all it started.
+        kill -TERM -- "-$pid" 2>/dev/null && echo "stopped the background lane (process group $pid)"
+    done
+    printf '\n==> stage times (total %d s)\n' "$SECONDS"
+    cat "$work/stage_times" 2>/dev/null || true
+    if ((${#bg_pids[@]})); then
+        echo "(background lanes not waited for: ${bg_names[*]}; their logs: $work)"
+    else
+        rm -rf "$work"
+    fi
+    exit "$rc"
+}
+trap finish EXIT
+
+# Hardening (issue 12), on the pinned nightly: each stage says how to run it longer or alone. The
+# C++ sanitizer build (asan-cpp) runs at the end of the other lane: it links the release library.
+hardening() {
+    step "fuzz the C ABI (scripts/fuzz.sh, $FUZZ_SECONDS s)"
+    FUZZ_SECONDS="$FUZZ_SECONDS" scripts/fuzz.sh
+    step "sanitizers: asan-rust (scripts/sanitize.sh asan-rust)"
+    scripts/sanitize.sh asan-rust
+    step "soak (scripts/soak.sh, $KVB_SOAK_OPS operations, overflow checks on; the asan-rust build)"
+    KVB_SOAK_OPS="$KVB_SOAK_OPS" scripts/soak.sh
+    step "sanitizers: tsan-rust (scripts/sanitize.sh tsan-rust)"
+    scripts/sanitize.sh tsan-rust
+}
+# libzmq, compiled from source by zmq-sys, is built once for every target folder (scripts/libzmq.sh):
+# before the lanes start, which then use it.
+step "libzmq, built once for all target folders (scripts/libzmq.sh)"
+kvb_libzmq_once
+in_background hardening hardening
 
 step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets "${KVB_LIBZMQ_CONFIG[@]}" -- -D warnings
 step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked "${KVB_LIBZMQ_CONFIG[@]}"
 step "clang-format --check"
 scripts/format.sh --check
-step "build with the minimum Rust version (Cargo.toml rust-version)"
-source scripts/toolchains.sh
-cargo "+$KVB_MSRV" build --lib --locked --target-dir target/msrv
+step "check with the minimum Rust version (Cargo.toml rust-version)"
+# A check (no code generation): what the MSRV can fail on is the language and the standard
+# library the crate and its dependencies use, which `check` covers.
+cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
 # NIXL for the prefill/decode tests (tests/disagg_nixl.rs, tests/disagg_pd_processes.rs: two
-# processes on 127.0.0.1): they fail, not skip, without the nixl-cu12 wheel of scripts/setup.sh.
+# processes on 127.0.0.1): they fail, not skip, without the nixl-cu12 wheel of scripts/setup.sh
+# --tests. (The sanitizer runs unset it: scripts/sanitize.sh.)
 source scripts/nixl_env.sh
 step "cargo test --release"
 cargo test --release
-step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
-cargo test --release --features tls --test remote_tls
 step "scripts/check_header.sh"
 scripts/check_header.sh
 step "cmake configure + build (build/, Release)"
@@ -117,10 +201,15 @@ sim_py() { "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/
 step "KV events on the wire: schema, transport, Dynamo indexer (scripts/events_wire_test.py)"
 .venv/bin/python scripts/events_wire_test.py build/examples/replay
 
-# Hardening (issue 12): each stage says how to run it longer or alone.
-step "fuzz the C ABI (scripts/fuzz.sh, ${FUZZ_SECONDS:=120} s)"
-FUZZ_SECONDS="$FUZZ_SECONDS" scripts/fuzz.sh
-step "sanitizers (scripts/sanitize.sh)"
-scripts/sanitize.sh
-step "soak (scripts/soak.sh, ${KVB_SOAK_OPS:=1000000} operations, overflow checks on)"
-KVB_SOAK_OPS="$KVB_SOAK_OPS" scripts/soak.sh
+step "sanitizers: asan-cpp (scripts/sanitize.sh asan-cpp)"
+scripts/sanitize.sh asan-cpp
+
+# The last release build: libkvblock is a cdylib, whose file name has no hash, so the builds with
+# and without the feature share target/release/deps/libkvblock.so and each switch between them
+# compiles the crate again. Run after every build without it (cargo test, CMake's, pip's, the
+# asan-cpp build), it costs one such compile instead of two.
+step "remote tier over TLS (cargo feature tls: rediss://, a real redis-server with TLS)"
+cargo test --release --features tls --test remote_tls
+
+step "waiting for the background lane (hardening)"
+wait_background

@@ -15,7 +15,7 @@ PASSWORD = "kvblock-py-test-secret"
 # A real Redis is part of the test environment (scripts/setup.sh installs Debian's): its absence
 # fails the tests that need it instead of skipping them.
 INSTALLED = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
-MISSING = "redis-server / redis-cli not found: run scripts/setup.sh"
+MISSING = "redis-server / redis-cli not found: run scripts/setup.sh --tests"
 
 
 @contextlib.contextmanager

@@ -153,7 +153,7 @@ def test_two_python_processes_over_nixl(tmp_path):
     except kvblock.UnsupportedError as e:
         if os.environ.get("KVBLOCK_NIXL_OPTIONAL") == "1":
             pytest.skip(f"NIXL missing (KVBLOCK_NIXL_OPTIONAL=1): {e}")
-        raise AssertionError(f"NIXL is missing: {e}; run scripts/setup.sh and source scripts/nixl_env.sh")
+        raise AssertionError(f"NIXL is missing: {e}; run scripts/setup.sh --tests and source scripts/nixl_env.sh")
     tokens = np.arange(300, 314, dtype=np.int32)
     decode.add_sequence_receiving(kvblock.Request(7, tokens))
     for name, data in (("decode.md", decode.transfer_metadata()), ("decode.layout", decode.export_layout()),

@@ -25,7 +25,7 @@ pub fn require() {
     });
     assert!(
         ok,
-        "redis-server / redis-cli not found: run scripts/setup.sh"
+        "redis-server / redis-cli not found: run scripts/setup.sh --tests"
     );
 }
 
