@@ -496,4 +496,3 @@ fn missing_library_is_a_clear_error() {
         "{text}"
     );
 }
-
