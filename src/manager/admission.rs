@@ -25,6 +25,9 @@ pub struct BatchEstimate {
     pub fits: bool,
 }
 
+/// Planning passes over one batch at most (see `plan_batch`).
+const MAX_PLANNING_PASSES: usize = 8;
+
 /// A request's plan in every window.
 #[derive(Clone, Debug, Default)]
 pub(super) struct RequestPlan {
@@ -104,11 +107,33 @@ impl KvCacheManager {
         for w in &mut self.windows {
             w.begin_batch();
         }
-        let nw = self.windows.len();
         let mut plans = std::mem::take(&mut self.plans);
         if plans.len() < reqs.len() {
             plans.resize_with(reqs.len(), RequestPlan::default);
         }
+        // Free leaves several requests match are decided between passes (`settle_contests`);
+        // each pass decides at least one more, and a plan is valid whatever is decided, so the
+        // passes are bounded.
+        for _pass in 0..MAX_PLANNING_PASSES {
+            self.plan_pass(reqs, &mut plans);
+            let mut decided = false;
+            for w in &mut self.windows {
+                decided |= w.settle_contests();
+            }
+            if !decided {
+                break;
+            }
+            for w in &mut self.windows {
+                w.begin_pass();
+            }
+        }
+        self.plans = plans;
+        Ok(())
+    }
+
+    /// One planning pass over the batch, in order.
+    fn plan_pass(&mut self, reqs: &[RequestRef<'_>], plans: &mut [RequestPlan]) {
+        let nw = self.windows.len();
         for (ri, req) in reqs.iter().enumerate() {
             let src = req.key_source();
             let plan = &mut plans[ri];
@@ -116,6 +141,7 @@ impl KvCacheManager {
             let mut cap = usize::MAX;
             loop {
                 for (w, p) in self.windows.iter_mut().zip(plan.windows.iter_mut()) {
+                    w.plan_request(ri);
                     w.plan_admission_into(&src, req.input_length, req.beam_width, cap, p);
                 }
                 let min = plan
@@ -137,8 +163,6 @@ impl KvCacheManager {
             }
             plan.matched_tokens = plan.windows[0].matched_tokens;
         }
-        self.plans = plans;
-        Ok(())
     }
 
     /// How many of the first `n` planned requests fit: all of them, or none, or (with

@@ -20,7 +20,6 @@ use crate::premixed::PremixedMap;
 use crate::transfer::{CopyFailure, RowCopy};
 use crate::tree::ReuseTree;
 
-use super::plan::ClaimUse;
 use super::WindowStats;
 use crate::events::WindowEvent;
 
@@ -82,7 +81,7 @@ pub struct WindowSnapshot {
     tree: ReuseTree,
     seqs: PremixedMap<u64, SeqBlocks>,
     alloc_epoch: Vec<u32>,
-    claims: PremixedMap<u32, ClaimUse>,
+    claims: super::plan::BatchClaims,
     stats: WindowStats,
     scheduling_free: usize,
     events: Option<Vec<WindowEvent>>,

@@ -47,7 +47,6 @@ use crate::pool::{BlockArena, BlockLayout, Level};
 use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
 use crate::tree::{ReuseTree, SlotKeyAttrs};
-use plan::ClaimUse;
 
 /// Static configuration of one window.
 #[derive(Clone, Debug)]
@@ -175,8 +174,8 @@ pub struct WindowBlockManager {
     seqs: PremixedMap<u64, SeqBlocks>,
     /// Incremented every time a block is handed out by `get_free_block`.
     alloc_epoch: Vec<u32>,
-    /// Claims of the admission batch being planned (see `ClaimUse`).
-    claims: PremixedMap<u32, ClaimUse>,
+    /// Claims of the admission batch being planned (see `BatchClaims`).
+    claims: plan::BatchClaims,
     pending_copies: Vec<RowCopy>,
     stats: WindowStats,
     scheduling_free: usize,
@@ -224,7 +223,7 @@ impl WindowBlockManager {
         WindowBlockManager {
             tree: ReuseTree::new(n, cfg.tokens_per_block),
             alloc_epoch: vec![0; n],
-            claims: PremixedMap::default(),
+            claims: plan::BatchClaims::default(),
             scheduling_free: cfg.num_primary,
             cfg,
             arena,

@@ -6,6 +6,7 @@ use super::{KeySource, WindowBlockManager};
 use crate::error::{KvError, KvResult};
 use crate::key::lookup_hash;
 use crate::pool::Level;
+use crate::premixed::PremixedMap;
 
 /// What admission of one sequence will do in this window, decided without changing anything.
 #[derive(Clone, Debug, Default)]
@@ -36,10 +37,44 @@ impl AdmissionPlan {
     }
 }
 
+/// The claims of the admission batch being planned (phase 1), and which of its requests gets a
+/// free leaf that several of them match. Cleared when a batch starts (a batch of one records
+/// nothing).
+#[derive(Clone, Debug, Default)]
+pub(super) struct BatchClaims {
+    /// What the requests planned so far in this pass claimed, by block.
+    uses: PremixedMap<u32, ClaimUse>,
+    /// The index in the batch of the request being planned.
+    request: usize,
+    /// Free leaves a request matched that an earlier request of the pass takes over.
+    contests: Vec<Contest>,
+    /// Contested leaves, decided for the next passes.
+    settled: PremixedMap<u32, Settled>,
+}
+
+/// A later request of the batch that matched a free leaf an earlier one takes over.
+#[derive(Clone, Copy, Debug)]
+struct Contest {
+    block: u32,
+    request: usize,
+    /// The later request matched the whole block (it would share it).
+    whole: bool,
+}
+
+/// Who gets a free leaf several requests of a batch match, TensorRT-LLM's rule: sharing beats
+/// moving, so when one of them matches the whole block it stays in the tree, shared, and the
+/// others copy their tokens from it; otherwise the last of them takes it over and the earlier
+/// ones copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settled {
+    Shared,
+    TakenOverBy(usize),
+}
+
 /// What the requests of the admission batch planned so far have claimed in this block (phase
 /// 1). Later requests plan against it: a claimed block is in use, a taken-over block is no longer
 /// shareable, and nothing is claimed or onboarded twice. Kept in a map of the claimed blocks
-/// only, cleared when a batch starts (a batch of one records nothing).
+/// only.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ClaimUse {
     taken_over: bool,
@@ -166,16 +201,31 @@ impl WindowBlockManager {
                 if granular && (m.partial || m.num_tokens != tpb || room < tpb) {
                     break;
                 }
+                let whole = !m.partial && m.num_tokens <= room;
+                let tokens = m.num_tokens.min(room);
+                let capped = tokens < m.num_tokens;
+                let settled = self.settled(m.block);
                 let taken_over = self.claim_of(m.block).is_some_and(|c| c.taken_over);
-                let step = if !m.partial && m.num_tokens <= room && !taken_over {
+                if taken_over && settled.is_none() && (whole || !capped) {
+                    self.contest(m.block, whole);
+                }
+                let share = match settled {
+                    Some(Settled::Shared) => whole,
+                    Some(Settled::TakenOverBy(_)) => false,
+                    None => whole && !taken_over,
+                };
+                let take_over = match settled {
+                    Some(Settled::TakenOverBy(r)) => r == self.claims.request && !capped,
+                    Some(Settled::Shared) => false,
+                    None => !capped && unused(self, m.block) && self.tree.is_leaf(m.block),
+                };
+                let step = if share {
                     PlannedReuse::Share { block: m.block }
                 } else {
-                    let tokens = m.num_tokens.min(room);
-                    let capped = tokens < m.num_tokens;
                     if capped && !self.cfg.enable_partial_reuse {
                         break;
                     }
-                    if !capped && unused(self, m.block) && self.tree.is_leaf(m.block) {
+                    if take_over {
                         PlannedReuse::TakeOver {
                             block: m.block,
                             tokens,
@@ -232,16 +282,71 @@ impl WindowBlockManager {
         plan.primary_blocks_needed = new_blocks + claimed_free_primary;
     }
 
-    /// Starts planning a new batch: forgets the previous batch's claims.
+    /// Starts planning a new batch: forgets the previous batch's claims and decisions.
     pub fn begin_batch(&mut self) {
-        self.claims.clear();
+        self.claims.uses.clear();
+        self.claims.contests.clear();
+        self.claims.settled.clear();
+    }
+
+    /// Starts another planning pass over the same batch (after `settle_contests`): forgets the
+    /// claims, keeps the decisions.
+    pub fn begin_pass(&mut self) {
+        self.claims.uses.clear();
+        self.claims.contests.clear();
+    }
+
+    /// Sets the index in the batch of the request planned next.
+    pub fn plan_request(&mut self, index: usize) {
+        self.claims.request = index;
+    }
+
+    /// Decides the free leaves contested in the last pass (see `Settled`). Returns whether
+    /// anything was decided: the batch must then be planned again.
+    pub fn settle_contests(&mut self) -> bool {
+        if self.claims.contests.is_empty() {
+            return false;
+        }
+        let contests = std::mem::take(&mut self.claims.contests);
+        for c in &contests {
+            // The requests after the one that took it over (which matched it partially).
+            let rivals = contests.iter().filter(|o| o.block == c.block);
+            let decision = if rivals.clone().any(|o| o.whole) {
+                Settled::Shared
+            } else {
+                Settled::TakenOverBy(rivals.map(|o| o.request).max().unwrap_or(c.request))
+            };
+            self.claims.settled.entry(c.block).or_insert(decision);
+        }
+        true
+    }
+
+    fn settled(&self, block: u32) -> Option<Settled> {
+        if self.claims.settled.is_empty() {
+            return None;
+        }
+        self.claims.settled.get(&block).copied()
+    }
+
+    /// Records that the request being planned matched a free leaf an earlier one takes over.
+    /// Only primary blocks are contested: a copy from a host block reads its host row, which a
+    /// later request's onboarding of the same block would give up within the batch.
+    fn contest(&mut self, block: u32, whole: bool) {
+        if self.arena.level(block) != Level::Primary {
+            return;
+        }
+        self.claims.contests.push(Contest {
+            block,
+            request: self.claims.request,
+            whole,
+        });
     }
 
     fn claim_of(&self, block: u32) -> Option<ClaimUse> {
-        if self.claims.is_empty() {
+        if self.claims.uses.is_empty() {
             return None;
         }
-        self.claims.get(&block).copied()
+        self.claims.uses.get(&block).copied()
     }
 
     /// Records a planned request's claims so that later requests of the batch plan around them.
@@ -255,7 +360,7 @@ impl WindowBlockManager {
                 PlannedReuse::Copy { source, .. } => (source, false, false, true),
             };
             let free_primary = self.queues.queued_level(block) == Some(Level::Primary);
-            match self.claims.entry(block) {
+            match self.claims.uses.entry(block) {
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(ClaimUse {
                         taken_over,

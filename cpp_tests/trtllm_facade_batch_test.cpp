@@ -1,0 +1,77 @@
+// addSequenceBatch through the TensorRT-LLM facade when the requests of one batch compete for the
+// same cached blocks: who keeps a free cached leaf that several of them match (a whole match
+// shares it; otherwise the last partial matcher takes it over and the earlier ones copy), and
+// what every request is told it reuses.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "kvblock_trtllm.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using kvb::trtllm::KVCacheManager;
+using kvb::trtllm::Request;
+using kvb::trtllm::nvinfer1::DataType;
+using kvb_test::tokenRun;
+
+constexpr int32_t kTpb = 4;
+constexpr int32_t kWindow = 32;
+
+struct EngineStream {
+    void* get() const { return nullptr; }
+};
+
+std::unique_ptr<KVCacheManager> makeManager(int32_t primaryBlocks) {
+    auto m = std::make_unique<KVCacheManager>(
+        /*numLayers*/ 1, /*numKvHeads*/ 1, /*sizePerHead*/ 16, kTpb,
+        KVCacheManager::BlocksPerWindow{{kWindow, {primaryBlocks, 0}}}, /*maxNumSequences*/ 8,
+        /*maxBeamWidth*/ 1, std::vector<KVCacheManager::SizeType32>{kWindow}, DataType::kHALF,
+        /*sinkTokenLength*/ 0, std::make_shared<EngineStream>(), /*maxSequenceLength*/ kWindow,
+        /*chunkSize*/ kWindow, /*enableBlockReuse*/ true, kvb::trtllm::CacheType::kSELF,
+        /*secondaryOffloadMinPriority*/ std::nullopt, /*eventManager*/ nullptr,
+        /*enablePartialReuse*/ true);
+    m->allocatePools(false);
+    return m;
+}
+
+/// Runs `tokens` through a whole prefill and releases it, so its blocks are cached and free.
+void cacheThenRelease(KVCacheManager& m, uint64_t id, std::vector<int32_t> tokens) {
+    auto r = std::make_shared<Request>(id, tokens);
+    const auto len = static_cast<int32_t>(tokens.size());
+    m.addSequenceBatch({{id, len, 1}}, {std::ref(*r)});
+    r->contextCurrentPosition = len;
+    (void)m.removeSequence(id, r);
+}
+
+int32_t secondBlock(KVCacheManager& m, uint64_t id) {
+    return m.getSequence(id).getCacheBlockIds(kWindow).at(0).at(1);
+}
+
+}  // namespace
+
+TEST(TrtllmFacadeBatch, TheLastPartialMatcherOfACachedLeafTakesItOver) {
+    auto m = makeManager(16);
+    cacheThenRelease(*m, 0, {0, 1, 2, 3, 4, 5, 6});  // leaf [4 5], block 1
+    Request a(1, {0, 1, 2, 3, 4, 10});
+    Request b(2, {0, 1, 2, 3, 4, 20});
+    m->addSequenceBatch({{1, 6, 1}, {2, 6, 1}}, {std::ref(a), std::ref(b)});
+    EXPECT_EQ(a.prepopulatedPromptLen, kTpb + 1);
+    EXPECT_EQ(b.prepopulatedPromptLen, kTpb + 1);
+    EXPECT_EQ(secondBlock(*m, 2), 1) << "the last matcher keeps the cached block";
+    EXPECT_NE(secondBlock(*m, 1), 1) << "the first copied its matched token";
+}
+
+TEST(TrtllmFacadeBatch, AWholeMatchSharesTheLeafAndPartialMatchersCopy) {
+    auto m = makeManager(16);
+    cacheThenRelease(*m, 0, tokenRun(0, 9));  // [0..3] [4..7], both full
+    Request partial(1, {0, 1, 2, 3, 4, 5, 6, 10});
+    Request whole(2, tokenRun(0, 9));
+    m->addSequenceBatch({{1, 8, 1}, {2, 9, 1}}, {std::ref(partial), std::ref(whole)});
+    EXPECT_EQ(partial.prepopulatedPromptLen, kTpb + 3);
+    EXPECT_EQ(whole.prepopulatedPromptLen, 2 * kTpb);
+    EXPECT_EQ(secondBlock(*m, 2), 1);
+    EXPECT_NE(secondBlock(*m, 1), 1);
+}
