@@ -75,3 +75,67 @@ TEST(TrtllmFacadeBatch, AWholeMatchSharesTheLeafAndPartialMatchersCopy) {
     EXPECT_EQ(secondBlock(*m, 2), 1);
     EXPECT_NE(secondBlock(*m, 1), 1);
 }
+
+namespace {
+
+/// An external KV store that claims a fixed number of tokens past the reused prefix and
+/// records what it was asked.
+class FixedConnector : public kvb::trtllm::kv_connector::KvCacheConnectorManager {
+  public:
+    explicit FixedConnector(int32_t tokens) : tokens_(tokens) {}
+    int32_t getNumNewMatchedTokens(kvb::trtllm::LlmRequest const& request,
+                                   int32_t numComputedTokens) override {
+        asked.emplace_back(request.getRequestId(), numComputedTokens);
+        return tokens_;
+    }
+    std::vector<std::pair<uint64_t, int32_t>> asked;
+
+  private:
+    int32_t tokens_;
+};
+
+std::unique_ptr<KVCacheManager> makeConnected(
+    std::shared_ptr<kvb::trtllm::kv_connector::KvCacheConnectorManager> connector) {
+    return std::make_unique<KVCacheManager>(
+        /*numLayers*/ 1, /*numKvHeads*/ 1, /*sizePerHead*/ 16, kTpb,
+        KVCacheManager::BlocksPerWindow{{kWindow, {16, 0}}}, /*maxNumSequences*/ 8,
+        /*maxBeamWidth*/ 1, std::vector<KVCacheManager::SizeType32>{kWindow}, DataType::kHALF,
+        /*sinkTokenLength*/ 0, std::make_shared<EngineStream>(), /*maxSequenceLength*/ kWindow,
+        /*chunkSize*/ kWindow, /*enableBlockReuse*/ true, kvb::trtllm::CacheType::kSELF,
+        /*secondaryOffloadMinPriority*/ std::nullopt, /*eventManager*/ nullptr,
+        /*enablePartialReuse*/ true, /*copyOnPartialReuse*/ true, std::move(connector));
+}
+
+}  // namespace
+
+TEST(TrtllmFacadeBatch, AConnectorsTokensAfterTheReusedPrefixArePrepopulated) {
+    auto connector = std::make_shared<FixedConnector>(4);
+    auto m = makeConnected(connector);
+    cacheThenRelease(*m, 0, tokenRun(0, 9));  // the tree holds 8 tokens of it
+    Request r(1, tokenRun(0, 20));
+    m->addSequenceBatch({{1, 20, 1}}, {std::ref(r)});
+    ASSERT_EQ(connector->asked.size(), 2u) << "asked once per admitted request";
+    EXPECT_EQ(connector->asked[1], (std::pair<uint64_t, int32_t>{1, 2 * kTpb}))
+        << "asked after the tree's match";
+    EXPECT_EQ(r.prepopulatedPromptLen, 2 * kTpb + 4);
+    EXPECT_EQ(m->getSequence(1).getCacheBlockIds(kWindow).at(0).size(), 5u)
+        << "the blocks are the prompt's, whoever fills them";
+}
+
+TEST(TrtllmFacadeBatch, AConnectorNeverPrepopulatesTheLastPromptToken) {
+    auto m = makeConnected(std::make_shared<FixedConnector>(1000));
+    Request r(1, tokenRun(0, 6));
+    m->addSequenceBatch({{1, 6, 1}}, {std::ref(r)});
+    EXPECT_EQ(r.prepopulatedPromptLen, 5);
+    auto negative = makeConnected(std::make_shared<FixedConnector>(-3));
+    Request s(2, tokenRun(0, 6));
+    negative->addSequenceBatch({{2, 6, 1}}, {std::ref(s)});
+    EXPECT_EQ(s.prepopulatedPromptLen, 0);
+}
+
+TEST(TrtllmFacadeBatch, ANullConnectorIsNone) {
+    auto m = makeConnected(nullptr);
+    Request r(1, tokenRun(0, 6));
+    m->addSequenceBatch({{1, 6, 1}}, {std::ref(r)});
+    EXPECT_EQ(r.prepopulatedPromptLen, 0);
+}

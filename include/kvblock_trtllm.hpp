@@ -32,6 +32,7 @@
 #include "kvblock_trtllm/vocabulary.hpp"
 #include "kvblock_trtllm/executor_types.hpp"
 #include "kvblock_trtllm/request.hpp"
+#include "kvblock_trtllm/connector.hpp"
 #include "kvblock_trtllm/types.hpp"
 #include "kvblock_trtllm/block.hpp"
 #include "kvblock_trtllm/block_manager.hpp"

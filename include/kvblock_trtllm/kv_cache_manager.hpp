@@ -78,6 +78,52 @@ class KVCacheManager : public BaseKVCacheManager {
               std::move(eventManager), enablePartialReuse, copyOnPartialReuse, std::move(options)) {
     }
 
+    /// The engine constructor with TensorRT-LLM's KV-cache connector (null: none): at
+    /// admission the connector is asked how many prompt tokens past the reused prefix it loads
+    /// (see addSequenceBatch).
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    KVCacheManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                   SizeType32 sinkTokenLength, std::shared_ptr<Stream> stream,
+                   SizeType32 maxSequenceLength, SizeType32 chunkSize, bool enableBlockReuse,
+                   CacheType cacheType, std::optional<SizeType32> secondaryOffloadMinPriority,
+                   std::shared_ptr<KVCacheEventManager> eventManager, bool enablePartialReuse,
+                   bool copyOnPartialReuse,
+                   std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
+                   KvblockOptions options = {})
+        : KVCacheManager(numKvHeadsPerLayer, sizePerHead, tokensPerBlock, blocksPerWindow,
+                         maxNumSequences, maxBeamWidth, maxAttentionWindowVec, dtype,
+                         sinkTokenLength, std::move(stream), maxSequenceLength, chunkSize,
+                         enableBlockReuse, cacheType, secondaryOffloadMinPriority,
+                         std::move(eventManager), enablePartialReuse, copyOnPartialReuse,
+                         std::move(options)) {
+        connector_ = std::move(connector);
+    }
+    /// The same with every layer having `numKvHeads` heads.
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    KVCacheManager(SizeType32 numLayers, SizeType32 numKvHeads, SizeType32 sizePerHead,
+                   SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                   SizeType32 maxNumSequences, SizeType32 maxBeamWidth,
+                   std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                   SizeType32 sinkTokenLength, std::shared_ptr<Stream> stream,
+                   SizeType32 maxSequenceLength, SizeType32 chunkSize, bool enableBlockReuse,
+                   CacheType cacheType, std::optional<SizeType32> secondaryOffloadMinPriority,
+                   std::shared_ptr<KVCacheEventManager> eventManager, bool enablePartialReuse,
+                   bool copyOnPartialReuse,
+                   std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
+                   KvblockOptions options = {})
+        : KVCacheManager(
+              std::vector<SizeType32>(static_cast<size_t>(std::max(numLayers, 0)), numKvHeads),
+              sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences, maxBeamWidth,
+              maxAttentionWindowVec, dtype, sinkTokenLength, std::move(stream), maxSequenceLength,
+              chunkSize, enableBlockReuse, cacheType, secondaryOffloadMinPriority,
+              std::move(eventManager), enablePartialReuse, copyOnPartialReuse, std::move(connector),
+              std::move(options)) {}
+
     /// TensorRT-LLM's constructor. `dtypeBytes` stands for `DataType` (bytes per element);
     /// layer l attends over `maxAttentionWindowVec[l % size]` with `numKvHeadsPerLayer[l]` heads
     /// and `cacheType`; layers are grouped into pools by window and shape as TensorRT-LLM groups
@@ -297,7 +343,11 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Admits every request (id, input length, beam width) with its engine request, claiming
     /// every reusable block of the batch before allocating; writes the prepopulated prompt
     /// length and the per-request block counts into each request. All or nothing: a batch
-    /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none.
+    /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none. With a connector,
+    /// each admitted request's prepopulated length also counts the tokens the connector says
+    /// it loads past the reused prefix (at most up to the last prompt token, which the engine
+    /// always computes); kvblock treats them as computed once the request's context position
+    /// covers them, as it does every computed token.
     void addSequenceBatch(
         std::vector<std::tuple<RequestIdType, SizeType32, SizeType32>> const& requestInfos,
         std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests);
@@ -420,6 +470,9 @@ class KVCacheManager : public BaseKVCacheManager {
     [[nodiscard]] bool hasSequence(RequestIdType requestId) const;
 
   private:
+    /// `reused` plus what the connector loads past it, bounded by the last prompt token.
+    SizeType32 connectorExtended(LlmRequest const& req, SizeType32 inputLength,
+                                 SizeType32 reused) const;
     friend class BlockManager;
 
     template <typename DataType>
@@ -523,6 +576,7 @@ class KVCacheManager : public BaseKVCacheManager {
     std::vector<SizeType32> windows_;
     SizeType32 elementBytes_ = 0;
     std::shared_ptr<void> stream_;  // the engine's stream object, kept alive
+    std::shared_ptr<kv_connector::KvCacheConnectorManager> connector_;  // null: none
     mutable std::optional<Manager> manager_;
     /// TensorRT-LLM's per-sequence records, refreshed from kvblock (see getSequence).
     mutable std::map<RequestIdType, GenerationRequest> sequences_;

@@ -34,7 +34,9 @@ inline void KVCacheManager::addSequenceBatch(
     for (size_t i = 0; i < admissions.size(); ++i) {
         LlmRequest& req = llmRequests[i].get();
         auto const& a = admissions[i];
-        req.setPrepopulatedPromptLen(a.prepopulated_prompt_len, getTokensPerBlock());
+        req.setPrepopulatedPromptLen(
+            connectorExtended(req, std::get<1>(requestInfos[i]), a.prepopulated_prompt_len),
+            getTokensPerBlock());
         req.updateAllocTotalBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_total_blocks));
         req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
         req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));
@@ -42,6 +44,15 @@ inline void KVCacheManager::addSequenceBatch(
         req.setEstimatedReusableTokens(0);  // admitted: the reuse is applied now
         refreshSequence(std::get<0>(requestInfos[i]));
     }
+}
+
+inline SizeType32 KVCacheManager::connectorExtended(LlmRequest const& req, SizeType32 inputLength,
+                                                    SizeType32 reused) const {
+    if (!connector_) return reused;
+    // The admission is already done: the connector's answer is bounded, not refused.
+    int64_t const loaded = std::max<SizeType32>(0, connector_->getNumNewMatchedTokens(req, reused));
+    int64_t const last = std::max<SizeType32>(reused, inputLength - 1);
+    return static_cast<SizeType32>(std::min<int64_t>(reused + loaded, last));
 }
 
 inline void KVCacheManager::addToken(RequestIdType requestId) {
