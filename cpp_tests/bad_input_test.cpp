@@ -235,6 +235,7 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     rec("get_memory_pool_block_indices",
         kvb_manager_get_memory_pool_block_indices(m, kWindow, &pinned, 1, &j32));
     rec("onboard_block", kvb_manager_onboard_block(m, kWindow, 0, &flag));
+    rec("set_block_priority", kvb_manager_set_block_priority(m, kWindow, 0, 50));
     rec("pin_blocks_by_id", kvb_manager_pin_blocks_by_id(m, kWindow, &pinned, 1));
     int32_t numStored = 0;
     rec("store_blocks", kvb_manager_store_blocks(m, &req, 8, kWindow, &pinned, 1, false, nullptr, 0,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "kvblock_trtllm.hpp"
@@ -138,4 +139,35 @@ TEST(TrtllmFacadeBatch, ANullConnectorIsNone) {
     Request r(1, tokenRun(0, 6));
     m->addSequenceBatch({{1, 6, 1}}, {std::ref(r)});
     EXPECT_EQ(r.prepopulatedPromptLen, 0);
+}
+
+namespace {
+
+/// A connector written against the engine's own request type, failing on request 7.
+class EngineConnector : public kvb::trtllm::kv_connector::KvCacheConnectorManagerFor<Request> {
+  public:
+    int32_t getNumNewMatchedTokens(Request const& request, int32_t numComputedTokens) override {
+        if (request.getRequestId() == 7) throw std::runtime_error("store unreachable");
+        return numComputedTokens == 0 ? 2 : 0;
+    }
+};
+
+}  // namespace
+
+TEST(TrtllmFacadeBatch, AConnectorOverTheEnginesRequestTypeIsAskedWithIt) {
+    auto m = makeConnected(std::make_shared<EngineConnector>());
+    Request r(1, tokenRun(0, 6));
+    m->addSequenceBatch({{1, 6, 1}}, {std::ref(r)});
+    EXPECT_EQ(r.prepopulatedPromptLen, 2);
+}
+
+TEST(TrtllmFacadeBatch, AConnectorThatThrowsAdmitsNothing) {
+    auto m = makeConnected(std::make_shared<EngineConnector>());
+    auto const freeBefore = m->getNumFreeBlocks();
+    Request ok(1, tokenRun(0, 6));
+    Request failing(7, tokenRun(50, 6));
+    EXPECT_THROW(m->addSequenceBatch({{1, 6, 1}, {7, 6, 1}}, {std::ref(ok), std::ref(failing)}),
+                 std::runtime_error);
+    EXPECT_EQ(m->getNumFreeBlocks(), freeBefore);
+    EXPECT_THROW((void)m->getSequence(1), kvb::Error) << "the whole batch was refused";
 }

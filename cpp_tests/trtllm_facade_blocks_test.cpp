@@ -4,6 +4,7 @@
 // calculateFreeMemBytes, each checked against kvblock's own calls on the same manager.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -126,6 +127,34 @@ TEST(TrtllmFacade, WindowBlockManagerPinsAndUnpinsOneBlock) {
     EXPECT_EQ(statusOf([&] { wbm.pinBlock(ids[1]); }), KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(statusOf([&] { (void)f->getBlockManager().getWindowBlockManager(7); }),
               KVB_STATUS_INVALID_ARGUMENT);
+}
+
+// KVCacheBlock::setPriority: a sequence's block raised above the default is released into its
+// priority's queue, so the free blocks of lower priority are taken before it; a free block is
+// queued again at once; a priority outside 0..100 is refused and changes nothing.
+TEST(TrtllmFacade, ABlockRaisedWithSetPriorityOutlivesItsNeighboursInTheFreeQueue) {
+    auto f = makeFacade(hostConfig(3, 0));
+    f->impl().addSequence(kvb::Request(1, tokenRun(0, 12)));
+    std::vector<int32_t> ids = f->impl().getCacheBlockIds(1, kWindow);
+    ASSERT_EQ(ids.size(), 3u);
+    auto const& bm = f->getBlockManager();
+    bm.getBlockById(ids[1], kWindow)->setPriority(75);
+    EXPECT_EQ(bm.getBlockById(ids[1], kWindow)->getPriority(), 75);
+    kvb_test::markPrefillComputed(f->impl(), 1);
+    f->impl().removeSequence(1);
+    // Two new blocks come from the default-priority ones; the raised block stays free.
+    f->impl().addSequence(kvb::Request(2, tokenRun(100, 8)));
+    std::vector<int32_t> taken = f->impl().getCacheBlockIds(2, kWindow);
+    EXPECT_EQ(std::count(taken.begin(), taken.end(), ids[1]), 0);
+    EXPECT_TRUE(f->impl().getBlockInfo(kWindow, ids[1]).is_free);
+    // Lowered while free: it is evicted first now.
+    bm.getBlockById(ids[1], kWindow)->setPriority(0);
+    EXPECT_EQ(statusOf([&] { bm.getBlockById(ids[1], kWindow)->setPriority(101); }),
+              KVB_STATUS_INVALID_RETENTION);
+    EXPECT_EQ(bm.getBlockById(ids[1], kWindow)->getPriority(), 0);
+    f->impl().removeSequence(2);
+    f->impl().addSequence(kvb::Request(3, tokenRun(200, 4)));
+    EXPECT_EQ(f->impl().getCacheBlockIds(3, kWindow).at(0), ids[1]);
 }
 
 namespace {

@@ -2847,6 +2847,18 @@ enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
                                             bool *out_offloaded);
 
 /**
+ * Sets the retention priority of one block (TensorRT-LLM `KVCacheBlock::setPriority`), 0..=100:
+ * a sequence's block is queued at it when released; a free block is queued again at it now, at
+ * the back of that priority's queue, keeping its expiry. A cached block's change is reported as
+ * an Updated event. Fails with `KVB_STATUS_INVALID_ARGUMENT` for an unknown window or an id out
+ * of range and `KVB_STATUS_INVALID_RETENTION` for a priority outside 0..=100, changing nothing.
+ */
+enum kvb_status_t kvb_manager_set_block_priority(struct kvb_manager_t *manager,
+                                                 int32_t window_size,
+                                                 int32_t block_id,
+                                                 int32_t priority);
+
+/**
  * Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
  * that a transfer or a later admission finds it on the GPU: its bytes move into the next free
  * GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in

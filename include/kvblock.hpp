@@ -677,6 +677,10 @@ class Manager {
         pinned.resize(numPinned);
         return {stored, pinned};
     }
+    /// Sets one block's retention priority, 0..=100 (kvb_manager_set_block_priority).
+    void setBlockPriority(int32_t window, int32_t block, int32_t priority) {
+        check(kvb_manager_set_block_priority(handle_, window, block, priority));
+    }
     /// Brings a free cached host block back to the GPU (kvb_manager_onboard_block); false when
     /// it does not move.
     bool onboardBlock(int32_t window, int32_t block) {

@@ -193,6 +193,20 @@ impl FreeQueues {
         true
     }
 
+    /// Sets a block's retention priority. A free block moves to the back of its new priority's
+    /// queue (keeping its expiry); a referenced one is queued at it when released.
+    pub fn set_priority(&mut self, block: u32, priority: u8, now_ms: u64) {
+        let Some(slot) = self.links[block as usize].slot else {
+            self.links[block as usize].priority = priority;
+            return;
+        };
+        let expiry = self.expiry(block);
+        self.claim(block);
+        self.links[block as usize].priority = priority;
+        self.release(block, slot.level, false, now_ms);
+        self.restore_expiry(block, expiry);
+    }
+
     /// Claims `block` and applies a retention the way TensorRT-LLM's `claimBlock` does: the
     /// priority changes only when given; the duration always becomes the given one.
     #[inline(always)]

@@ -41,7 +41,7 @@ impl Default for RetentionConfig {
     }
 }
 
-fn check_priority(p: i32, what: &str) -> Result<u8, KvError> {
+pub(crate) fn check_priority(p: i32, what: &str) -> Result<u8, KvError> {
     if (i32::from(MIN_PRIORITY)..=i32::from(MAX_PRIORITY)).contains(&p) {
         Ok(p as u8)
     } else {

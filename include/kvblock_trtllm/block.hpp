@@ -45,6 +45,9 @@ class KVCacheBlock {
     [[nodiscard]] SizeType32 getMemoryPoolBlockIndex() const;
     /// TensorRT-LLM `getPriority`: the retention priority (0..100, 35 by default).
     [[nodiscard]] SizeType32 getPriority() const;
+    /// TensorRT-LLM `setPriority`: the block's retention priority (0..100) from now on; a
+    /// sequence's block is queued at it when released, a free block is queued again at it.
+    void setPriority(SizeType32 priority) const;
     /// TensorRT-LLM `getNumRefs`: one reference per beam of each sequence holding the block,
     /// plus its pins.
     [[nodiscard]] SizeType32 getNumRefs() const;

@@ -276,6 +276,11 @@ inline SizeType32 KVCacheBlock::getMemoryPoolBlockIndex() const {
 inline SizeType32 KVCacheBlock::getPriority() const {
     return getInfo().priority;
 }
+inline void KVCacheBlock::setPriority(SizeType32 priority) const {
+    if (blockId_ == kCachedBlocksRootId)
+        throw Error(KVB_STATUS_INVALID_ARGUMENT, "the reuse tree's root is not a block");
+    owner_->impl().setBlockPriority(windowSize_, blockId_, priority);
+}
 inline SizeType32 KVCacheBlock::getNumRefs() const {
     return blockId_ == kCachedBlocksRootId ? 0 : getInfo().ref_count;
 }

@@ -344,10 +344,11 @@ class KVCacheManager : public BaseKVCacheManager {
     /// every reusable block of the batch before allocating; writes the prepopulated prompt
     /// length and the per-request block counts into each request. All or nothing: a batch
     /// that does not fit throws (KVB_STATUS_OUT_OF_BLOCKS) and admits none. With a connector,
-    /// each admitted request's prepopulated length also counts the tokens the connector says
-    /// it loads past the reused prefix (at most up to the last prompt token, which the engine
-    /// always computes); kvblock treats them as computed once the request's context position
-    /// covers them, as it does every computed token.
+    /// each request's prepopulated length also counts the tokens the connector says it loads
+    /// past the reused prefix (at most up to the last prompt token, which the engine always
+    /// computes); it is asked before admission (a throwing connector admits none), and kvblock
+    /// treats its tokens as computed once the request's context position covers them, as it
+    /// does every computed token.
     void addSequenceBatch(
         std::vector<std::tuple<RequestIdType, SizeType32, SizeType32>> const& requestInfos,
         std::vector<std::reference_wrapper<LlmRequest>> const& llmRequests);

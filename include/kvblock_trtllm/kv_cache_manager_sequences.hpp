@@ -30,13 +30,22 @@ inline void KVCacheManager::addSequenceBatch(
         r.beamWidth = beamWidth;
         batch.push_back(std::move(r));
     }
+    // The connector is asked before anything changes, from kvblock's estimate of the batch
+    // (exactly the reuse admission then delivers), so a connector that throws leaves the
+    // manager as it was.
+    std::vector<SizeType32> prepopulated;
+    if (connector_) {
+        auto const estimates = impl().estimateBatch(batch);
+        for (size_t i = 0; i < batch.size(); ++i)
+            prepopulated.push_back(connectorExtended(
+                llmRequests[i].get(), std::get<1>(requestInfos[i]), estimates[i].reusable_tokens));
+    }
     auto admissions = impl().addSequenceBatch(batch);
     for (size_t i = 0; i < admissions.size(); ++i) {
         LlmRequest& req = llmRequests[i].get();
         auto const& a = admissions[i];
-        req.setPrepopulatedPromptLen(
-            connectorExtended(req, std::get<1>(requestInfos[i]), a.prepopulated_prompt_len),
-            getTokensPerBlock());
+        req.setPrepopulatedPromptLen(connector_ ? prepopulated[i] : a.prepopulated_prompt_len,
+                                     getTokensPerBlock());
         req.updateAllocTotalBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_total_blocks));
         req.updateAllocNewBlocksPerRequest(static_cast<SizeType32>(a.stats.alloc_new_blocks));
         req.updateReusedBlocksPerRequest(static_cast<SizeType32>(a.stats.reused_blocks));

@@ -77,6 +77,15 @@ void init_manager_queries(ManagerClass& cls) {
             "(already on the GPU, nothing cached, no free GPU block). A referenced block raises "
             ":class:`InvalidArgumentError`.")
         .def(
+            "set_block_priority",
+            [](Manager& self, int32_t w, int32_t block, int32_t priority) {
+                nogil([&] { self.m.setBlockPriority(w, block, priority); });
+            },
+            "window_size"_a, "block_id"_a, "priority"_a,
+            "Sets one block's retention priority, 0..100 (TensorRT-LLM "
+            "``KVCacheBlock::setPriority``): a sequence's block is queued at it when released, a "
+            "free block at once. Raises :class:`InvalidRetentionError` outside 0..100.")
+        .def(
             "get_pool_pointer",
             [](Manager& self, int32_t w, kvb_cache_level_t level) {
                 auto [base, row] = nogil([&] { return self.m.getPoolPointer(w, level); });

@@ -116,3 +116,16 @@ def test_free_memory_budget_checks_its_arguments_and_needs_cuda():
         assert "CUDA" in str(e)
     else:
         assert host == 1 << 20 and gpu > 0
+
+
+def test_set_block_priority_reorders_the_free_queue_and_refuses_out_of_range():
+    m = manager(primary=4, secondary=0)
+    ids = cache_prompt(m, 1, range(12))
+    # The last cached block is lowered: the next allocation takes it before the others.
+    m.set_block_priority(WINDOW, ids[2], 0)
+    assert m.get_priority_by_block_id(WINDOW, ids[2]) == 0
+    with pytest.raises(kvblock.InvalidRetentionError):
+        m.set_block_priority(WINDOW, ids[2], 101)
+    assert m.get_priority_by_block_id(WINDOW, ids[2]) == 0
+    m.add_sequence(2, np.arange(100, 104, dtype=np.int32))
+    assert m.get_cache_block_ids(2, WINDOW) == [ids[2]]

@@ -40,6 +40,25 @@ pub extern "C" fn kvb_manager_offload_block(
     })
 }
 
+/// Sets the retention priority of one block (TensorRT-LLM `KVCacheBlock::setPriority`), 0..=100:
+/// a sequence's block is queued at it when released; a free block is queued again at it now, at
+/// the back of that priority's queue, keeping its expiry. A cached block's change is reported as
+/// an Updated event. Fails with `KVB_STATUS_INVALID_ARGUMENT` for an unknown window or an id out
+/// of range and `KVB_STATUS_INVALID_RETENTION` for a priority outside 0..=100, changing nothing.
+#[no_mangle]
+pub extern "C" fn kvb_manager_set_block_priority(
+    manager: *mut kvb_manager_t,
+    window_size: i32,
+    block_id: i32,
+    priority: i32,
+) -> kvb_status_t {
+    with_manager_tx(manager, |m| {
+        let b = block_id_arg(block_id)?;
+        m.set_block_priority(window_arg(window_size)?, b, priority)?;
+        Ok(())
+    })
+}
+
 /// Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
 /// that a transfer or a later admission finds it on the GPU: its bytes move into the next free
 /// GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in

@@ -38,6 +38,22 @@ impl KvCacheManager {
         Ok(done)
     }
 
+    /// Sets the retention priority of one block of one window (TensorRT-LLM
+    /// `KVCacheBlock::setPriority`); `priority` in 0..=100.
+    pub fn set_block_priority(
+        &mut self,
+        window_size: usize,
+        block: u32,
+        priority: i32,
+    ) -> KvResult<()> {
+        let priority = crate::retention::check_priority(priority, "block")?;
+        let now = self.op_now_ms();
+        let i = self.window_index(window_size)?;
+        self.windows[i].set_block_priority(block, priority, now)?;
+        absorb(&mut self.events, &mut self.windows[i]);
+        Ok(())
+    }
+
     /// Ends the iteration's events (TensorRT-LLM `flushIterationEvents`): commits every window's
     /// pending removals and hands the events to the delivery buffer. Returns how many.
     pub fn flush_iteration_events(&mut self) -> usize {

@@ -228,6 +228,22 @@ impl WindowBlockManager {
         Ok(())
     }
 
+    /// Sets a block's retention priority (TensorRT-LLM `KVCacheBlock::setPriority`): a
+    /// sequence's block keeps it when released; a free block is queued again at it (at the back
+    /// of that priority's queue). Reports the change to an event consumer when the block is
+    /// cached.
+    pub fn set_block_priority(&mut self, block: u32, priority: u8, now_ms: u64) -> KvResult<()> {
+        if block as usize >= self.arena.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "block id {block} out of range"
+            )));
+        }
+        let old = self.queues.priority(block);
+        self.queues.set_priority(block, priority, now_ms);
+        self.record_priority_change(block, old, priority);
+        Ok(())
+    }
+
     /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
     /// Returns false when it was not moved: no free host block, offloading off, or the host
     /// block is its ancestor.
