@@ -22,7 +22,7 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
     let tpb = m.tpb;
     let mut i32_out = 0i32;
     let mut count = 0usize;
-    match inp.u8() % 15 {
+    match inp.u8() % 16 {
         0 => {
             let r = request(inp, tpb);
             let mut s = unsafe { std::mem::zeroed::<kvb_prefix_reuse_summary_t>() };
@@ -209,6 +209,14 @@ pub(super) fn call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'static str)
                 assert!(count <= ids.len());
             }
             (st, "store_blocks")
+        }
+        15 => {
+            let priority = i32::from(inp.u8() % 112) - 5;
+            let st = kvb_manager_set_block_priority(h, window(inp, m), inp.i32(), priority);
+            if !(0..=100).contains(&priority) && st == kvb_status_t::KVB_OK {
+                panic!("priority {priority} accepted");
+            }
+            (st, "set_block_priority")
         }
         _ => {
             let ids: Vec<i32> = (0..inp.u8() % 6).map(|_| inp.i32()).collect();
