@@ -22,6 +22,10 @@ source scripts/nvrtc_env.sh
 export KVBLOCK_REQUIRE_NVRTC=1
 source scripts/toolchains.sh
 source scripts/libzmq.sh
+# One BLAS thread for the reference engines' numpy model: the background lane keeps both cores
+# busy, and OpenBLAS's spinning worker threads then slow the engine tests 2-3x (8-11 s with one
+# thread against 23-31 s with two for the same test on this 2-core machine under load).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Not exported: the other test runs keep their own (smaller) soak.
 FUZZ_SECONDS="${FUZZ_SECONDS:-120}"
 KVB_SOAK_OPS="${KVB_SOAK_OPS:-1000000}"
