@@ -449,11 +449,11 @@ TEST(AddSequenceBatchSharingTest, BlockMatchedBySeveralRequestsIsSharedAndClaime
     m.checkInvariants();
 }
 
-// A free leaf L (tokens [8, 9]) partially matched by request A (1 token) is taken over by A: it
-// leaves the tree and becomes A's. Request B later in the same batch matches 2 tokens of L; it
-// can no longer share or take it, so it copies those 2 tokens into a fresh block (copy on
-// partial reuse) and reuses exactly what was estimated. The copy reads L's row as it was.
-TEST(AddSequenceBatchSharingTest, LeafTakenOverByOneRequestIsCopiedByALaterOne) {
+// A free leaf L (tokens [8, 9]) partially matched by two requests of one batch goes to the last
+// of them (TensorRT-LLM's rule): B takes it over, and A, earlier in the batch, copies its one
+// matched token into a fresh block. A's copy reads L's row as it was, although B's takeover is
+// planned and claimed in the same batch; both reuse exactly what was estimated.
+TEST(AddSequenceBatchSharingTest, ALeafTwoRequestsMatchPartiallyGoesToTheLaterOne) {
     kvb::Manager m(hostDataConfig(16));
     const std::vector<int32_t> x = storeForReuse(m, kvb::Request(1, tokenRun(0, 11)));
     const int32_t leaf = x[2];
@@ -472,14 +472,15 @@ TEST(AddSequenceBatchSharingTest, LeafTakenOverByOneRequestIsCopiedByALaterOne) 
 
     const std::vector<int32_t> aIds = m.getCacheBlockIds(a.id, kFull);
     const std::vector<int32_t> bIds = m.getCacheBlockIds(b.id, kFull);
-    EXPECT_EQ(aIds[2], leaf) << "A took the leaf over";
-    EXPECT_NE(bIds[2], leaf) << "B copies into a fresh block";
-    EXPECT_EQ(bIds[0], x[0]);
-    EXPECT_EQ(bIds[1], x[1]);
+    EXPECT_EQ(bIds[2], leaf) << "B, the later partial matcher, took the leaf over";
+    EXPECT_NE(aIds[2], leaf) << "A copies into a fresh block";
+    EXPECT_EQ(aIds[0], x[0]);
+    EXPECT_EQ(aIds[1], x[1]);
     EXPECT_EQ(m.getBlockInfo(kFull, leaf).ref_count, 1);
     EXPECT_FALSE(m.getBlockInfo(kFull, leaf).in_reuse_tree);
-    EXPECT_EQ(m.getBlockInfo(kFull, bIds[2]).ref_count, 1);
-    EXPECT_TRUE(rowStartsWith(m, bIds[2], 0x31, 2)) << "B's block holds L's first 2 tokens";
+    EXPECT_EQ(m.getBlockInfo(kFull, aIds[2]).ref_count, 1);
+    EXPECT_TRUE(rowStartsWith(m, aIds[2], 0x31, 1)) << "A's block holds L's first token";
+    EXPECT_TRUE(rowStartsWith(m, leaf, 0x31, 2)) << "B's block is L, its bytes untouched";
     m.checkInvariants();
 }
 

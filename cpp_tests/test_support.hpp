@@ -16,6 +16,12 @@
 
 namespace kvb_test {
 
+// An engine's stream object as the TensorRT-LLM facade takes it (`std::shared_ptr<Stream>`):
+// `get()` is the raw stream (none on the host backend); the manager keeps it alive.
+struct EngineStream {
+    void* get() const { return nullptr; }
+};
+
 // Token ids start, start + 1, ..., start + n - 1: a prompt (or generated run) whose content is
 // distinct from any other run that does not overlap it.
 inline std::vector<int32_t> tokenRun(int32_t start, int32_t n) {

@@ -21,9 +21,7 @@ using kvb_test::tokenRun;
 constexpr int32_t kTpb = 4;
 constexpr int32_t kWindow = 32;
 
-struct EngineStream {
-    void* get() const { return nullptr; }
-};
+using kvb_test::EngineStream;
 
 std::unique_ptr<KVCacheManager> makeManager(int32_t primaryBlocks) {
     auto m = std::make_unique<KVCacheManager>(

@@ -29,10 +29,7 @@ using kvb_test::tokenRun;
 constexpr int32_t kTpb = 4;
 constexpr int32_t kWindow = 32;
 
-/// An engine's stream object: `get()` is the raw stream; the manager must keep it alive.
-struct EngineStream {
-    void* get() const { return nullptr; }
-};
+using kvb_test::EngineStream;
 
 /// A BlockManager built as TensorRT-LLM's tests build one: two layers of two heads.
 std::unique_ptr<BlockManager> makeOwning(int32_t primary = 8, int32_t secondary = 0,

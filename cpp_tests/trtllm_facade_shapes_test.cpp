@@ -24,10 +24,7 @@ using kvb_test::tokenRun;
 constexpr int32_t kTpb = 4;
 constexpr int32_t kWindow = 32;
 
-/// An engine's stream object: `get()` is the raw stream; the manager must keep it alive.
-struct EngineStream {
-    void* get() const { return nullptr; }
-};
+using kvb_test::EngineStream;
 
 /// A request carrying a retention configuration, as TensorRT-LLM's LlmRequest does.
 struct RetainedRequest : Request {
