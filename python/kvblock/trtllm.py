@@ -55,7 +55,11 @@ class KVCacheManager:
     ``num_kv_heads_per_layer[l]`` heads; ``cache_type`` is :class:`CacheType`'s, and
     ``kv_data_type`` (a :class:`kvblock.KvDataType`: FP8, NVFP4 with block-scale pools, ...)
     stands for a quantized ``dtype``. Layers of other heads, cache types or element types are
-    grouped into pools by window and shape, as TensorRT-LLM groups them. kvblock-only settings: ``num_extra_kv_tokens``,
+    grouped into pools by window and shape, as TensorRT-LLM groups them. ``kv_connector_manager``
+    is TensorRT-LLM's KV-cache connector (any object with ``get_num_new_matched_tokens(request,
+    num_computed_tokens)``): at admission its tokens past the reused prefix are added to the
+    prepopulated length (never the last prompt token); it is asked before admitting, so one that
+    raises admits nothing. kvblock-only settings: ``num_extra_kv_tokens``,
     ``max_draft_tokens`` (parts of ``max_sequence_length``), ``copy_backend``, ``manual_clock``.
     """
 
@@ -81,6 +85,7 @@ class KVCacheManager:
         attention_dp_rank: Optional[int] = None,
         enable_partial_reuse: bool = True,
         copy_on_partial_reuse: bool = True,
+        kv_connector_manager=None,
         num_extra_kv_tokens: int = 0,
         max_draft_tokens: int = 0,
         copy_backend=None,
@@ -172,6 +177,8 @@ class KVCacheManager:
         self._impl: Optional[_kvb.KVCacheManager] = None
         self._pins: List[Tuple[List[int], List[Tuple[int, List[int]]]]] = []
         self._pin_lock = threading.Lock()
+        # TensorRT-LLM's KV-cache connector: ``get_num_new_matched_tokens(request, computed)``.
+        self._connector = kv_connector_manager
 
     def _indexer_layers(self, window_of, head_dim, quant_block, use_fp4, mask):
         """TensorRT-LLM's indexer K cache (DeepSeek-V3.2's sparse attention) as K-only
@@ -364,8 +371,19 @@ class KVCacheManager:
             _kvb_request(req, request_id=rid, input_length=length, beam_width=beams)
             for (rid, length, beams), req in zip(request_infos, llm_requests)
         ]
-        for req, admission in zip(llm_requests, self.impl.add_sequence_batch(batch)):
-            req.prepopulated_prompt_len = admission.prepopulated_prompt_len
+        prepopulated = None
+        if self._connector is not None:
+            # Asked before admission, from the estimate (exactly what admission delivers): a
+            # connector that raises admits nothing. Its tokens never reach the last prompt token.
+            estimates = self.impl.estimate_batch(batch)
+            prepopulated = []
+            for (_, length, _), req, est in zip(request_infos, llm_requests, estimates):
+                reused = est.reusable_tokens
+                loaded = max(0, int(self._connector.get_num_new_matched_tokens(req, reused)))
+                prepopulated.append(min(reused + loaded, max(reused, length - 1)))
+        for i, (req, admission) in enumerate(zip(llm_requests, self.impl.add_sequence_batch(batch))):
+            req.prepopulated_prompt_len = (admission.prepopulated_prompt_len
+                                           if prepopulated is None else prepopulated[i])
             req.alloc_total_blocks += admission.stats.alloc_total_blocks
             req.alloc_new_blocks += admission.stats.alloc_new_blocks
             req.reused_blocks += admission.stats.reused_blocks

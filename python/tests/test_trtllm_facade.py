@@ -411,3 +411,60 @@ def test_copy_linear_attention_block_carries_the_recurrent_state():
     assert (state[rows[2][2]] == 21).all()
     assert not m.copy_linear_attention_block_batch([stranger])
     del state
+
+
+class _Connector:
+    """TensorRT-LLM's KV-cache connector shape: how many prompt tokens past the reused prefix an
+    external store loads."""
+
+    def __init__(self, tokens, fail_on=None):
+        self.tokens, self.fail_on, self.asked = tokens, fail_on, []
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        self.asked.append((request.request_id, num_computed_tokens))
+        if request.request_id == self.fail_on:
+            raise RuntimeError("store unreachable")
+        return self.tokens
+
+
+def make_connected(connector) -> KVCacheManager:
+    m = KVCacheManager(
+        num_kv_heads_per_layer=[2],
+        size_per_head=8,
+        tokens_per_block=TPB,
+        blocks_per_window={WINDOW: (16, 0)},
+        max_num_sequences=8,
+        max_beam_width=1,
+        max_attention_window_vec=[WINDOW],
+        max_sequence_length=WINDOW,
+        enable_block_reuse=True,
+        kv_connector_manager=connector,
+    )
+    m.allocate_pools(False)
+    return m
+
+
+def test_a_connectors_tokens_after_the_reused_prefix_are_prepopulated():
+    connector = _Connector(4)
+    m = make_connected(connector)
+    first = LlmRequest.from_prompt(1, range(9))
+    run(m, first, [])
+    m.remove_sequence(1, first)
+    again = LlmRequest.from_prompt(2, range(20))
+    m.add_sequence_batch([(2, 20, 1)], [again])
+    assert connector.asked[-1] == (2, 2 * TPB), "asked after the tree's match"
+    assert again.prepopulated_prompt_len == 2 * TPB + 4
+    capped = LlmRequest.from_prompt(3, range(100, 106))
+    m.add_sequence_batch([(3, 6, 1)], [capped])
+    assert capped.prepopulated_prompt_len == 4
+
+
+def test_a_connector_that_raises_admits_nothing():
+    m = make_connected(_Connector(2, fail_on=7))
+    free = m.get_num_free_blocks()
+    ok, failing = LlmRequest.from_prompt(1, range(6)), LlmRequest.from_prompt(7, range(50, 56))
+    with pytest.raises(RuntimeError):
+        m.add_sequence_batch([(1, 6, 1), (7, 6, 1)], [ok, failing])
+    assert m.get_num_free_blocks() == free
+    with pytest.raises(kvblock.UnknownRequestError):
+        m.impl.get_sequence_lengths(1)  # the whole batch was refused
