@@ -110,6 +110,8 @@ fn live_frames_carry_topic_and_consecutive_sequence_numbers() {
         assert_eq!(seq_of(&f[1]), want);
         assert_eq!(f[2][0], 0x93, "payload is a 3-element msgpack array");
     }
+    // The publisher counts a batch after sending it: the subscriber can see the third frame first.
+    wait_for_batches(&p, 3);
     let s = p.stats();
     assert_eq!((s.batches, s.gaps, s.next_sequence), (3, 0, 10));
 }

@@ -433,11 +433,14 @@ impl Publisher {
         *count
     }
 
+    /// The counters so far. A snapshot that counts a batch also counts its events and its
+    /// sequence number.
     pub fn stats(&self) -> PublisherStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PublisherStats {
-            batches: get(&c.batches),
+            // Acquire, and first: the counters of every batch counted here are seen below.
+            batches: c.batches.load(Ordering::Acquire),
             events: get(&c.events),
             dropped_events: get(&c.dropped_events),
             gaps: get(&c.gaps),

@@ -244,9 +244,11 @@ impl Worker {
             .unwrap_or_else(|p| p.into_inner())
             .push(self.seq, payload);
         self.seq += 1;
-        c.batches.fetch_add(1, Ordering::Relaxed);
         c.events.fetch_add(events.len() as u64, Ordering::Relaxed);
         c.next_sequence.store(self.seq, Ordering::Release);
+        // Last, releasing the rest: a `stats()` that counts this batch sees its sequence number
+        // and events too.
+        c.batches.fetch_add(1, Ordering::Release);
     }
 
     /// Counts subscribers: open connections (from the monitor), never more than the subscribe
