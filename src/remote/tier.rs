@@ -303,6 +303,8 @@ pub struct RemoteTier {
     looking_up: HashSet<PrefixDigest>,
     fetching: HashSet<PrefixDigest>,
     writing: HashSet<PrefixDigest>,
+    /// Stores accepted by this call, sent together by `store_staged`.
+    staged: Vec<StoreItem>,
     clock: Instant,
     stats: RemoteStats,
 }
@@ -344,6 +346,7 @@ impl RemoteTier {
             looking_up: HashSet::new(),
             fetching: HashSet::new(),
             writing: HashSet::new(),
+            staged: Vec::new(),
             clock: Instant::now(),
             stats: RemoteStats::default(),
         }
@@ -505,14 +508,25 @@ impl RemoteTier {
         true
     }
 
-    /// Whether the write queue has room for one more block beside `pending` blocks accepted
-    /// but not yet passed to `store`; counts a drop when not.
-    pub fn has_write_room(&mut self, pending: usize) -> bool {
-        if self.writing.len() + pending >= self.limits.max_writes_queued {
+    /// Whether the write queue has room for one more block beside those staged; counts a drop
+    /// when not.
+    pub fn has_write_room(&mut self) -> bool {
+        if self.writing.len() + self.staged.len() >= self.limits.max_writes_queued {
             self.stats.write_drops += 1;
             return false;
         }
         true
+    }
+
+    /// Stages a store (accepted by `wants` and `has_write_room`) for the next `store_staged`.
+    pub fn stage(&mut self, item: StoreItem) {
+        self.staged.push(item);
+    }
+
+    /// Queues the staged stores as one batch.
+    pub fn store_staged(&mut self) {
+        let items = std::mem::take(&mut self.staged);
+        self.store(items);
     }
 
     /// Queues one batch of stores (each already accepted by `wants` and `has_write_room`).

@@ -21,6 +21,11 @@ enum Offload {
 impl WindowBlockManager {
     pub(super) fn flush_copies(&mut self) {
         self.flush_disk_jobs();
+        self.submit_copies();
+    }
+
+    /// Submits the copies queued by this call (the disk's jobs stay queued).
+    pub(super) fn submit_copies(&mut self) {
         if !self.pending_copies.is_empty() {
             // After a failed submission the call is rolled back: move nothing more.
             if !self.copy_log.failed() {

@@ -6,16 +6,51 @@
 
 use std::collections::HashMap;
 
-use super::lower::{CopyOut, Cursor, LowerTier, Parent, Reads};
-use super::{KeySource, WindowBlockManager};
+use super::lower::{Lower, LowerTier, Presence};
+use super::{KeySource, LowerTiers, WindowBlockManager};
 use crate::events::{StoredBlock, WindowEvent};
+use crate::key::BlockKeyRef;
 use crate::pool::Level;
 use crate::tier::sealed::{fits, seal_key, SlotHeader};
+use crate::tier::store::AlignedBuf;
 use crate::tier::{DiskTier, PrefixDigest, ReadDone, SlotChange, TierStats, WritePolicy};
 
-/// The disk tier behind the lower-tier seam: reads come back from its I/O workers.
+/// A prepared disk write: the slot and its buffer, the key already in its header.
+#[derive(Debug)]
+pub struct DiskWrite {
+    slot: u32,
+    buf: AlignedBuf,
+    /// Where the row goes in the buffer.
+    row: std::ops::Range<usize>,
+}
+
+/// The disk tier behind the lower-tier seam: a local file whose index says at once what it
+/// holds; each read is its own job on the I/O workers, and writes go at the end of the call.
 impl LowerTier for DiskTier {
     type Done = ReadDone;
+    type Write = DiskWrite;
+    const READS_IN_BATCHES: bool = false;
+    const JOBS_AT_END_OF_CALL: bool = true;
+
+    fn of(tiers: &mut LowerTiers) -> Option<&mut Lower<Self>> {
+        tiers.disk.as_deref_mut().map(|d| &mut d.lower)
+    }
+
+    fn presence(&self, digest: &PrefixDigest) -> Presence {
+        if self.contains(digest) {
+            Presence::Present
+        } else {
+            Presence::Absent
+        }
+    }
+
+    fn lookup(&mut self, _digests: &[PrefixDigest]) -> usize {
+        0 // the index knows: nothing is ever Unknown
+    }
+
+    fn start_reads(&mut self, digests: &[PrefixDigest]) -> bool {
+        digests.iter().all(|d| self.start_read(d))
+    }
 
     fn harvest_reads(&mut self) -> Vec<(PrefixDigest, ReadDone)> {
         self.harvest().into_iter().map(|d| (d.digest, d)).collect()
@@ -36,6 +71,54 @@ impl LowerTier for DiskTier {
         }
     }
 
+    fn harvest_before_write(&self) -> bool {
+        self.write_queue_full()
+    }
+
+    fn has_write_room(&mut self) -> bool {
+        DiskTier::has_write_room(self)
+    }
+
+    fn prepare_write(
+        &mut self,
+        parent: &PrefixDigest,
+        digest: &PrefixDigest,
+        key: &BlockKeyRef<'_>,
+    ) -> Option<DiskWrite> {
+        let layout = *self.layout();
+        if !fits(&layout, key) {
+            self.stats_mut().policy_skips += 1;
+            return None;
+        }
+        let (slot, mut buf) = DiskTier::prepare_write(self, digest)?;
+        seal_key(&layout, buf.as_mut_slice(), parent, key);
+        let hb = layout.header_bytes();
+        Some(DiskWrite {
+            slot,
+            buf,
+            row: hb..hb + layout.row_bytes,
+        })
+    }
+
+    fn rows_mut(write: &mut DiskWrite) -> &mut [u8] {
+        &mut write.buf.as_mut_slice()[write.row.clone()]
+    }
+
+    fn submit_write(&mut self, write: DiskWrite) {
+        DiskTier::submit_write(self, write.slot, write.buf);
+    }
+
+    fn abandon_write(&mut self, write: DiskWrite, failed: bool) {
+        if failed {
+            self.stats_mut().write_errors += 1;
+        }
+        DiskTier::abandon_write(self, write.slot, write.buf);
+    }
+
+    fn end_writes(&mut self) {
+        // `JOBS_AT_END_OF_CALL`: `flush_disk_jobs` hands them over.
+    }
+
     fn count_write_drop(&mut self) {
         self.stats_mut().write_drops += 1;
     }
@@ -44,9 +127,8 @@ impl LowerTier for DiskTier {
 /// The disk tier of a window and its reads in flight.
 #[derive(Debug)]
 pub struct WindowDisk {
-    pub(super) tier: DiskTier,
+    pub(super) lower: Lower<DiskTier>,
     policy: WritePolicy,
-    reads: Reads<ReadDone>,
     /// Times each block was reused since it was last allocated (for `WritePolicy::Reused`).
     reuse_hits: Vec<u8>,
     /// With events on: the block of each write in flight (its parent's hash and itself, as in
@@ -60,9 +142,8 @@ impl WindowDisk {
     /// A window's disk tier, writing under `policy`, for a window of `num_blocks` blocks.
     pub fn new(tier: DiskTier, policy: WritePolicy, num_blocks: usize) -> Self {
         WindowDisk {
-            tier,
+            lower: Lower::new(tier),
             policy,
-            reads: Reads::default(),
             reuse_hits: if policy == WritePolicy::Reused {
                 vec![0; num_blocks]
             } else {
@@ -94,8 +175,8 @@ impl WindowBlockManager {
     /// Hands the disk jobs of the running call to the I/O workers.
     #[inline]
     pub(super) fn flush_disk_jobs(&mut self) {
-        if let Some(d) = &mut self.disk {
-            d.tier.flush_jobs();
+        if let Some(d) = &mut self.lower.disk {
+            d.lower.tier.flush_jobs();
         }
     }
 
@@ -103,15 +184,18 @@ impl WindowBlockManager {
     pub fn attach_disk(&mut self, mut disk: WindowDisk) {
         self.digests.enable(self.arena.len());
         if self.events.is_some() {
-            disk.tier.log_changes();
+            disk.lower.tier.log_changes();
         }
-        self.disk = Some(Box::new(disk));
+        self.lower.disk = Some(Box::new(disk));
     }
 
     /// Turns the tier's logged changes into events: a completed write of an announced block is
     /// a `DiskStored`, an announced block leaving the tier a `DiskRemoved`.
-    fn record_disk_changes(&mut self, d: &mut WindowDisk) {
-        let changes = d.tier.take_changes();
+    fn record_disk_changes(&mut self) {
+        let Some(d) = self.lower.disk.as_deref_mut() else {
+            return;
+        };
+        let changes = d.lower.tier.take_changes();
         let Some(events) = &mut self.events else {
             return;
         };
@@ -155,32 +239,34 @@ impl WindowBlockManager {
 
     /// Whether a disk tier is attached.
     pub fn has_disk(&self) -> bool {
-        self.disk.is_some()
+        self.lower.disk.is_some()
     }
 
     /// The disk tier's counters (zeros without one).
     pub fn disk_stats(&self) -> TierStats {
-        self.disk
+        self.lower
+            .disk
             .as_ref()
-            .map_or_else(TierStats::default, |d| d.tier.stats())
+            .map_or_else(TierStats::default, |d| d.lower.tier.stats())
     }
 
     /// The disk tier (tests: fault injection, file mode).
     pub fn disk_tier(&self) -> Option<&DiskTier> {
-        self.disk.as_ref().map(|d| &d.tier)
+        self.lower.disk.as_ref().map(|d| &d.lower.tier)
     }
 
     /// Whether `block` is claimed as the destination of a disk read.
     pub(super) fn is_claimed_by_disk(&self, block: u32) -> bool {
-        self.disk
+        self.lower
+            .disk
             .as_ref()
-            .is_some_and(|d| d.reads.is_claimed(block))
+            .is_some_and(|d| d.lower.reads.is_claimed(block))
     }
 
     /// Notes a reuse of `block` (the `Reused` write policy counts them).
     #[inline]
     pub(super) fn note_reuse(&mut self, block: u32) {
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.lower.disk {
             if let Some(h) = d.reuse_hits.get_mut(block as usize) {
                 *h = h.saturating_add(1);
             }
@@ -191,7 +277,7 @@ impl WindowBlockManager {
     #[inline]
     pub(super) fn reset_reuse(&mut self, block: u32) {
         self.digests.forget(block);
-        if let Some(d) = &mut self.disk {
+        if let Some(d) = &mut self.lower.disk {
             if let Some(h) = d.reuse_hits.get_mut(block as usize) {
                 *h = 0;
             }
@@ -202,131 +288,66 @@ impl WindowBlockManager {
     /// when the write policy wants it and the write queue has room (otherwise the store is
     /// dropped and counted). The row is read now, before anything can overwrite it.
     pub(super) fn spill_to_disk(&mut self, block: u32) {
-        let Some(mut d) = self.disk.take() else {
+        let Some(d) = self.lower.disk.as_deref_mut() else {
             return;
         };
-        self.spill_with(&mut d, block);
-        self.record_disk_changes(&mut d);
-        self.disk = Some(d);
-    }
-
-    fn spill_with(&mut self, d: &mut WindowDisk, block: u32) {
-        // Finished writes free their buffers (and publish their slots) here too, so that the
-        // write queue drains even when the engine never polls.
-        if d.tier.write_queue_full() {
-            d.reads.collect(&mut d.tier);
-        }
-        if !self.tree.is_in_tree(block) || self.arena.level(block) != Level::Secondary {
-            return;
-        }
-        if d.policy == WritePolicy::Reused && d.reuse_hits.get(block as usize) == Some(&0) {
-            d.tier.stats_mut().policy_skips += 1;
-            return;
-        }
-        if !d.tier.has_write_room() {
-            return;
-        }
-        let layout = *d.tier.layout();
-        if !fits(&layout, &self.tree.key(block)) {
-            d.tier.stats_mut().policy_skips += 1;
-            return;
-        }
-        let (parent, digest) = self.tree_digests(block);
-        let Some((slot, mut buf)) = d.tier.prepare_write(&digest) else {
-            return;
-        };
-        let hb = layout.header_bytes();
-        let n = layout.row_bytes * self.host_rows(block).count();
-        match self.copy_out_rows(&mut d.tier, block, &mut buf.as_mut_slice()[hb..hb + n]) {
-            Ok(()) => {}
-            Err(CopyOut::NotReady) => {
-                d.tier.abandon_write(slot, buf);
-                return;
-            }
-            Err(CopyOut::Failed) => {
-                d.tier.stats_mut().write_errors += 1;
-                d.tier.abandon_write(slot, buf);
-                return;
-            }
-        }
-        seal_key(&layout, buf.as_mut_slice(), &parent, &self.tree.key(block));
-        d.tier.submit_write(slot, buf);
-        if self.events.is_some() {
-            d.announcing.insert(digest, self.stored_block(block));
-        }
-    }
-
-    /// Walks a request's reusable prefix: the blocks in the tree, then those being read, then
-    /// (with `start`) starts reads of those on disk, while host blocks can be claimed for them.
-    fn walk_disk_prefix(
-        &mut self,
-        src: &KeySource<'_>,
-        input_length: usize,
-        start: bool,
-    ) -> DiskPrefetch {
-        let mut out = DiskPrefetch::default();
-        if self.disk.is_none() {
-            return out;
-        }
-        self.walk_lower_prefix(src, input_length, |w, cur: &mut Cursor, digest| {
-            let d = w.disk.as_mut().expect("checked");
-            if d.reads.contains(&digest) {
-                out.in_flight += 1;
-            } else if start && d.tier.contains(&digest) {
-                let Some(dest) = w.claim_landing_block(cur.anchor) else {
-                    return false;
-                };
-                let d = w.disk.as_mut().expect("checked");
-                if !d.tier.start_read(&digest) {
-                    w.queues.release(dest, Level::Secondary, false, 0);
-                    return false;
-                }
-                d.reads.insert(digest, dest, cur.parent);
-                out.started += 1;
+        if self.tree.is_in_tree(block) && self.arena.level(block) == Level::Secondary {
+            if d.policy == WritePolicy::Reused && d.reuse_hits.get(block as usize) == Some(&0) {
+                d.lower.tier.stats_mut().policy_skips += 1;
             } else {
-                return false;
+                self.write_lower::<DiskTier>(&[block], |w, block, digest| {
+                    if w.events.is_some() {
+                        let announced = w.stored_block(block);
+                        let d = w.lower.disk.as_deref_mut().expect("writing");
+                        d.announcing.insert(digest, announced);
+                    }
+                });
             }
-            cur.parent = Parent::Read(digest);
-            true
-        });
-        out
+        }
+        self.record_disk_changes();
     }
 
     /// Starts reading the disk-resident part of a waiting request's reusable prefix into the
     /// host tier (as far as host blocks can be claimed and the read bound allows). Nothing
     /// waits: the blocks become reusable in a later `disk_poll`.
     pub fn disk_prefetch(&mut self, src: &KeySource<'_>, input_length: usize) -> DiskPrefetch {
-        let out = self.walk_disk_prefix(src, input_length, true);
+        let p = self.prefetch_lower::<DiskTier>(src, input_length, true);
         self.flush_disk_jobs();
-        out
+        DiskPrefetch {
+            started: p.started,
+            in_flight: p.in_flight,
+        }
     }
 
     /// Blocks of a request's reusable prefix still being read from disk (0: ready).
     pub fn disk_blocks_in_flight(&mut self, src: &KeySource<'_>, input_length: usize) -> usize {
-        self.walk_disk_prefix(src, input_length, false).in_flight
+        self.prefetch_lower::<DiskTier>(src, input_length, false)
+            .in_flight
     }
 
     /// Collects finished disk I/O: published writes, and reads placed in the tree as free host
     /// blocks under their parents (or discarded, counted, when they failed, did not verify or
     /// lost their parent). Returns the blocks placed.
     pub fn disk_poll(&mut self, now_ms: u64) -> usize {
-        let Some(mut d) = self.disk.take() else {
+        let Some(mut d) = self.lower.disk.take() else {
             return 0;
         };
-        d.reads.collect(&mut d.tier);
-        self.record_disk_changes(&mut d);
-        let placed = self.poll_lower(&mut d.tier, &mut d.reads, now_ms);
-        d.tier.flush_jobs();
-        self.disk = Some(d);
+        d.lower.collect();
+        self.lower.disk = Some(d);
+        self.record_disk_changes();
+        let mut d = self.lower.disk.take().expect("attached");
+        let placed = self.poll_lower(&mut d.lower, now_ms);
+        d.lower.tier.flush_jobs();
+        self.lower.disk = Some(d);
         placed
     }
 
     /// Checks the disk tier's own bookkeeping and that every read's destination is claimed.
     pub(super) fn verify_disk(&self) -> Result<(), String> {
-        let Some(d) = &self.disk else {
+        let Some(d) = &self.lower.disk else {
             return Ok(());
         };
-        d.tier.verify()?;
-        self.verify_reads(&d.reads, "disk read", "read")
+        d.lower.tier.verify()?;
+        self.verify_reads(&d.lower, "disk read", "read")
     }
 }

@@ -108,12 +108,11 @@ impl WindowBlockManager {
             copy_log: _,
             suspend_clock: _,
             num_suspended: _,
-            // Not rolled back: its state follows I/O already started. A write queued by a
+            // Not rolled back: their state follows I/O already started. A write queued by a
             // rolled-back call stores content the restored tree still caches (same key, same
-            // bytes), and read destinations were claimed before the call and stay claimed.
-            disk: _,
-            // Not rolled back, like the disk tier: batches already queued stay queued.
-            remote: _,
+            // bytes), read destinations were claimed before the call and stay claimed, and
+            // remote batches already queued stay queued.
+            lower: _,
             // Not rolled back: forgotten at a restore (`restore`).
             digests: _,
             // A hint for the next allocation, not bookkeeping.

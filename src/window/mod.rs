@@ -19,6 +19,8 @@ mod faults;
 mod lifecycle;
 mod lookup;
 mod lower;
+mod lower_read;
+mod lower_write;
 mod plan;
 mod recurrent;
 mod release;
@@ -47,6 +49,16 @@ use crate::pool::{BlockArena, BlockLayout, Level};
 use crate::premixed::PremixedMap;
 use crate::transfer::{CopyEngine, RowCopy};
 use crate::tree::{ReuseTree, SlotKeyAttrs};
+
+/// The tiers below a window's host memory, each a backend behind `lower::LowerTier`, in the
+/// order a block falls through them.
+#[derive(Debug, Default)]
+struct LowerTiers {
+    /// The disk tier below the host tier, if configured (`disk`).
+    disk: Option<Box<disk::WindowDisk>>,
+    /// The shared remote tier, if configured (`remote`).
+    remote: Option<Box<remote::WindowRemote>>,
+}
 
 /// Static configuration of one window.
 #[derive(Clone, Debug)]
@@ -189,10 +201,8 @@ pub struct WindowBlockManager {
     /// Sequences with `suspended_at` set: admission asks on every call, so it is kept, not
     /// counted.
     num_suspended: usize,
-    /// The disk tier below the host tier, if configured (`disk`).
-    disk: Option<Box<disk::WindowDisk>>,
-    /// The shared remote tier, if configured (`remote`).
-    remote: Option<Box<remote::WindowRemote>>,
+    /// The tiers below host memory, if configured (`lower`).
+    lower: LowerTiers,
     /// Prefix digests of tree blocks, for the lower tiers (`lower`).
     digests: lower::DigestCache,
     /// The primary row of the latest allocation (`contiguous_runs`).
@@ -237,8 +247,7 @@ impl WindowBlockManager {
             copy_log: faults::CopyLog::default(),
             suspend_clock: 0,
             num_suspended: 0,
-            disk: None,
-            remote: None,
+            lower: LowerTiers::default(),
             digests: lower::DigestCache::default(),
             last_alloc_row: None,
         }
@@ -248,8 +257,8 @@ impl WindowBlockManager {
     pub fn enable_events(&mut self) {
         self.tree.track_hashes();
         self.events.get_or_insert_with(Vec::new);
-        if let Some(d) = &mut self.disk {
-            d.tier.log_changes();
+        if let Some(d) = &mut self.lower.disk {
+            d.lower.tier.log_changes();
         }
     }
 

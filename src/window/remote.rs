@@ -7,16 +7,59 @@
 //! reuse tree as free host blocks by `remote_poll`. Only placed blocks count for estimates and
 //! admission.
 
-use super::lower::{CopyOut, Cursor, LowerTier, Parent, Reads};
-use super::{KeySource, WindowBlockManager};
+use super::lower::{Lower, LowerTier, Presence};
+use super::lower_read::LowerPrefetch;
+use super::{KeySource, LowerTiers, WindowBlockManager};
+use crate::key::BlockKeyRef;
 use crate::pool::Level;
 use crate::remote::{FetchDone, Fetched, Known, RemoteStats, RemoteTier, StoreItem};
-use crate::tier::sealed::{fits, prefix_digest, OwnedKey, SlotHeader};
+use crate::tier::sealed::{fits, OwnedKey, SlotHeader};
 use crate::tier::PrefixDigest;
 
-/// The remote tier behind the lower-tier seam: fetches come back from its workers, verified.
+/// A prepared remote write: the store item, its row at `row_at` of the value (the header is
+/// sealed on a worker).
+#[derive(Debug)]
+pub struct RemoteWrite {
+    item: StoreItem,
+    row_at: usize,
+}
+
+/// The remote tier behind the lower-tier seam: a shared store another instance writes, so a
+/// block's presence is looked up (pipelined, per request); fetches of one walk go in one
+/// pipelined batch, verified on a worker; writes of one call go in one batch.
 impl LowerTier for RemoteTier {
     type Done = Fetched;
+    type Write = RemoteWrite;
+    const READS_IN_BATCHES: bool = true;
+
+    fn of(tiers: &mut LowerTiers) -> Option<&mut Lower<Self>> {
+        tiers.remote.as_deref_mut().map(|r| &mut r.lower)
+    }
+
+    /// What the disk holds (or is writing) is the disk tier's to bring back.
+    fn held_above(tiers: &LowerTiers, digest: &PrefixDigest) -> bool {
+        tiers
+            .disk
+            .as_ref()
+            .is_some_and(|d| d.lower.tier.contains(digest) || d.lower.tier.is_writing(digest))
+    }
+
+    fn presence(&self, digest: &PrefixDigest) -> Presence {
+        match self.known(digest) {
+            Known::Present => Presence::Present,
+            Known::Absent => Presence::Absent,
+            Known::Pending => Presence::LookingUp,
+            Known::Unknown => Presence::Unknown,
+        }
+    }
+
+    fn lookup(&mut self, digests: &[PrefixDigest]) -> usize {
+        RemoteTier::lookup(self, digests)
+    }
+
+    fn start_reads(&mut self, digests: &[PrefixDigest]) -> bool {
+        self.fetch(digests)
+    }
 
     fn harvest_reads(&mut self) -> Vec<(PrefixDigest, Fetched)> {
         self.harvest()
@@ -43,6 +86,59 @@ impl LowerTier for RemoteTier {
         }
     }
 
+    fn harvest_before_write(&self) -> bool {
+        true // what it knows is written saves sending it again
+    }
+
+    fn prepare_write(
+        &mut self,
+        parent: &PrefixDigest,
+        digest: &PrefixDigest,
+        key: &BlockKeyRef<'_>,
+    ) -> Option<RemoteWrite> {
+        if !fits(self.namespace().layout(), key) {
+            self.stats_mut().policy_skips += 1;
+            return None;
+        }
+        if !self.wants(digest) || !self.has_write_room() {
+            return None;
+        }
+        let key = OwnedKey {
+            token_ids: key.token_ids.to_vec(),
+            extra_ids: key.extra_ids.map(|e| e.to_vec()),
+            lora_task_id: key.lora_task_id,
+            cache_salt: key.cache_salt,
+            extra_keys: key.extra_keys.to_vec(),
+        };
+        Some(RemoteWrite {
+            row_at: self.namespace().layout().header_bytes(),
+            item: StoreItem {
+                digest: *digest,
+                parent: *parent,
+                key,
+                value: self.namespace().new_value(),
+            },
+        })
+    }
+
+    fn rows_mut(write: &mut RemoteWrite) -> &mut [u8] {
+        &mut write.item.value[write.row_at..]
+    }
+
+    fn submit_write(&mut self, write: RemoteWrite) {
+        self.stage(write.item);
+    }
+
+    fn abandon_write(&mut self, _write: RemoteWrite, failed: bool) {
+        if failed {
+            self.stats_mut().policy_skips += 1;
+        }
+    }
+
+    fn end_writes(&mut self) {
+        self.store_staged();
+    }
+
     fn count_write_drop(&mut self) {
         self.stats_mut().write_drops += 1;
     }
@@ -62,21 +158,16 @@ pub enum RemoteWritePolicy {
 /// The remote tier of a window and its fetches in flight.
 #[derive(Debug)]
 pub struct WindowRemote {
-    pub(super) tier: RemoteTier,
+    pub(super) lower: Lower<RemoteTier>,
     policy: RemoteWritePolicy,
-    reads: Reads<Fetched>,
-    /// Most blocks of one request looked up at once.
-    max_lookup_blocks: usize,
 }
 
 impl WindowRemote {
     /// A window's remote tier, writing under `policy`.
     pub fn new(tier: RemoteTier, policy: RemoteWritePolicy) -> Self {
         WindowRemote {
-            tier,
+            lower: Lower::new(tier),
             policy,
-            reads: Reads::default(),
-            max_lookup_blocks: 256,
         }
     }
 }
@@ -92,6 +183,17 @@ pub struct RemotePrefetch {
     pub pending: usize,
 }
 
+impl From<LowerPrefetch> for RemotePrefetch {
+    /// Everything not ready is pending: looked up or started now, read or looked up before.
+    fn from(p: LowerPrefetch) -> Self {
+        RemotePrefetch {
+            looked_up: p.looked_up,
+            started: p.started,
+            pending: p.looked_up + p.started + p.in_flight + p.waiting,
+        }
+    }
+}
+
 impl std::ops::AddAssign for RemotePrefetch {
     fn add_assign(&mut self, o: RemotePrefetch) {
         self.looked_up += o.looked_up;
@@ -104,220 +206,86 @@ impl WindowBlockManager {
     /// Attaches a remote tier.
     pub fn attach_remote(&mut self, remote: WindowRemote) {
         self.digests.enable(self.arena.len());
-        self.remote = Some(Box::new(remote));
+        self.lower.remote = Some(Box::new(remote));
     }
 
     /// Whether a remote tier is attached.
     pub fn has_remote(&self) -> bool {
-        self.remote.is_some()
+        self.lower.remote.is_some()
     }
 
     /// The remote tier's counters (zeros without one).
     pub fn remote_stats(&self) -> RemoteStats {
-        self.remote
+        self.lower
+            .remote
             .as_ref()
-            .map_or_else(RemoteStats::default, |r| r.tier.stats())
+            .map_or_else(RemoteStats::default, |r| r.lower.tier.stats())
     }
 
     /// Whether `block` is claimed as the destination of a remote fetch.
     pub(super) fn is_claimed_by_remote(&self, block: u32) -> bool {
-        self.remote
+        self.lower
+            .remote
             .as_ref()
-            .is_some_and(|r| r.reads.is_claimed(block))
+            .is_some_and(|r| r.lower.reads.is_claimed(block))
     }
 
     /// Queues the blocks just stored for reuse (consecutive, each the child of the one before)
     /// for the store, under the `OnStore` policy.
     pub(super) fn remote_write_stored(&mut self, stored: &[u32]) {
-        let Some(first) = stored.first() else {
-            return;
-        };
-        if !self
+        if self
+            .lower
             .remote
             .as_ref()
             .is_some_and(|r| r.policy == RemoteWritePolicy::OnStore)
         {
-            return;
+            self.write_lower::<RemoteTier>(stored, |_, _, _| {});
         }
-        let (mut parent, _) = self.tree_digests(*first);
-        let mut items = Vec::new();
-        let mut r = self.remote.take().expect("checked");
-        r.reads.collect(&mut r.tier);
-        for &b in stored {
-            let key = self.tree.key(b);
-            let digest = prefix_digest(&parent, &key);
-            if let Some(item) = self.remote_item(&mut r, b, parent, digest, items.len()) {
-                items.push(item);
-            }
-            parent = digest;
-        }
-        r.tier.store(items);
-        self.remote = Some(r);
     }
 
     /// Queues a block the host tier is about to evict, under the `OnHostEvict` policy.
     pub(super) fn spill_to_remote(&mut self, block: u32) {
-        let Some(mut r) = self.remote.take() else {
-            return;
-        };
-        if r.policy == RemoteWritePolicy::OnHostEvict
+        if self
+            .lower
+            .remote
+            .as_ref()
+            .is_some_and(|r| r.policy == RemoteWritePolicy::OnHostEvict)
             && self.tree.is_in_tree(block)
             && self.arena.level(block) == Level::Secondary
         {
-            r.reads.collect(&mut r.tier);
-            let (parent, digest) = self.tree_digests(block);
-            if let Some(item) = self.remote_item(&mut r, block, parent, digest, 0) {
-                r.tier.store(vec![item]);
-            }
+            self.write_lower::<RemoteTier>(&[block], |_, _, _| {});
         }
-        self.remote = Some(r);
-    }
-
-    /// The store item of `block` (its row copied now), or `None` when it is not wanted
-    /// (known there, being written), its key does not fit a header, the write queue is full
-    /// with the `pending` items of this call (counted) or its row cannot be read.
-    fn remote_item(
-        &mut self,
-        r: &mut WindowRemote,
-        block: u32,
-        parent: PrefixDigest,
-        digest: PrefixDigest,
-        pending: usize,
-    ) -> Option<StoreItem> {
-        let key = self.tree.key(block);
-        if !fits(r.tier.namespace().layout(), &key) {
-            r.tier.stats_mut().policy_skips += 1;
-            return None;
-        }
-        if !r.tier.wants(&digest) || !r.tier.has_write_room(pending) {
-            return None;
-        }
-        let owned = OwnedKey {
-            token_ids: key.token_ids.to_vec(),
-            extra_ids: key.extra_ids.map(|e| e.to_vec()),
-            lora_task_id: key.lora_task_id,
-            cache_salt: key.cache_salt,
-            extra_keys: key.extra_keys.to_vec(),
-        };
-        let mut value = r.tier.namespace().new_value();
-        let hb = r.tier.namespace().layout().header_bytes();
-        match self.copy_out_rows(&mut r.tier, block, &mut value[hb..]) {
-            Ok(()) => {}
-            Err(CopyOut::NotReady) => return None,
-            Err(CopyOut::Failed) => {
-                r.tier.stats_mut().policy_skips += 1;
-                return None;
-            }
-        }
-        Some(StoreItem {
-            digest,
-            parent,
-            key: owned,
-            value,
-        })
-    }
-
-    /// Walks a request's reusable prefix past the tree; with `start`, queues one lookup of the
-    /// unknown blocks and one fetch of the leading blocks known present (into claimed host
-    /// blocks, as far as they can be claimed).
-    fn walk_remote_prefix(
-        &mut self,
-        src: &KeySource<'_>,
-        input_length: usize,
-        start: bool,
-    ) -> RemotePrefetch {
-        let mut out = RemotePrefetch::default();
-        let Some(r) = &self.remote else {
-            return out;
-        };
-        let max_look = r.max_lookup_blocks;
-        let mut to_fetch: Vec<(PrefixDigest, u32, Parent)> = Vec::new();
-        let mut to_look: Vec<PrefixDigest> = Vec::new();
-        self.walk_lower_prefix(src, input_length, |w, cur: &mut Cursor, digest| {
-            // What the disk holds (or is reading) is the disk tier's to bring back.
-            if w.disk
-                .as_ref()
-                .is_some_and(|d| d.tier.contains(&digest) || d.tier.is_writing(&digest))
-            {
-                return false;
-            }
-            let r = w.remote.as_mut().expect("checked");
-            if r.reads.contains(&digest) {
-                out.pending += 1;
-                cur.parent = Parent::Read(digest);
-                return true;
-            }
-            match r.tier.known(&digest) {
-                Known::Present if start && to_look.is_empty() => {
-                    let Some(dest) = w.claim_landing_block(cur.anchor) else {
-                        return false;
-                    };
-                    to_fetch.push((digest, dest, cur.parent));
-                    cur.parent = Parent::Read(digest);
-                    true
-                }
-                Known::Pending => {
-                    out.pending += 1;
-                    false
-                }
-                Known::Unknown | Known::Present if start => {
-                    // The rest of the prefix, in one lookup.
-                    to_look.push(digest);
-                    to_look.len() < max_look
-                }
-                _ => false,
-            }
-        });
-        let r = self.remote.as_mut().expect("checked");
-        if !to_look.is_empty() {
-            out.looked_up = r.tier.lookup(&to_look);
-            out.pending += out.looked_up;
-        }
-        if !to_fetch.is_empty() {
-            let digests: Vec<PrefixDigest> = to_fetch.iter().map(|f| f.0).collect();
-            if r.tier.fetch(&digests) {
-                for (digest, dest, parent) in to_fetch {
-                    r.reads.insert(digest, dest, parent);
-                    out.started += 1;
-                }
-                out.pending += out.started;
-            } else {
-                for (_, dest, _) in to_fetch {
-                    self.queues.release(dest, Level::Secondary, false, 0);
-                }
-            }
-        }
-        out
     }
 
     /// Looks up and fetches the remote part of a waiting request's reusable prefix (see the
     /// module). Nothing waits: blocks become reusable in a later `remote_poll`.
     pub fn remote_prefetch(&mut self, src: &KeySource<'_>, input_length: usize) -> RemotePrefetch {
-        self.walk_remote_prefix(src, input_length, true)
+        self.prefetch_lower::<RemoteTier>(src, input_length, true)
+            .into()
     }
 
     /// Blocks of a request's reusable prefix still being looked up or fetched (0: ready).
     pub fn remote_blocks_pending(&mut self, src: &KeySource<'_>, input_length: usize) -> usize {
-        self.walk_remote_prefix(src, input_length, false).pending
+        RemotePrefetch::from(self.prefetch_lower::<RemoteTier>(src, input_length, false)).pending
     }
 
     /// Collects finished remote batches and places verified fetches in the tree as free host
     /// blocks under their parents. Returns the blocks placed.
     pub fn remote_poll(&mut self, now_ms: u64) -> usize {
-        let Some(mut r) = self.remote.take() else {
+        let Some(mut r) = self.lower.remote.take() else {
             return 0;
         };
-        r.reads.collect(&mut r.tier);
-        let placed = self.poll_lower(&mut r.tier, &mut r.reads, now_ms);
-        self.remote = Some(r);
+        r.lower.collect();
+        let placed = self.poll_lower(&mut r.lower, now_ms);
+        self.lower.remote = Some(r);
         placed
     }
 
     /// Checks that every fetch's destination is claimed.
     pub(super) fn verify_remote(&self) -> Result<(), String> {
-        let Some(r) = &self.remote else {
+        let Some(r) = &self.lower.remote else {
             return Ok(());
         };
-        self.verify_reads(&r.reads, "remote fetch", "fetch")
+        self.verify_reads(&r.lower, "remote fetch", "fetch")
     }
 }

@@ -91,7 +91,7 @@ impl WindowBlockManager {
                         break;
                     }
                     // Only a Stored event and the remote tier's write path use them.
-                    if self.events.is_some() || self.remote.is_some() {
+                    if self.events.is_some() || self.lower.remote.is_some() {
                         stored.push(block);
                     }
                     block
