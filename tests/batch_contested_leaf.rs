@@ -151,3 +151,31 @@ fn a_batch_whose_later_rival_does_not_fit_still_admits_a_consistent_prefix() {
     assert_ne!(blocks[1], leaf, "planned as a copy");
     finish(&mut m, [1]);
 }
+
+#[test]
+fn a_leaf_in_the_host_tier_goes_to_the_first_partial_matcher_and_the_others_copy() {
+    // A host-resident leaf is not contested: had a later request taken it over, the earlier
+    // ones' copies would read its host row while the same launch onboards it. The first partial
+    // matcher takes it (onboarding it); the later ones copy its tokens after that.
+    let mut m = manager(16, 16);
+    let leaf = seed(&mut m, 0, vec![0, 1, 2, 3, 4, 5, 6])[1];
+    assert!(
+        m.offload_block(WINDOW, leaf).unwrap(),
+        "the leaf moves to the host tier"
+    );
+    let batch: Vec<Request> = [10, 20, 30]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::new(i as u64 + 1, vec![0, 1, 2, 3, 4, t]))
+        .collect();
+    let got = admit(&mut m, &batch);
+    for &(reused, _) in &got {
+        assert_eq!(reused, TPB + 1, "every request reuses 4 + 1 tokens");
+    }
+    assert_eq!(
+        got[0].1, leaf,
+        "the first partial matcher onboards the leaf"
+    );
+    assert!(got[1].1 != leaf && got[2].1 != leaf && got[1].1 != got[2].1);
+    finish(&mut m, 1..=3);
+}
