@@ -43,7 +43,9 @@ class BufferManager {
           stream_(std::move(stream)) {
         (void)trimPool;
     }
+    /// Virtual: a port or engine may extend it with what needs CUDA (its stream, device memory).
     virtual ~BufferManager() = default;
+    /// Copies share the stream object.
     BufferManager(BufferManager const&) = default;
     BufferManager& operator=(BufferManager const&) = default;
 

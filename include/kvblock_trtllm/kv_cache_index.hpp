@@ -29,9 +29,11 @@ class KVCacheIndex {
     [[nodiscard]] constexpr UnderlyingType get() const { return value_ & ~kSecondaryPoolFlag; }
     [[nodiscard]] constexpr bool isPrimary() const { return (value_ & kSecondaryPoolFlag) == 0; }
 
+    /// Same row at the same level.
     friend constexpr bool operator==(KVCacheIndex a, KVCacheIndex b) {
         return a.value_ == b.value_;
     }
+    /// Another row or another level.
     friend constexpr bool operator!=(KVCacheIndex a, KVCacheIndex b) {
         return a.value_ != b.value_;
     }

@@ -85,22 +85,29 @@ class ITensor {
     ITensor(ITensor const&) = delete;
     ITensor& operator=(ITensor const&) = delete;
 
-    /// The first element (null for an empty view of no memory).
+    /// The first element (null where the pool has no memory: the bookkeeping-only backend).
     [[nodiscard]] void* data() { return data_; }
+    /// The first element, read-only.
     [[nodiscard]] void const* data() const { return data_; }
     /// Element `index` of the flattened tensor (TensorRT-LLM `IBuffer::data(index)`).
     [[nodiscard]] void* data(std::size_t index) {
         return static_cast<uint8_t*>(data_) + index * dataTypeSize(type_);
     }
+    /// The extents, outermost first.
     [[nodiscard]] Shape const& getShape() const { return shape_; }
+    /// The element type (what bufferCast checks the C++ type against).
     [[nodiscard]] nvinfer1::DataType getDataType() const { return type_; }
+    /// Where TensorRT-LLM would have the bytes (kGPU for a primary pool even on the host
+    /// backend; isHostAccessible says whether the host may touch them).
     [[nodiscard]] MemoryType getMemoryType() const { return memoryType_; }
     /// Whether the host may read and write the bytes (host memory, or kvblock's host-backend
     /// pools, which stand where GPU memory would be).
     [[nodiscard]] bool isHostAccessible() const { return hostAccessible_; }
     /// Elements (the product of the extents; 1 for a rank-0 shape, as TensorRT counts).
     [[nodiscard]] std::size_t getSize() const { return static_cast<std::size_t>(volume(shape_)); }
+    /// Elements the memory holds: the size (views never grow).
     [[nodiscard]] std::size_t getCapacity() const { return getSize(); }
+    /// Bytes of the elements.
     [[nodiscard]] std::size_t getSizeInBytes() const { return getSize() * dataTypeSize(type_); }
 
     /// TensorRT-LLM `ITensor::makeShape({...})`.
@@ -180,6 +187,7 @@ class ITensor {
         return UniquePtr(new ITensor(base, out, raw->type_, raw->memoryType_, raw->hostAccessible_,
                                      std::move(tensor)));
     }
+    /// The same with the indices as a braced list (`ITensor::at(t, {pool})`).
     static UniquePtr at(SharedPtr tensor, std::initializer_list<DimType64> const& offsetDims) {
         return at(std::move(tensor), makeShape(offsetDims));
     }
@@ -250,6 +258,7 @@ T* bufferCast(ITensor& tensor) {
         throw Error(KVB_STATUS_UNSUPPORTED, "bufferCast: the host cannot address this tensor");
     return static_cast<T*>(tensor.data());
 }
+/// The read-only form.
 template <typename T>
 T const* bufferCast(ITensor const& tensor) {
     return bufferCast<T>(const_cast<ITensor&>(tensor));
@@ -259,10 +268,15 @@ T const* bufferCast(ITensor const& tensor) {
 template <typename T>
 class BufferRange {
   public:
+    /// The elements of `tensor` (checked as bufferCast checks).
     explicit BufferRange(ITensor& tensor) : data_(bufferCast<T>(tensor)), size_(tensor.getSize()) {}
+    /// The first element.
     T* begin() const { return data_; }
+    /// One past the last element.
     T* end() const { return data_ + size_; }
+    /// The number of elements.
     [[nodiscard]] std::size_t size() const { return size_; }
+    /// Element `i` (unchecked, as a pointer is).
     T& operator[](std::size_t i) const { return data_[i]; }
 
   private:

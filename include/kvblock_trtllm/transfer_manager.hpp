@@ -35,6 +35,7 @@ struct KVCacheBlockPool {
     bool containsBlockScales = false;
     bool containsIndexerKCache = false;
 
+    /// TensorRT-LLM's constructor; `blockSize` is derived from the heads, head size and tokens.
     KVCacheBlockPool(SizeType32 numLayers, SizeType32 kvFactor, SizeType32 numKvHeads,
                      SizeType32 sizePerHead, SizeType32 tokensPerBlock,
                      ITensor::SharedPtr primaryPtr = nullptr,
