@@ -421,12 +421,14 @@ class KVCacheManager : public BaseKVCacheManager {
     /// `i * beamWidth`.
     void getBlockOffsetsOfBatch(BlockOffsetsTensor& output, SizeType32 firstBatchSlotIdx,
                                 SizeType32 batchSize, SizeType32 beamWidth) const;
+    /// The same into a KVCacheIndex tensor (see copyBlockOffsets).
     void getBlockOffsetsOfBatch(ITensor& output, SizeType32 firstBatchSlotIdx, SizeType32 batchSize,
                                 SizeType32 beamWidth) const;
     /// The executor's batch form: request i at slots `offset + i * beamWidth`.
     void copyBatchBlockOffsets(BlockOffsetsTensor& output,
                                std::vector<RequestIdType> const& requestIds, SizeType32 beamWidth,
                                SizeType32 offset) const;
+    /// The same into a KVCacheIndex tensor (see copyBlockOffsets).
     void copyBatchBlockOffsets(ITensor& output, std::vector<RequestIdType> const& requestIds,
                                SizeType32 beamWidth, SizeType32 offset) const;
     /// The GPU-pool row of each block id of a window; -1 for a block on the host tier.
@@ -573,13 +575,15 @@ class KVCacheManager : public BaseKVCacheManager {
                 info.bytes_per_head_token == info.size_per_head * bytes)
                 type = *trtDataType_;
         }
-        auto elem = static_cast<SizeType64>(dataTypeSize(type));
+        // A row that is not layers x K|V x field (none today) is shown as bytes, one row a block.
         bool whole =
             v.rowBytes == static_cast<SizeType64>(v.numLayers) * v.kvFactor * v.bytesPerField;
+        if (!whole) type = nvinfer1::DataType::kUINT8;
+        auto elem = static_cast<SizeType64>(dataTypeSize(type));
         ITensor::Shape shape =
             whole
                 ? ITensor::makeShape({v.numBlocks, v.numLayers, v.kvFactor, v.bytesPerField / elem})
-                : ITensor::makeShape({v.numBlocks, v.rowBytes / elem});
+                : ITensor::makeShape({v.numBlocks, v.rowBytes});
         // The host backend keeps both levels in host memory; the CUDA backend's secondary pools
         // are pinned mapped host memory, its primary pools device memory.
         bool host = config_.raw.copy_backend == KVB_COPY_BACKEND_HOST ||
