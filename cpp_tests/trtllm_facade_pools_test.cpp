@@ -101,18 +101,18 @@ TEST(TrtllmFacade, PoolPointersAndViewsAreKvblockModelPools) {
         ASSERT_NE(primary, nullptr);
         EXPECT_EQ(pointers[static_cast<size_t>(p)][0], primary);
         EXPECT_EQ(pointers[static_cast<size_t>(p)][1], secondary);
-        auto view = bm.getPrimaryPool(p);
+        auto view = bm.getPrimaryPoolView(p);
         EXPECT_EQ(view.data, primary);
         EXPECT_EQ(static_cast<size_t>(view.rowBytes), rowBytes);
         EXPECT_EQ(view.rowBytes, view.numLayers * view.kvFactor * view.bytesPerField);
         EXPECT_EQ(view.numBlocks, view.windowSize == kSliding ? 6 : 12);
-        auto host = bm.getSecondaryPool(p);
+        auto host = bm.getSecondaryPoolView(p);
         EXPECT_EQ(host.data, secondary);
         EXPECT_EQ(host.numBlocks, view.windowSize == kSliding ? 2 : 4);
     }
     // getPrimaryPool(layer) is the pool holding the layer.
     for (int32_t l = 0; l < static_cast<int32_t>(kHeads.size()); ++l)
-        EXPECT_EQ(f->getPrimaryPool(l).data, bm.getPrimaryPool(bm.getLayerPoolIdx(l)).data);
+        EXPECT_EQ(f->getPrimaryPool(l)->data(), bm.getPrimaryPoolView(bm.getLayerPoolIdx(l)).data);
     EXPECT_EQ(statusOf([&] { (void)f->getUniquePrimaryPool(); }), KVB_STATUS_UNSUPPORTED);
     auto single = makeFacade({2, 2}, 8);
     // Two windows make two pools even with equal heads; one window makes one.
@@ -123,11 +123,18 @@ TEST(TrtllmFacade, PoolPointersAndViewsAreKvblockModelPools) {
                        {kFull}, 2, 0, nullptr, kFull, 0, true, CacheType::kSELF, std::nullopt,
                        nullptr, true, true, options);
     one.allocatePools();
+    // The byte-sized constructor names no element type: the pool's tensor is bytes,
+    // [blocks][layers][K|V][bytes of one layer's K].
     auto unique = one.getUniquePrimaryPool();
-    EXPECT_EQ(unique.data, one.impl().getModelPoolPointer(0, KVB_CACHE_LEVEL_PRIMARY).first);
-    EXPECT_EQ(unique.numLayers, 2);
-    EXPECT_EQ(unique.kvFactor, 2);
-    EXPECT_EQ(unique.bytesPerField, 2 * kTpb * 8 * 2);
+    EXPECT_EQ(unique->data(), one.impl().getModelPoolPointer(0, KVB_CACHE_LEVEL_PRIMARY).first);
+    EXPECT_EQ(unique->getDataType(), kvb::trtllm::nvinfer1::DataType::kUINT8);
+    ASSERT_EQ(unique->getShape().nbDims, 4);
+    EXPECT_EQ(unique->getShape().d[0], 10);
+    EXPECT_EQ(unique->getShape().d[1], 2);
+    EXPECT_EQ(unique->getShape().d[2], 2);
+    EXPECT_EQ(unique->getShape().d[3], 2 * kTpb * 8 * 2);
+    kvb::trtllm::PoolView uniqueView = one.getPrimaryPoolView(0);
+    EXPECT_EQ(uniqueView.bytesPerField, 2 * kTpb * 8 * 2);
     // No host tier: the secondary pointer is null.
     EXPECT_EQ(one.getBlockPoolPointers().at(0)[1], nullptr);
 }
@@ -305,8 +312,12 @@ TEST(TrtllmFacade, TheIndexerKCacheIsAPoolAfterTheKvPools) {
     auto mapping = f->getLayerToPoolMapping();
     EXPECT_EQ(mapping, plain->getLayerToPoolMapping());
     ASSERT_EQ(mapping.size(), 4u);
-    kvb::trtllm::PoolView latent = bm.getPrimaryPool(0), indexer = f->getIndexerKCachePool();
-    EXPECT_EQ(latent.rowBytes, plain->getBlockManager().getPrimaryPool(0).rowBytes);
+    kvb::trtllm::PoolView latent = bm.getPrimaryPoolView(0),
+                          indexer = f->getIndexerKCachePoolView();
+    EXPECT_EQ(latent.rowBytes, plain->getBlockManager().getPrimaryPoolView(0).rowBytes);
+    EXPECT_EQ(f->getIndexerKCachePool()->data(), indexer.data);
+    EXPECT_EQ(f->getIndexerKCachePool()->getSizeInBytes(),
+              static_cast<size_t>(indexer.numBlocks * indexer.rowBytes));
     EXPECT_EQ(indexer.poolIdx, 1);
     EXPECT_EQ(indexer.numLayers, 3);  // the mask leaves layer 1 without one
     EXPECT_EQ(indexer.kvFactor, 1);

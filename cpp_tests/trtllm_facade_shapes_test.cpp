@@ -60,8 +60,8 @@ TEST(TrtllmFacadeShapes, EngineConstructorTakesDataTypeAndSharedStream) {
     // kHALF: 2 bytes an element; the BlockManager counts a layer's K in elements.
     EXPECT_EQ(m->getBlockManager().getBlockSize(0), 2 * kTpb * 8);
     auto fp32 = makeManager(16, true, nullptr, DataType::kFLOAT);
-    EXPECT_EQ(fp32->getBlockManager().getPrimaryPool(0).bytesPerField,
-              2 * m->getBlockManager().getPrimaryPool(0).bytesPerField);
+    EXPECT_EQ(fp32->getBlockManager().getPrimaryPoolView(0).bytesPerField,
+              2 * m->getBlockManager().getPrimaryPoolView(0).bytesPerField);
     m.reset();
     EXPECT_EQ(stream.use_count(), 1);
 }

@@ -18,8 +18,11 @@
 // lists every difference that remains.
 //
 // The facade is split by concept under kvblock_trtllm/: vocabulary.hpp (aliases, tokens,
-// OptionalRef), executor_types.hpp (element types, retention, events), request.hpp (the
+// OptionalRef), executor_types.hpp (element types, retention, events), tensor.hpp (ITensor,
+// the pools' and offset tables' tensor shape), kv_cache_index.hpp (KVCacheIndex),
+// buffer_manager.hpp (BufferManager: host tensors, host copies, pool bytes), request.hpp (the
 // engine's request), types.hpp (the calls' structs), block.hpp (block handles),
+// transfer_manager.hpp (KVCacheBlockPool, KVCacheTransferManager),
 // block_manager.hpp (the window-level views and the owning BlockManager), sizing.hpp (the
 // static sizing helpers), generation_request.hpp (the per-sequence record),
 // kv_cache_manager.hpp (the manager: construction, sizes, pools),
@@ -31,10 +34,14 @@
 
 #include "kvblock_trtllm/vocabulary.hpp"
 #include "kvblock_trtllm/executor_types.hpp"
+#include "kvblock_trtllm/tensor.hpp"
+#include "kvblock_trtllm/kv_cache_index.hpp"
+#include "kvblock_trtllm/buffer_manager.hpp"
 #include "kvblock_trtllm/request.hpp"
 #include "kvblock_trtllm/connector.hpp"
 #include "kvblock_trtllm/types.hpp"
 #include "kvblock_trtllm/block.hpp"
+#include "kvblock_trtllm/transfer_manager.hpp"
 #include "kvblock_trtllm/block_manager.hpp"
 #include "kvblock_trtllm/sizing.hpp"
 #include "kvblock_trtllm/generation_request.hpp"

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <utility>
 
+#include "kvblock_trtllm/kv_cache_index.hpp"
 #include "kvblock_trtllm/types.hpp"
 
 namespace kvb::trtllm {
@@ -29,6 +30,13 @@ class KVCacheBlock {
 
     KVCacheBlock(KVCacheManager const& owner, SizeType32 windowSize, IdType blockId)
         : owner_(&owner), windowSize_(windowSize), blockId_(blockId) {}
+    /// TensorRT-LLM's constructor: a standalone block with its own pool address and no
+    /// manager, as a caller of KVCacheTransferManager builds one. It answers getBlockId,
+    /// isPrimary and getMemoryPoolBlockIndex from `blockIdx` and swaps it with
+    /// swapMemoryPoolBlockOffset; the queries that need a manager throw
+    /// (KVB_STATUS_UNSUPPORTED).
+    KVCacheBlock(IdType blockId, KVCacheIndex blockIdx)
+        : owner_(nullptr), windowSize_(0), blockId_(blockId), standaloneIndex_(blockIdx) {}
 
     /// TensorRT-LLM `getBlockId`.
     [[nodiscard]] IdType getBlockId() const { return blockId_; }
@@ -62,11 +70,35 @@ class KVCacheBlock {
     /// the tree. kvblock keeps the tree's links only: a block that never entered the tree has
     /// no previous block, where TensorRT-LLM also links a sequence's blocks as it allocates.
     [[nodiscard]] BlockPtr getPrevBlock() const;
+    /// The block's pool address now as TensorRT-LLM's `KVCacheIndex` (row and level).
+    [[nodiscard]] KVCacheIndex getMemoryPoolBlockOffset() const {
+        if (!owner_) return standaloneIndex_;
+        return KVCacheIndex(getMemoryPoolBlockIndex(), !isPrimary());
+    }
+    /// Whether the block belongs to no manager (TensorRT-LLM's constructor).
+    [[nodiscard]] bool isStandalone() const { return owner_ == nullptr; }
+    /// TensorRT-LLM `swapMemoryPoolBlockOffset`: exchanges the pool addresses of two standalone
+    /// blocks (what a transfer's caller does after an offload or onboard). A manager's block
+    /// throws (KVB_STATUS_UNSUPPORTED): kvblock moves its own blocks and their addresses.
+    void swapMemoryPoolBlockOffset(std::shared_ptr<KVCacheBlock> const& otherBlock) {
+        if (!otherBlock) throw Error(KVB_STATUS_INVALID_ARGUMENT, "null block");
+        if (owner_ || otherBlock->owner_)
+            throw Error(KVB_STATUS_UNSUPPORTED,
+                        "a manager's block moves with the manager (offloadBlock, onboardBlock)");
+        std::swap(standaloneIndex_, otherBlock->standaloneIndex_);
+    }
 
   private:
+    /// A standalone block has no manager to ask: the queries that need one throw.
+    KVCacheManager const& owner() const {
+        if (!owner_)
+            throw Error(KVB_STATUS_UNSUPPORTED, "a standalone block has no manager to ask");
+        return *owner_;
+    }
     KVCacheManager const* owner_;
     SizeType32 windowSize_;
     IdType blockId_;
+    KVCacheIndex standaloneIndex_{0};
 };
 
 /// TensorRT-LLM's `BlockPtr` (`std::shared_ptr<KVCacheBlock>`): `->`, `*`, `get()`, truth

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "kvblock_trtllm/block.hpp"
+#include "kvblock_trtllm/buffer_manager.hpp"
 #include "kvblock_trtllm/executor_types.hpp"
+#include "kvblock_trtllm/tensor.hpp"
 #include "kvblock_trtllm/types.hpp"
 
 namespace kvb::trtllm {
@@ -66,7 +68,7 @@ class BlockManager {
                  std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
                  std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                  bool enablePartialReuse = true, bool copyOnPartialReuse = true,
-                 KvblockOptions options = {});
+                 KvblockOptions options = getDefaultKvblockOptions());
     ~BlockManager();
     BlockManager(BlockManager const&) = delete;
     BlockManager& operator=(BlockManager const&) = delete;
@@ -178,9 +180,23 @@ class BlockManager {
     [[nodiscard]] std::vector<kvb_pool_info_t> getPoolConfigurations() const;
     /// The pool of layer `layerIdx`.
     [[nodiscard]] SizeType32 getLayerPoolIdx(SizeType32 layerIdx) const;
-    /// Pool `poolIdx` in GPU (primary) and host (secondary) memory.
-    [[nodiscard]] PoolView getPrimaryPool(SizeType32 poolIdx) const;
-    [[nodiscard]] PoolView getSecondaryPool(SizeType32 poolIdx) const;
+    /// Pool `poolIdx` in GPU (primary) memory as TensorRT-LLM hands it out: an ITensor
+    /// `[blocks][layers][kvFactor][heads x tokens x head size]` of the manager's element type
+    /// (bytes, kUINT8, where the pool's element is not the constructor's type: quantized and
+    /// indexer pools, a byte-sized constructor), viewing kvblock's memory: valid while the pools
+    /// live, null data with the bookkeeping-only backend. A block's row is
+    /// `ITensor::slice(pool, block->getMemoryPoolBlockIndex(), 1)`.
+    [[nodiscard]] ITensor::SharedPtr getPrimaryPool(SizeType32 poolIdx) const;
+    /// The same pool in host (secondary) memory: the host tier's rows (no rows without one).
+    [[nodiscard]] ITensor::SharedPtr getSecondaryPool(SizeType32 poolIdx) const;
+    /// Pool `poolIdx` as kvblock's PoolView (base address and byte geometry), the facade's
+    /// form before it had tensors.
+    [[nodiscard]] PoolView getPrimaryPoolView(SizeType32 poolIdx) const;
+    [[nodiscard]] PoolView getSecondaryPoolView(SizeType32 poolIdx) const;
+    /// TensorRT-LLM `getBufferManager(windowSize)`: the buffer manager of a window, whose
+    /// memoryPoolUsed() is the bytes of the window's primary pools (0 before allocatePools).
+    /// The reference lives as long as the manager. An unknown window throws.
+    [[nodiscard]] BufferManager const& getBufferManager(SizeType32 windowSize) const;
     [[nodiscard]] std::map<SizeType32, WindowSizeMetadata> getWindowSizesMetadata() const;
     [[nodiscard]] SizeType32 getNumSecondaryBlocks() const;
     [[nodiscard]] SizeType32 getNumFreeSecondaryBlocks() const;

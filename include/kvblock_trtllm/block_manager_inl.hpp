@@ -113,7 +113,7 @@ inline std::vector<kvb_pool_info_t> BlockManager::getPoolConfigurations() const 
 inline SizeType32 BlockManager::getLayerPoolIdx(SizeType32 layerIdx) const {
     return owner().getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[0];
 }
-inline PoolView BlockManager::getPrimaryPool(SizeType32 poolIdx) const {
+inline PoolView BlockManager::getPrimaryPoolView(SizeType32 poolIdx) const {
     kvb_pool_info_t info = owner().impl().getPoolInfo(poolIdx);
     PoolView v;
     v.data = static_cast<uint8_t*>(owner().poolBase(poolIdx, KVB_CACHE_LEVEL_PRIMARY));
@@ -131,11 +131,39 @@ inline PoolView BlockManager::getPrimaryPool(SizeType32 poolIdx) const {
     v.rowBytes = static_cast<SizeType64>(info.row_bytes);
     return v;
 }
-inline PoolView BlockManager::getSecondaryPool(SizeType32 poolIdx) const {
-    PoolView v = getPrimaryPool(poolIdx);
+inline PoolView BlockManager::getSecondaryPoolView(SizeType32 poolIdx) const {
+    PoolView v = getPrimaryPoolView(poolIdx);
     v.data = static_cast<uint8_t*>(owner().poolBase(poolIdx, KVB_CACHE_LEVEL_SECONDARY));
     v.numBlocks = owner().impl().getHostTierBlocks(v.windowSize);
     return v;
+}
+inline ITensor::SharedPtr BlockManager::getPrimaryPool(SizeType32 poolIdx) const {
+    return owner().poolTensor(getPrimaryPoolView(poolIdx), KVB_CACHE_LEVEL_PRIMARY);
+}
+inline ITensor::SharedPtr BlockManager::getSecondaryPool(SizeType32 poolIdx) const {
+    return owner().poolTensor(getSecondaryPoolView(poolIdx), KVB_CACHE_LEVEL_SECONDARY);
+}
+inline BufferManager const& BlockManager::getBufferManager(SizeType32 windowSize) const {
+    auto const& windows = owner().windows_;
+    if (std::find(windows.begin(), windows.end(), windowSize) == windows.end())
+        throw Error(KVB_STATUS_INVALID_ARGUMENT,
+                    "getBufferManager: no window of size " + std::to_string(windowSize));
+    KVCacheManager const* mgr = owner_;
+    std::lock_guard<std::mutex> lock(mgr->bufferManagersMutex_);
+    auto [it, fresh] = mgr->bufferManagers_.try_emplace(windowSize);
+    if (fresh)
+        it->second = BufferManager::reportingPoolBytes([mgr, windowSize]() -> std::size_t {
+            if (!mgr->manager_) return 0;  // no pools before allocatePools
+            std::size_t bytes = 0;
+            BlockManager const& bm = mgr->getBlockManager();
+            for (SizeType32 p = 0; p < bm.getNumPools(); ++p) {
+                PoolView v = bm.getPrimaryPoolView(p);
+                if (v.windowSize == windowSize && v.data)
+                    bytes += static_cast<std::size_t>(v.numBlocks * v.rowBytes);
+            }
+            return bytes;
+        });
+    return it->second;
 }
 inline std::map<SizeType32, WindowSizeMetadata> BlockManager::getWindowSizesMetadata() const {
     std::map<SizeType32, WindowSizeMetadata> out;
@@ -147,7 +175,7 @@ inline std::map<SizeType32, WindowSizeMetadata> BlockManager::getWindowSizesMeta
         WindowSizeMetadata& m = it->second;
         ++m.numPools;
         if (!first) continue;
-        PoolView primary = getPrimaryPool(p);
+        PoolView primary = getPrimaryPoolView(p);
         m.allottedPrimaryBlocks = static_cast<SizeType32>(primary.numBlocks);
         m.allottedSecondaryBlocks =
             static_cast<SizeType32>(owner().impl().getHostTierBlocks(window));
@@ -265,12 +293,14 @@ inline std::optional<ReuseTreeMatch> BlockManager::find(BlockKey const& key, Siz
 inline kvb_block_info_t KVCacheBlock::getInfo() const {
     if (blockId_ == kCachedBlocksRootId)
         throw Error(KVB_STATUS_INVALID_ARGUMENT, "the reuse tree's root is not a block");
-    return owner_->impl().getBlockInfo(windowSize_, blockId_);
+    return owner().impl().getBlockInfo(windowSize_, blockId_);
 }
 inline bool KVCacheBlock::isPrimary() const {
+    if (!owner_) return standaloneIndex_.isPrimary();
     return blockId_ == kCachedBlocksRootId || getInfo().cache_level == KVB_CACHE_LEVEL_PRIMARY;
 }
 inline SizeType32 KVCacheBlock::getMemoryPoolBlockIndex() const {
+    if (!owner_) return standaloneIndex_.get();
     return getInfo().memory_index;
 }
 inline SizeType32 KVCacheBlock::getPriority() const {
@@ -279,7 +309,7 @@ inline SizeType32 KVCacheBlock::getPriority() const {
 inline void KVCacheBlock::setPriority(SizeType32 priority) const {
     if (blockId_ == kCachedBlocksRootId)
         throw Error(KVB_STATUS_INVALID_ARGUMENT, "the reuse tree's root is not a block");
-    owner_->impl().setBlockPriority(windowSize_, blockId_, priority);
+    owner().impl().setBlockPriority(windowSize_, blockId_, priority);
 }
 inline SizeType32 KVCacheBlock::getNumRefs() const {
     return blockId_ == kCachedBlocksRootId ? 0 : getInfo().ref_count;
@@ -297,7 +327,7 @@ inline BlockPtr KVCacheBlock::getPrevBlock() const {
     int64_t parent = getInfo().parent;
     if (parent < kCachedBlocksRootId) return nullptr;  // not in the tree
     return BlockPtr(
-        std::make_shared<KVCacheBlock>(*owner_, windowSize_, static_cast<IdType>(parent)));
+        std::make_shared<KVCacheBlock>(owner(), windowSize_, static_cast<IdType>(parent)));
 }
 
 // --- the owning BlockManager ----------------------------------------------------------------

@@ -47,7 +47,7 @@ class KVCacheManager : public BaseKVCacheManager {
                    std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
                    std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                    bool enablePartialReuse = true, bool copyOnPartialReuse = true,
-                   KvblockOptions options = {})
+                   KvblockOptions options = getDefaultKvblockOptions())
         : KVCacheManager(
               numKvHeadsPerLayer, sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences,
               maxBeamWidth, maxAttentionWindowVec, withDataType(options, dtype), sinkTokenLength,
@@ -55,6 +55,7 @@ class KVCacheManager : public BaseKVCacheManager {
               cacheType, secondaryOffloadMinPriority, std::move(eventManager), enablePartialReuse,
               copyOnPartialReuse, withDataTypeOptions(options, dtype)) {
         stream_ = std::move(stream);
+        trtDataType_ = static_cast<nvinfer1::DataType>(static_cast<int32_t>(dtype));
     }
     /// The same with every layer having `numKvHeads` heads (TensorRT-LLM's uniform overload).
     template <typename DataType, typename Stream,
@@ -69,7 +70,7 @@ class KVCacheManager : public BaseKVCacheManager {
                    std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
                    std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                    bool enablePartialReuse = true, bool copyOnPartialReuse = true,
-                   KvblockOptions options = {})
+                   KvblockOptions options = getDefaultKvblockOptions())
         : KVCacheManager(
               std::vector<SizeType32>(static_cast<size_t>(std::max(numLayers, 0)), numKvHeads),
               sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences, maxBeamWidth,
@@ -93,7 +94,7 @@ class KVCacheManager : public BaseKVCacheManager {
                    std::shared_ptr<KVCacheEventManager> eventManager, bool enablePartialReuse,
                    bool copyOnPartialReuse,
                    std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
-                   KvblockOptions options = {})
+                   KvblockOptions options = getDefaultKvblockOptions())
         : KVCacheManager(numKvHeadsPerLayer, sizePerHead, tokensPerBlock, blocksPerWindow,
                          maxNumSequences, maxBeamWidth, maxAttentionWindowVec, dtype,
                          sinkTokenLength, std::move(stream), maxSequenceLength, chunkSize,
@@ -115,7 +116,7 @@ class KVCacheManager : public BaseKVCacheManager {
                    std::shared_ptr<KVCacheEventManager> eventManager, bool enablePartialReuse,
                    bool copyOnPartialReuse,
                    std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
-                   KvblockOptions options = {})
+                   KvblockOptions options = getDefaultKvblockOptions())
         : KVCacheManager(
               std::vector<SizeType32>(static_cast<size_t>(std::max(numLayers, 0)), numKvHeads),
               sizePerHead, tokensPerBlock, blocksPerWindow, maxNumSequences, maxBeamWidth,
@@ -139,7 +140,7 @@ class KVCacheManager : public BaseKVCacheManager {
                    std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
                    std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                    bool enablePartialReuse = true, bool copyOnPartialReuse = true,
-                   KvblockOptions const& options = {})
+                   KvblockOptions const& options = getDefaultKvblockOptions())
         : enableBlockReuse_(enableBlockReuse),
           enablePartialReuse_(enablePartialReuse),
           cacheType_(cacheType) {
@@ -308,17 +309,17 @@ class KVCacheManager : public BaseKVCacheManager {
         return indexer_.quantBlockSize;
     }
     [[nodiscard]] bool getIndexerKCacheUseFp4() const { return indexer_.useFp4; }
-    /// The indexer K cache pool in GPU memory: a K-only pool `[blocks][layers with an
-    /// indexer][1][tokens x bytes per token]` (FP8 elements then their FP32 scales per token;
-    /// with FP4, the NVFP4 elements, their scales in the pool's block-scale pool). With several
-    /// attention windows each has its own; this is the first (TensorRT-LLM has one). Throws
-    /// KVB_STATUS_UNSUPPORTED without an indexer.
-    [[nodiscard]] PoolView getIndexerKCachePool() const {
-        SizeType32 n = impl().getNumPools(false);
-        for (SizeType32 p = 0; p < n; ++p)
-            if (impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K)
-                return getBlockManager().getPrimaryPool(p);
-        throw Error(KVB_STATUS_UNSUPPORTED, "this manager has no indexer K cache");
+    /// The indexer K cache pool in GPU memory (TensorRT-LLM `getIndexerKCachePool`, an ITensor
+    /// of bytes `[blocks][layers with an indexer][1][tokens x bytes per token]`): each token's
+    /// row is its FP8 elements then its FP32 scales; with FP4, the NVFP4 elements, their scales
+    /// in the pool's block-scale pool. With several attention windows each has its own; this is
+    /// the first (TensorRT-LLM has one). Throws KVB_STATUS_UNSUPPORTED without an indexer.
+    [[nodiscard]] ITensor::SharedPtr getIndexerKCachePool() const {
+        return getBlockManager().getPrimaryPool(indexerPoolIdx());
+    }
+    /// The same pool as kvblock's PoolView.
+    [[nodiscard]] PoolView getIndexerKCachePoolView() const {
+        return getBlockManager().getPrimaryPoolView(indexerPoolIdx());
     }
     /// The index of layer `layerIdx` in its pool.
     [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const {
@@ -328,15 +329,20 @@ class KVCacheManager : public BaseKVCacheManager {
     [[nodiscard]] bool isPoolLayerFirst(SizeType32 layerIdx) const {
         return getPoolLayerIdx(layerIdx) == 0;
     }
-    /// The primary pool when there is exactly one data pool (throws otherwise).
-    [[nodiscard]] PoolView getUniquePrimaryPool() const {
+    /// The primary pool when there is exactly one data pool (throws otherwise), as an ITensor
+    /// (see BlockManager::getPrimaryPool).
+    [[nodiscard]] ITensor::SharedPtr getUniquePrimaryPool() const {
         if (getBlockManager().getNumPools(false) != 1)
             throw Error(KVB_STATUS_UNSUPPORTED, "getUniquePrimaryPool needs exactly one pool");
         return getBlockManager().getPrimaryPool(0);
     }
-    /// The primary pool holding layer `layerIdx`.
-    [[nodiscard]] PoolView getPrimaryPool(SizeType32 layerIdx) const {
+    /// The primary pool holding layer `layerIdx`, as an ITensor.
+    [[nodiscard]] ITensor::SharedPtr getPrimaryPool(SizeType32 layerIdx) const {
         return getBlockManager().getPrimaryPool(getBlockManager().getLayerPoolIdx(layerIdx));
+    }
+    /// The primary pool holding layer `layerIdx` as kvblock's PoolView.
+    [[nodiscard]] PoolView getPrimaryPoolView(SizeType32 layerIdx) const {
+        return getBlockManager().getPrimaryPoolView(getBlockManager().getLayerPoolIdx(layerIdx));
     }
 
     // --- admission -----------------------------------------------------------------------
@@ -405,14 +411,26 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Writes one request's offsets at slot `outputSlotOffset`; returns its block count.
     SizeType32 copyBlockOffsets(BlockOffsetsTensor& output, SizeType32 outputSlotOffset,
                                 RequestIdType requestId) const;
+    /// TensorRT-LLM's form: `output` an INT32 (KVCacheIndex) host tensor
+    /// `[numPools][numSlots][2][maxBlocksPerSeq]`, as BufferManager::cpu makes it. Entries past
+    /// the sequence's blocks in its rows are INT32_MAX; other slots are not touched. A tensor of
+    /// another type, rank, pool count or row length throws (KVB_STATUS_INVALID_ARGUMENT).
+    SizeType32 copyBlockOffsets(ITensor& output, SizeType32 outputSlotOffset,
+                                RequestIdType requestId) const;
     /// The offsets of `batchSize` requests whose ids are `firstBatchSlotIdx + i`, at slots
     /// `i * beamWidth`.
     void getBlockOffsetsOfBatch(BlockOffsetsTensor& output, SizeType32 firstBatchSlotIdx,
                                 SizeType32 batchSize, SizeType32 beamWidth) const;
+    /// The same into a KVCacheIndex tensor (see copyBlockOffsets).
+    void getBlockOffsetsOfBatch(ITensor& output, SizeType32 firstBatchSlotIdx, SizeType32 batchSize,
+                                SizeType32 beamWidth) const;
     /// The executor's batch form: request i at slots `offset + i * beamWidth`.
     void copyBatchBlockOffsets(BlockOffsetsTensor& output,
                                std::vector<RequestIdType> const& requestIds, SizeType32 beamWidth,
                                SizeType32 offset) const;
+    /// The same into a KVCacheIndex tensor (see copyBlockOffsets).
+    void copyBatchBlockOffsets(ITensor& output, std::vector<RequestIdType> const& requestIds,
+                               SizeType32 beamWidth, SizeType32 offset) const;
     /// The GPU-pool row of each block id of a window; -1 for a block on the host tier.
     [[nodiscard]] std::vector<SizeType32> getMemoryPoolBlockIndicesByBlockIds(
         std::vector<BlockIdType> const& blockIds, SizeType32 windowSize) const;
@@ -537,6 +555,46 @@ class KVCacheManager : public BaseKVCacheManager {
         indexer_ = {true, headDim, o.indexerKCacheQuantBlockSize, o.indexerKCacheUseFp4};
     }
 
+    /// The index of the first indexer K cache pool (throws without one).
+    SizeType32 indexerPoolIdx() const {
+        SizeType32 n = impl().getNumPools(false);
+        for (SizeType32 p = 0; p < n; ++p)
+            if (impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K) return p;
+        throw Error(KVB_STATUS_UNSUPPORTED, "this manager has no indexer K cache");
+    }
+
+    /// A pool view as TensorRT-LLM's tensor (see BlockManager::getPrimaryPool): typed by the
+    /// constructor's element type where the pool stores it unquantized, bytes otherwise.
+    ITensor::SharedPtr poolTensor(PoolView const& v, kvb_cache_level_t level) const {
+        kvb_pool_info_t info = impl().getPoolInfo(v.poolIdx);
+        nvinfer1::DataType type = nvinfer1::DataType::kUINT8;
+        if (trtDataType_ && info.cache_type != KVB_CACHE_TYPE_INDEXER_K) {
+            auto [bytes, kind] = kvDataTypeOf(static_cast<int32_t>(*trtDataType_));
+            if (kind == static_cast<kvb_kv_data_type_t>(info.data_type) &&
+                kind != KVB_KV_DATA_TYPE_NVFP4 && bytes > 0 &&
+                info.bytes_per_head_token == info.size_per_head * bytes)
+                type = *trtDataType_;
+        }
+        // A row that is not layers x K|V x field (none today) is shown as bytes, one row a block.
+        bool whole =
+            v.rowBytes == static_cast<SizeType64>(v.numLayers) * v.kvFactor * v.bytesPerField;
+        if (!whole) type = nvinfer1::DataType::kUINT8;
+        auto elem = static_cast<SizeType64>(dataTypeSize(type));
+        ITensor::Shape shape =
+            whole
+                ? ITensor::makeShape({v.numBlocks, v.numLayers, v.kvFactor, v.bytesPerField / elem})
+                : ITensor::makeShape({v.numBlocks, v.rowBytes});
+        // The host backend keeps both levels in host memory; the CUDA backend's secondary pools
+        // are pinned mapped host memory, its primary pools device memory.
+        bool host = config_.raw.copy_backend == KVB_COPY_BACKEND_HOST ||
+                    (config_.raw.copy_backend == KVB_COPY_BACKEND_CUDA &&
+                     level == KVB_CACHE_LEVEL_SECONDARY);
+        return std::make_shared<ITensor>(
+            v.data, shape, type,
+            level == KVB_CACHE_LEVEL_PRIMARY ? MemoryType::kGPU : MemoryType::kPINNED,
+            host && v.data != nullptr);
+    }
+
     /// Base of data pool `pool` at `level`; null where it has no memory there.
     void* poolBase(SizeType32 pool, kvb_cache_level_t level) const {
         uint8_t* base = nullptr;
@@ -577,6 +635,11 @@ class KVCacheManager : public BaseKVCacheManager {
     std::vector<SizeType32> windows_;
     SizeType32 elementBytes_ = 0;
     std::shared_ptr<void> stream_;  // the engine's stream object, kept alive
+    /// The element type the engine constructor was given (its pools' tensors are typed by it).
+    std::optional<nvinfer1::DataType> trtDataType_;
+    /// BlockManager::getBufferManager's per-window buffer managers (stable references).
+    mutable std::mutex bufferManagersMutex_;
+    mutable std::map<SizeType32, BufferManager> bufferManagers_;
     std::shared_ptr<kv_connector::KvCacheConnectorManager> connector_;  // null: none
     mutable std::optional<Manager> manager_;
     /// TensorRT-LLM's per-sequence records, refreshed from kvblock (see getSequence).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -175,6 +176,39 @@ inline SizeType32 KVCacheManager::copyBlockOffsets(BlockOffsetsTensor& output,
                                                    SizeType32 outputSlotOffset,
                                                    RequestIdType requestId) const {
     return impl().copyBlockOffsets(output.data, output.numSlots, outputSlotOffset, requestId);
+}
+
+inline SizeType32 KVCacheManager::copyBlockOffsets(ITensor& output, SizeType32 outputSlotOffset,
+                                                   RequestIdType requestId) const {
+    // The table's shape is checked against the manager's before kvblock writes into it: a
+    // wrongly sized table would otherwise be written with the manager's row length.
+    ITensor::Shape const& s = output.getShape();
+    auto [maxBlocks, numPools] = impl().getOffsetTableDimensions();
+    if (output.getDataType() != TRTDataType<KVCacheIndex>::value || s.nbDims != 4 ||
+        s.d[0] != numPools || s.d[2] != 2 || s.d[3] != maxBlocks)
+        throw Error(KVB_STATUS_INVALID_ARGUMENT, "copyBlockOffsets: the table must be INT32 [" +
+                                                     std::to_string(numPools) + "][slots][2][" +
+                                                     std::to_string(maxBlocks) + "]");
+    int32_t* table = bufferCast<int32_t>(output);
+    int32_t count = 0;
+    check(kvb_manager_copy_block_offsets(impl().get(), table, output.getSize(),
+                                         static_cast<int32_t>(s.d[1]), outputSlotOffset, requestId,
+                                         &count));
+    return count;
+}
+
+inline void KVCacheManager::getBlockOffsetsOfBatch(ITensor& output, SizeType32 firstBatchSlotIdx,
+                                                   SizeType32 batchSize,
+                                                   SizeType32 beamWidth) const {
+    for (SizeType32 i = 0; i < batchSize; ++i)
+        copyBlockOffsets(output, i * beamWidth, static_cast<RequestIdType>(firstBatchSlotIdx + i));
+}
+
+inline void KVCacheManager::copyBatchBlockOffsets(ITensor& output,
+                                                  std::vector<RequestIdType> const& requestIds,
+                                                  SizeType32 beamWidth, SizeType32 offset) const {
+    for (size_t i = 0; i < requestIds.size(); ++i)
+        copyBlockOffsets(output, offset + static_cast<SizeType32>(i) * beamWidth, requestIds[i]);
 }
 
 inline void KVCacheManager::getBlockOffsetsOfBatch(BlockOffsetsTensor& output,

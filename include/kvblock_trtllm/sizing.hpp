@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvblock_trtllm/buffer_manager.hpp"
 #include "kvblock_trtllm/types.hpp"
 
 namespace kvb::trtllm {
@@ -151,8 +152,9 @@ class BaseKVCacheManager {
     [[nodiscard]] static std::tuple<uint64_t, uint64_t> calculateFreeMemBytes(
         BufferManager const& bufferManager, KvCacheConfig const& config) {
         auto [primary, secondary] = kvb::calculateFreeMemBytes(
-            bufferManager.device, static_cast<double>(config.freeGpuMemoryFraction.value_or(0.9f)),
-            bufferManager.memoryPoolFree, config.hostCacheSize.value_or(0));
+            bufferManager.getDevice(),
+            static_cast<double>(config.freeGpuMemoryFraction.value_or(0.9f)),
+            bufferManager.memoryPoolFree(), config.hostCacheSize.value_or(0));
         return {primary, secondary};
     }
 

@@ -1,6 +1,7 @@
 // kvblock_trtllm/types.hpp: the plain structs of the facade's calls (statistics, reuse
-// summaries, offsets, block keys, construction options, pool views, window metadata, and the
-// stand-ins for what TensorRT-LLM's BufferManager and KvCacheConfig hand the sizing helpers).
+// summaries, offsets, block keys, construction options and their process-wide default, pool
+// views, window metadata, and the stand-in for what TensorRT-LLM's KvCacheConfig hands the
+// sizing helpers).
 // Part of kvblock_trtllm.hpp; include that.
 #ifndef KVBLOCK_TRTLLM_TYPES_HPP
 #define KVBLOCK_TRTLLM_TYPES_HPP
@@ -8,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "kvblock_trtllm/request.hpp"
@@ -98,13 +101,6 @@ struct ReuseTreeMatch {
     BlockIdType lastBlockId() const { return blockIds.back(); }
 };
 
-/// What calculateFreeMemBytes reads from TensorRT-LLM's `runtime::BufferManager`: the device
-/// of its stream and the free bytes of its stream-ordered memory pool (`memoryPoolFree()`).
-struct BufferManager {
-    SizeType32 device = 0;
-    uint64_t memoryPoolFree = 0;
-};
-
 /// What calculateFreeMemBytes reads from TensorRT-LLM's `executor::KvCacheConfig`.
 struct KvCacheConfig {
     /// Share of the free GPU memory the KV cache takes; TensorRT-LLM's default is 0.9.
@@ -148,6 +144,31 @@ struct KvblockOptions {
     bool indexerKCacheUseFp4 = false;
     std::vector<bool> indexerKCacheLayerMask;
 };
+
+namespace detail {
+inline std::mutex& defaultOptionsMutex() {
+    static std::mutex m;
+    return m;
+}
+inline KvblockOptions& defaultOptions() {
+    static KvblockOptions o;
+    return o;
+}
+}  // namespace detail
+
+/// The KvblockOptions a manager takes when its constructor is not given any: TensorRT-LLM's
+/// constructors have no argument for kvblock's settings, so code built on them unchanged (an
+/// engine's construction path, a ported test) gets the copy backend and the rest from here.
+/// Set once before building managers; a manager keeps the options it was built with.
+inline void setDefaultKvblockOptions(KvblockOptions options) {
+    std::lock_guard<std::mutex> lock(detail::defaultOptionsMutex());
+    detail::defaultOptions() = std::move(options);
+}
+/// What setDefaultKvblockOptions set (KvblockOptions{} until then: no pool memory).
+inline KvblockOptions getDefaultKvblockOptions() {
+    std::lock_guard<std::mutex> lock(detail::defaultOptionsMutex());
+    return detail::defaultOptions();
+}
 
 /// Stand-in for a pool's `runtime::ITensor`: its base address at one cache level and its shape
 /// `[numBlocks][numLayers][kvFactor][bytesPerField]` (a block's row is `rowBytes`).
