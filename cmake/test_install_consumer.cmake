@@ -33,7 +33,10 @@ set(expected include/kvblock.h include/kvblock.hpp include/kvblock_disagg.hpp
     include/kvblock_trtllm/executor_types.hpp include/kvblock_trtllm/generation_request.hpp
     include/kvblock_trtllm/kv_cache_manager_sequences.hpp
     include/kvblock_trtllm/kv_cache_manager_reuse.hpp
-    include/kvblock_trtllm/block.hpp
+    include/kvblock_trtllm/block.hpp include/kvblock_trtllm/connector.hpp
+    include/kvblock_trtllm/kv_cache_manager_pools.hpp include/kvblock_trtllm/tensor.hpp
+    include/kvblock_trtllm/kv_cache_index.hpp include/kvblock_trtllm/buffer_manager.hpp
+    include/kvblock_trtllm/transfer_manager.hpp
     lib/cmake/kvblock/kvblockConfig.cmake
     lib/cmake/kvblock/kvblockConfigVersion.cmake lib/pkgconfig/kvblock.pc)
 if(KVBLOCK_SONAME)

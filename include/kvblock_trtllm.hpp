@@ -25,7 +25,8 @@
 // transfer_manager.hpp (KVCacheBlockPool, KVCacheTransferManager),
 // block_manager.hpp (the window-level views and the owning BlockManager), sizing.hpp (the
 // static sizing helpers), generation_request.hpp (the per-sequence record),
-// kv_cache_manager.hpp (the manager: construction, sizes, pools),
+// kv_cache_manager.hpp (the manager: construction, sizes, the class),
+// kv_cache_manager_pools.hpp (pool tables and tensors, the indexer K cache),
 // kv_cache_manager_sequences.hpp (admission, tokens, stores, release, block ids),
 // kv_cache_manager_reuse.hpp (reuse tree, estimates, statistics, iteration) and
 // block_manager_inl.hpp (the views' definitions).
@@ -46,6 +47,7 @@
 #include "kvblock_trtllm/sizing.hpp"
 #include "kvblock_trtllm/generation_request.hpp"
 #include "kvblock_trtllm/kv_cache_manager.hpp"
+#include "kvblock_trtllm/kv_cache_manager_pools.hpp"
 #include "kvblock_trtllm/kv_cache_manager_sequences.hpp"
 #include "kvblock_trtllm/kv_cache_manager_reuse.hpp"
 #include "kvblock_trtllm/block_manager_inl.hpp"

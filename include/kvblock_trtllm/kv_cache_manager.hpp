@@ -273,34 +273,12 @@ class KVCacheManager : public BaseKVCacheManager {
     /// [data pool][primary, secondary] base addresses (TensorRT-LLM's `[numPools, 2]` tensor);
     /// null where a pool has no memory at that level (no host tier, or an unregistered CUDA
     /// pool).
-    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockPoolPointers() const {
-        SizeType32 n = getBlockManager().getNumPools(false);
-        std::vector<std::array<void*, 2>> out(static_cast<size_t>(n));
-        for (SizeType32 p = 0; p < n; ++p)
-            out[static_cast<size_t>(p)] = {poolBase(p, KVB_CACHE_LEVEL_PRIMARY),
-                                           poolBase(p, KVB_CACHE_LEVEL_SECONDARY)};
-        return out;
-    }
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockPoolPointers() const;
     /// [data pool][primary, secondary] addresses of each data pool's block-scale pool (NVFP4),
     /// null where the pool has none.
-    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockScalePoolPointers() const {
-        auto primary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
-        auto secondary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
-        std::vector<std::array<void*, 2>> out(primary.size());
-        for (size_t p = 0; p < out.size(); ++p)
-            out[p] = {primary[p], p < secondary.size() ? secondary[p] : nullptr};
-        return out;
-    }
+    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockScalePoolPointers() const;
     /// [layer][pool, index of the layer in its pool] (TensorRT-LLM's `[numLayers, 2]` tensor).
-    [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const {
-        std::vector<std::array<SizeType32, 2>> out;
-        for (auto const& [pool, index] : impl().getLayerToPoolMapping()) {
-            if (numModelLayers_ && out.size() == static_cast<size_t>(numModelLayers_))
-                break;  // the indexer's layers come after the model's
-            out.push_back({pool, index});
-        }
-        return out;
-    }
+    [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const;
 
     // --- the indexer K cache (DeepSeek-V3.2 sparse attention) ----------------------------
     [[nodiscard]] bool isEnableIndexerKCache() const { return indexer_.enabled; }
@@ -314,36 +292,20 @@ class KVCacheManager : public BaseKVCacheManager {
     /// row is its FP8 elements then its FP32 scales; with FP4, the NVFP4 elements, their scales
     /// in the pool's block-scale pool. With several attention windows each has its own; this is
     /// the first (TensorRT-LLM has one). Throws KVB_STATUS_UNSUPPORTED without an indexer.
-    [[nodiscard]] ITensor::SharedPtr getIndexerKCachePool() const {
-        return getBlockManager().getPrimaryPool(indexerPoolIdx());
-    }
+    [[nodiscard]] ITensor::SharedPtr getIndexerKCachePool() const;
     /// The same pool as kvblock's PoolView.
-    [[nodiscard]] PoolView getIndexerKCachePoolView() const {
-        return getBlockManager().getPrimaryPoolView(indexerPoolIdx());
-    }
+    [[nodiscard]] PoolView getIndexerKCachePoolView() const;
     /// The index of layer `layerIdx` in its pool.
-    [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const {
-        return getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[1];
-    }
+    [[nodiscard]] SizeType32 getPoolLayerIdx(SizeType32 layerIdx) const;
     /// Whether layer `layerIdx` is the first layer of its pool.
-    [[nodiscard]] bool isPoolLayerFirst(SizeType32 layerIdx) const {
-        return getPoolLayerIdx(layerIdx) == 0;
-    }
+    [[nodiscard]] bool isPoolLayerFirst(SizeType32 layerIdx) const;
     /// The primary pool when there is exactly one data pool (throws otherwise), as an ITensor
     /// (see BlockManager::getPrimaryPool).
-    [[nodiscard]] ITensor::SharedPtr getUniquePrimaryPool() const {
-        if (getBlockManager().getNumPools(false) != 1)
-            throw Error(KVB_STATUS_UNSUPPORTED, "getUniquePrimaryPool needs exactly one pool");
-        return getBlockManager().getPrimaryPool(0);
-    }
+    [[nodiscard]] ITensor::SharedPtr getUniquePrimaryPool() const;
     /// The primary pool holding layer `layerIdx`, as an ITensor.
-    [[nodiscard]] ITensor::SharedPtr getPrimaryPool(SizeType32 layerIdx) const {
-        return getBlockManager().getPrimaryPool(getBlockManager().getLayerPoolIdx(layerIdx));
-    }
+    [[nodiscard]] ITensor::SharedPtr getPrimaryPool(SizeType32 layerIdx) const;
     /// The primary pool holding layer `layerIdx` as kvblock's PoolView.
-    [[nodiscard]] PoolView getPrimaryPoolView(SizeType32 layerIdx) const {
-        return getBlockManager().getPrimaryPoolView(getBlockManager().getLayerPoolIdx(layerIdx));
-    }
+    [[nodiscard]] PoolView getPrimaryPoolView(SizeType32 layerIdx) const;
 
     // --- admission -----------------------------------------------------------------------
     /// Admits every request (id, input length, beam width) with its engine request, claiming
@@ -530,81 +492,17 @@ class KVCacheManager : public BaseKVCacheManager {
     bool copyRecurrentState(std::vector<LlmRequest const*> const& requests);
 
     /// Appends an indexer K layer for every model layer the mask keeps (after the model's).
-    void addIndexerLayers(KvblockOptions const& o, std::vector<SizeType32> const& windows) {
-        if (o.indexerKCacheIndexHeadDim <= 0 || o.indexerKCacheQuantBlockSize <= 0 ||
-            o.indexerKCacheIndexHeadDim % o.indexerKCacheQuantBlockSize != 0)
-            throw Error(KVB_STATUS_INVALID_CONFIG,
-                        "the indexer K cache needs a positive head dim that is a multiple of its "
-                        "quant block size");
-        if (o.indexerKCacheUseFp4 && o.indexerKCacheQuantBlockSize != 16)
-            throw Error(KVB_STATUS_UNSUPPORTED,
-                        "an FP4 indexer K cache takes kvblock's NVFP4 layout: quant blocks of 16");
-        if (!o.indexerKCacheLayerMask.empty() &&
-            o.indexerKCacheLayerMask.size() != static_cast<size_t>(numModelLayers_))
-            throw Error(KVB_STATUS_INVALID_CONFIG, "indexerKCacheLayerMask needs one per layer");
-        SizeType32 const headDim = o.indexerKCacheIndexHeadDim;
-        // FP8: the elements, then one FP32 scale per quant block, as bytes of an FP8 row.
-        SizeType32 const fp8Bytes = headDim + headDim / o.indexerKCacheQuantBlockSize * 4;
-        for (SizeType32 l = 0; l < numModelLayers_; ++l) {
-            if (!o.indexerKCacheLayerMask.empty() && !o.indexerKCacheLayerMask[l]) continue;
-            config_.layers.push_back(kvb_layer_spec_t{
-                windows[static_cast<size_t>(l) % windows.size()], KVB_CACHE_TYPE_INDEXER_K, 1,
-                o.indexerKCacheUseFp4 ? headDim : fp8Bytes,
-                o.indexerKCacheUseFp4 ? KVB_KV_DATA_TYPE_NVFP4 : KVB_KV_DATA_TYPE_FP8});
-        }
-        indexer_ = {true, headDim, o.indexerKCacheQuantBlockSize, o.indexerKCacheUseFp4};
-    }
+    void addIndexerLayers(KvblockOptions const& o, std::vector<SizeType32> const& windows);
 
     /// The index of the first indexer K cache pool (throws without one).
-    SizeType32 indexerPoolIdx() const {
-        SizeType32 n = impl().getNumPools(false);
-        for (SizeType32 p = 0; p < n; ++p)
-            if (impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K) return p;
-        throw Error(KVB_STATUS_UNSUPPORTED, "this manager has no indexer K cache");
-    }
+    SizeType32 indexerPoolIdx() const;
 
     /// A pool view as TensorRT-LLM's tensor (see BlockManager::getPrimaryPool): typed by the
     /// constructor's element type where the pool stores it unquantized, bytes otherwise.
-    ITensor::SharedPtr poolTensor(PoolView const& v, kvb_cache_level_t level) const {
-        kvb_pool_info_t info = impl().getPoolInfo(v.poolIdx);
-        nvinfer1::DataType type = nvinfer1::DataType::kUINT8;
-        if (trtDataType_ && info.cache_type != KVB_CACHE_TYPE_INDEXER_K) {
-            auto [bytes, kind] = kvDataTypeOf(static_cast<int32_t>(*trtDataType_));
-            if (kind == static_cast<kvb_kv_data_type_t>(info.data_type) &&
-                kind != KVB_KV_DATA_TYPE_NVFP4 && bytes > 0 &&
-                info.bytes_per_head_token == info.size_per_head * bytes)
-                type = *trtDataType_;
-        }
-        // A row that is not layers x K|V x field (none today) is shown as bytes, one row a block.
-        bool whole =
-            v.rowBytes == static_cast<SizeType64>(v.numLayers) * v.kvFactor * v.bytesPerField;
-        if (!whole) type = nvinfer1::DataType::kUINT8;
-        auto elem = static_cast<SizeType64>(dataTypeSize(type));
-        ITensor::Shape shape =
-            whole
-                ? ITensor::makeShape({v.numBlocks, v.numLayers, v.kvFactor, v.bytesPerField / elem})
-                : ITensor::makeShape({v.numBlocks, v.rowBytes});
-        // The host backend keeps both levels in host memory; the CUDA backend's secondary pools
-        // are pinned mapped host memory, its primary pools device memory.
-        bool host = config_.raw.copy_backend == KVB_COPY_BACKEND_HOST ||
-                    (config_.raw.copy_backend == KVB_COPY_BACKEND_CUDA &&
-                     level == KVB_CACHE_LEVEL_SECONDARY);
-        return std::make_shared<ITensor>(
-            v.data, shape, type,
-            level == KVB_CACHE_LEVEL_PRIMARY ? MemoryType::kGPU : MemoryType::kPINNED,
-            host && v.data != nullptr);
-    }
+    ITensor::SharedPtr poolTensor(PoolView const& v, kvb_cache_level_t level) const;
 
     /// Base of data pool `pool` at `level`; null where it has no memory there.
-    void* poolBase(SizeType32 pool, kvb_cache_level_t level) const {
-        uint8_t* base = nullptr;
-        size_t rowBytes = 0;
-        kvb_status_t s = kvb_manager_get_model_pool_pointer(
-            impl().get(), pool, static_cast<int32_t>(level), &base, &rowBytes);
-        if (s == KVB_STATUS_UNSUPPORTED) return nullptr;
-        check(s);
-        return base;
-    }
+    void* poolBase(SizeType32 pool, kvb_cache_level_t level) const;
 
     void collectWindows() {
         for (auto const& w : config_.windows) windows_.push_back(w.window_size);
