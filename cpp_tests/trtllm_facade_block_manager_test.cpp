@@ -321,3 +321,53 @@ TEST(TrtllmFacadeBlockManager, WindowSharesAreProportionalToWindowTimesCacheSize
               }),
               KVB_STATUS_INVALID_ARGUMENT);
 }
+
+namespace {
+
+/// An external KV store that loads a fixed number of tokens past the reused prefix.
+class LoadingConnector : public kvb::trtllm::kv_connector::KvCacheConnectorManager {
+  public:
+    explicit LoadingConnector(int32_t tokens) : tokens_(tokens) {}
+    int32_t getNumNewMatchedTokens(kvb::trtllm::LlmRequest const& request,
+                                   int32_t numComputedTokens) override {
+        asked.emplace_back(request.getRequestId(), numComputedTokens);
+        return tokens_;
+    }
+    std::vector<std::pair<uint64_t, int32_t>> asked;
+
+  private:
+    int32_t tokens_;
+};
+
+}  // namespace
+
+// A BlockManager built with a connector counts what the connector loads in the prepopulated
+// length it returns, as the KVCacheManager does; its per-window calls ask once per sequence.
+TEST(TrtllmFacadeBlockManager, AConnectorsTokensCountInThePrepopulatedLengthReturned) {
+    auto connector = std::make_shared<LoadingConnector>(3);
+    BlockManager bm(std::vector<int32_t>{2}, /*sizePerHead*/ 8, kTpb,
+                    BlockManager::BlocksPerWindow{{kWindow, {8, 0}}}, /*maxNumSequences*/ 8,
+                    std::make_shared<EngineStream>(), /*maxSequenceLength*/ kWindow,
+                    /*maxBeamWidth*/ 1, std::vector<int32_t>{kWindow}, DataType::kHALF,
+                    /*sinkBubbleLength*/ 0, /*onboardBlocks*/ true, kvb::trtllm::CacheType::kSELF,
+                    /*secondaryOffloadMinPriority*/ std::nullopt, /*eventManager*/ nullptr,
+                    /*enablePartialReuse*/ true, /*copyOnPartialReuse*/ true, connector);
+    bm.allocatePools(false);
+    Request first(1, tokenRun(0, 9));
+    auto seq1 = makeSeq(bm, 1, 9);
+    EXPECT_EQ(admit(bm, seq1, first).prepopulatedLen, 3) << "nothing cached: the connector's 3";
+    first.contextCurrentPosition = 9;
+    bm.releaseBlocks(seq1, first);
+
+    Request second(2, tokenRun(0, 20));
+    auto seq2 = makeSeq(bm, 2, 20);
+    EXPECT_EQ(admit(bm, seq2, second).prepopulatedLen, 2 * kTpb + 3)
+        << "the two cached blocks, then the connector's tokens";
+    ASSERT_EQ(connector->asked.size(), 2u);
+    EXPECT_EQ(connector->asked[1], (std::pair<uint64_t, int32_t>{2, 2 * kTpb}));
+
+    Request shortPrompt(3, tokenRun(100, 3));
+    auto seq3 = makeSeq(bm, 3, 3);
+    EXPECT_EQ(admit(bm, seq3, shortPrompt).prepopulatedLen, 2)
+        << "never the last prompt token, which the engine computes";
+}

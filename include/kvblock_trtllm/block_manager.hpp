@@ -55,7 +55,8 @@ class BlockManager {
     /// Differences: `maxNumSequences` is not a limit (kvblock bounds sequences by blocks);
     /// `sinkBubbleLength` must be 0; `onboardBlocks` false is not honoured (kvblock onboards
     /// the host blocks a prompt reuses); TensorRT-LLM's connector and transfer-agent arguments
-    /// do not exist. Pools are made by allocatePools() (or on first use).
+    /// do not exist (the connector has the overload below). Pools are made by allocatePools()
+    /// (or on first use).
     template <typename DataType, typename Stream,
               typename = std::enable_if_t<std::is_enum_v<DataType>>>
     BlockManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
@@ -68,6 +69,22 @@ class BlockManager {
                  std::optional<SizeType32> secondaryOffloadMinPriority = std::nullopt,
                  std::shared_ptr<KVCacheEventManager> eventManager = nullptr,
                  bool enablePartialReuse = true, bool copyOnPartialReuse = true,
+                 KvblockOptions options = getDefaultKvblockOptions());
+    /// The same with TensorRT-LLM's KV-cache connector (null: none): addSequenceBatch counts
+    /// the prompt tokens it loads past the reused prefix in each sequence's prepopulated length,
+    /// as KVCacheManager::addSequenceBatch does.
+    template <typename DataType, typename Stream,
+              typename = std::enable_if_t<std::is_enum_v<DataType>>>
+    BlockManager(std::vector<SizeType32> const& numKvHeadsPerLayer, SizeType32 sizePerHead,
+                 SizeType32 tokensPerBlock, BlocksPerWindow const& blocksPerWindow,
+                 SizeType32 maxNumSequences, std::shared_ptr<Stream> stream,
+                 SizeType32 maxSequenceLength, SizeType32 maxBeamWidth,
+                 std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                 SizeType32 sinkBubbleLength, bool onboardBlocks, CacheType cacheType,
+                 std::optional<SizeType32> secondaryOffloadMinPriority,
+                 std::shared_ptr<KVCacheEventManager> eventManager, bool enablePartialReuse,
+                 bool copyOnPartialReuse,
+                 std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
                  KvblockOptions options = getDefaultKvblockOptions());
     ~BlockManager();
     BlockManager(BlockManager const&) = delete;
@@ -87,7 +104,9 @@ class BlockManager {
     /// Admits each sequence with its engine request (TensorRT-LLM `addSequenceBatch`): claims
     /// the batch's reusable blocks before allocating, then fills each caller's GenerationRequest
     /// with its block ids and updates the request's block counters; returns each sequence's
-    /// prepopulated length (not written into the request: TensorRT-LLM's caller does that).
+    /// prepopulated length (not written into the request: TensorRT-LLM's caller does that),
+    /// which with a connector counts the tokens it loads past the reused prefix (bounded by
+    /// the last prompt token; it is asked before anything changes).
     /// kvblock admits every window at once: the first call for a sequence admits it, a call
     /// for another `windowSize` with the same GenerationRequest returns the same result.
     /// `numContextBlocks` is what kvblock computes itself (checked, not used). Reuse is the

@@ -353,6 +353,26 @@ BlockManager::BlockManager(std::vector<SizeType32> const& numKvHeadsPerLayer,
         copyOnPartialReuse, std::move(options));
     owner_ = owned_.get();
 }
+template <typename DataType, typename Stream, typename>
+BlockManager::BlockManager(std::vector<SizeType32> const& numKvHeadsPerLayer,
+                           SizeType32 sizePerHead, SizeType32 tokensPerBlock,
+                           BlocksPerWindow const& blocksPerWindow, SizeType32 maxNumSequences,
+                           std::shared_ptr<Stream> stream, SizeType32 maxSequenceLength,
+                           SizeType32 maxBeamWidth,
+                           std::vector<SizeType32> const& maxAttentionWindowVec, DataType dtype,
+                           SizeType32 sinkBubbleLength, bool onboardBlocks, CacheType cacheType,
+                           std::optional<SizeType32> secondaryOffloadMinPriority,
+                           std::shared_ptr<KVCacheEventManager> eventManager,
+                           bool enablePartialReuse, bool copyOnPartialReuse,
+                           std::shared_ptr<kv_connector::KvCacheConnectorManager> connector,
+                           KvblockOptions options)
+    : BlockManager(numKvHeadsPerLayer, sizePerHead, tokensPerBlock, blocksPerWindow,
+                   maxNumSequences, std::move(stream), maxSequenceLength, maxBeamWidth,
+                   maxAttentionWindowVec, dtype, sinkBubbleLength, onboardBlocks, cacheType,
+                   secondaryOffloadMinPriority, std::move(eventManager), enablePartialReuse,
+                   copyOnPartialReuse, std::move(options)) {
+    owned_->connector_ = std::move(connector);
+}
 inline BlockManager::~BlockManager() = default;
 
 inline void BlockManager::allocatePools(bool useUvm) {
@@ -395,12 +415,20 @@ inline std::vector<AddSequenceResult> BlockManager::addSequenceBatch(
         fresh.push_back(i);
     }
     if (batch.empty()) return results;
+    // A connector is asked before anything changes (as KVCacheManager::addSequenceBatch asks).
+    std::vector<SizeType32> prepopulated;
+    if (owner().connector_) {
+        auto const estimates = owner().impl().estimateBatch(batch);
+        for (size_t k = 0; k < batch.size(); ++k)
+            prepopulated.push_back(owner().connectorExtended(
+                llmRequests[fresh[k]].get(), inputLengths[fresh[k]], estimates[k].reusable_tokens));
+    }
     auto admissions = owner().impl().addSequenceBatch(batch);
     for (size_t k = 0; k < admissions.size(); ++k) {
         size_t const i = fresh[k];
         auto const& a = admissions[k];
         AddSequenceResult& res = results[i];
-        res.prepopulatedLen = a.prepopulated_prompt_len;
+        res.prepopulatedLen = prepopulated.empty() ? a.prepopulated_prompt_len : prepopulated[k];
         res.allocTotalBlocks = static_cast<SizeType32>(a.stats.alloc_total_blocks);
         res.allocNewBlocks = static_cast<SizeType32>(a.stats.alloc_new_blocks);
         res.reusedBlocks = static_cast<SizeType32>(a.stats.reused_blocks);

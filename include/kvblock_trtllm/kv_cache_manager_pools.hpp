@@ -115,19 +115,17 @@ inline ITensor::SharedPtr KVCacheManager::poolTensor(PoolView const& v,
             type = *trtDataType_;
     }
     // A row that is not layers x K|V x field (none today) is shown as bytes, one row a block.
-    bool whole =
-        v.rowBytes == static_cast<SizeType64>(v.numLayers) * v.kvFactor * v.bytesPerField;
+    bool whole = v.rowBytes == static_cast<SizeType64>(v.numLayers) * v.kvFactor * v.bytesPerField;
     if (!whole) type = nvinfer1::DataType::kUINT8;
     auto elem = static_cast<SizeType64>(dataTypeSize(type));
     ITensor::Shape shape =
-        whole
-            ? ITensor::makeShape({v.numBlocks, v.numLayers, v.kvFactor, v.bytesPerField / elem})
-            : ITensor::makeShape({v.numBlocks, v.rowBytes});
+        whole ? ITensor::makeShape({v.numBlocks, v.numLayers, v.kvFactor, v.bytesPerField / elem})
+              : ITensor::makeShape({v.numBlocks, v.rowBytes});
     // The host backend keeps both levels in host memory; the CUDA backend's secondary pools
     // are pinned mapped host memory, its primary pools device memory.
-    bool host = config_.raw.copy_backend == KVB_COPY_BACKEND_HOST ||
-                (config_.raw.copy_backend == KVB_COPY_BACKEND_CUDA &&
-                 level == KVB_CACHE_LEVEL_SECONDARY);
+    bool host =
+        config_.raw.copy_backend == KVB_COPY_BACKEND_HOST ||
+        (config_.raw.copy_backend == KVB_COPY_BACKEND_CUDA && level == KVB_CACHE_LEVEL_SECONDARY);
     return std::make_shared<ITensor>(
         v.data, shape, type,
         level == KVB_CACHE_LEVEL_PRIMARY ? MemoryType::kGPU : MemoryType::kPINNED,
