@@ -329,6 +329,28 @@ TEST(TrtllmFacade, AddTokenReservesASlotWithoutAToken) {
     EXPECT_EQ(f->impl().getNumTokens(1), 9);
 }
 
+// Row addToken with beam search: a slot at a block boundary takes a block for every beam, as
+// TensorRT-LLM's decode step does; the prompt's full blocks stay shared.
+TEST(TrtllmFacade, AddTokenWithBeamSearchTakesABlockPerBeamAtABoundary) {
+    auto f = makeFacade();
+    Request r(1, tokenRun(10, kTpb + 2));
+    admit(*f, r, /*beams*/ 2);
+    auto const freeAfterAdmission = f->getNumFreeBlocks();
+    for (int32_t slot = kTpb + 3; slot <= 2 * kTpb; ++slot) f->addToken(1);
+    EXPECT_EQ(f->getNumFreeBlocks(), freeAfterAdmission) << "the beams' last blocks have room";
+    f->addToken(1);
+    EXPECT_EQ(f->getNumFreeBlocks(), freeAfterAdmission - 2) << "one new block per beam";
+    auto const& ids = f->getCacheBlockIds(1, kWindow);
+    ASSERT_EQ(ids.size(), 2u);
+    ASSERT_EQ(ids[0].size(), 3u);
+    ASSERT_EQ(ids[1].size(), 3u);
+    EXPECT_EQ(ids[0][0], ids[1][0]) << "the prompt's full block is shared";
+    EXPECT_NE(ids[0][2], ids[1][2]);
+    EXPECT_EQ(f->getTokenCount(1), 2 * kTpb + 1);
+    (void)f->removeSequence(1);
+    EXPECT_EQ(f->getNumFreeBlocks(), freeAfterAdmission + 3);
+}
+
 // Row addSequenceBatch: (id, length, beam) tuples plus the requests; results written back.
 TEST(TrtllmFacade, AddSequenceBatchWritesBackIntoRequests) {
     auto f = makeFacade();

@@ -2515,11 +2515,12 @@ enum kvb_status_t kvb_manager_resize(struct kvb_manager_t *manager,
  * (`kvb_manager_resize`), allocating a block at a block boundary. The token id goes into the
  * reserved slot later (`kvb_manager_add_token`). A block detached before all its tokens were
  * known never gets them in its slots: the sequence then stores nothing more in that window
- * (no key is cut from unknown tokens). `*out_added` is false, with nothing changed, when the
- * new slot's block cannot be had even with the detached blocks freed. Fails with
- * `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence, `KVB_STATUS_SEQUENCE_TOO_LONG`
- * beyond `max_sequence_length + num_extra_kv_tokens + max_draft_tokens` of the config,
- * `KVB_STATUS_UNSUPPORTED` with beam search.
+ * (no key is cut from unknown tokens). With beam search a block boundary takes a new block for
+ * every beam (beams keep their front blocks, as with known tokens). `*out_added` is false, with
+ * nothing changed, when the new slot's blocks cannot be had even with the detached blocks
+ * freed. Fails with `KVB_STATUS_SEQUENCE_SUSPENDED` for a suspended sequence,
+ * `KVB_STATUS_SEQUENCE_TOO_LONG` beyond `max_sequence_length + num_extra_kv_tokens +
+ * max_draft_tokens` of the config.
  */
 enum kvb_status_t kvb_manager_add_slot(struct kvb_manager_t *manager,
                                        uint64_t request_id,

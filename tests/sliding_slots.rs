@@ -160,3 +160,60 @@ fn a_shrink_never_brings_a_slid_out_block_back_into_the_window() {
     assert_eq!(m.sequence_lengths(1).unwrap().capacity, 12);
     m.check_invariants().unwrap();
 }
+
+/// A full-attention manager for beam search: one window of 64 tokens.
+fn beam_manager(primary: usize) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
+        windows: vec![window(64, primary, 0)],
+        tokens_per_block: TPB,
+        max_sequence_length: 64,
+        max_beam_width: 2,
+        enable_block_reuse: true,
+        manual_clock: true,
+        ..ManagerConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn with_beam_search_a_slot_at_a_block_boundary_takes_a_block_for_every_beam() {
+    let mut m = beam_manager(8);
+    let mut r = Request::new(1, tokens(0..6));
+    r.beam_width = 2;
+    m.add_sequence(&r).unwrap();
+    let free = |m: &KvCacheManager| m.window(64).unwrap().num_free(Level::Primary);
+    // One shared full block, then a last block per beam.
+    assert_eq!(free(&m), 5);
+    assert!(m.add_slot(1).unwrap());
+    assert!(m.add_slot(1).unwrap());
+    assert_eq!(free(&m), 5, "slots 7 and 8 fit the beams' last blocks");
+    assert!(m.add_slot(1).unwrap());
+    assert_eq!(free(&m), 3, "slot 9 crosses a boundary: one block per beam");
+    let beam0 = m.cache_block_ids(1, 64, 0).unwrap();
+    let beam1 = m.cache_block_ids(1, 64, 1).unwrap();
+    assert_eq!(beam0.len(), 3);
+    assert_eq!(beam0[0], beam1[0], "the prompt's full block is shared");
+    assert!(beam0[1] != beam1[1] && beam0[2] != beam1[2]);
+    m.check_invariants().unwrap();
+    // Four more boundaries' worth: 8 blocks in all would be 3 + 2 * 3; only 3 are free.
+    for _ in 0..3 {
+        assert!(m.add_slot(1).unwrap());
+    }
+    assert!(m.add_slot(1).unwrap());
+    assert_eq!(free(&m), 1);
+    let l = m.sequence_lengths(1).unwrap();
+    for _ in 0..3 {
+        assert!(m.add_slot(1).unwrap());
+    }
+    assert!(
+        !m.add_slot(1).unwrap(),
+        "two beams need two blocks, one is free"
+    );
+    assert_eq!(free(&m), 1, "a refused slot changes nothing");
+    assert_eq!(m.sequence_lengths(1).unwrap().capacity, l.capacity + 3);
+    // The other capacity operations stay beam width 1.
+    assert!(matches!(m.resize(1, 6), Err(KvError::Unsupported(_))));
+    m.remove_sequence(1, false).unwrap();
+    assert_eq!(free(&m), 8);
+    m.check_invariants().unwrap();
+}

@@ -323,9 +323,9 @@ class KVCacheManager : public BaseKVCacheManager {
 
     // --- tokens --------------------------------------------------------------------------
     /// Grows a sequence by one KV slot (a decode step's token, an extra KV token, a draft
-    /// token), allocating a block at a block boundary. The slot's token id comes later from
-    /// the request (see the file comment). Throws KVB_STATUS_OUT_OF_BLOCKS when no block is
-    /// left, KVB_STATUS_UNSUPPORTED with beam search.
+    /// token), allocating a block at a block boundary (one per beam with beam search). The
+    /// slot's token id comes later from the request (see the file comment). Throws
+    /// KVB_STATUS_OUT_OF_BLOCKS when the blocks are not there.
     void addToken(RequestIdType requestId);
     /// KV slots of a sequence: its tokens plus the slots addToken reserved.
     [[nodiscard]] SizeType32 getTokenCount(RequestIdType requestId) const;

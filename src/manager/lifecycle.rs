@@ -265,15 +265,13 @@ impl KvCacheManager {
     /// tokens arrived never gets them, and the sequence then stops storing in that window, so
     /// no key is ever cut from unknown tokens. Returns `Ok(false)`, changing nothing, when the
     /// new slot's block cannot be had even with the detached blocks freed.
-    /// `SequenceTooLong` past `max_kv_tokens`, `Unsupported` with beam search, and
-    /// `SequenceSuspended` for a suspended sequence.
+    /// With beam search a block boundary takes a new block for every beam (no beam's blocks
+    /// leave a sliding window, as with known tokens); the other capacity operations stay beam
+    /// width 1. `SequenceTooLong` past `max_kv_tokens` and `SequenceSuspended` for a suspended
+    /// sequence.
     pub fn add_slot(&mut self, id: u64) -> KvResult<bool> {
         let seq = self.active_sequence(id)?;
-        if seq.beam_width != 1 {
-            return Err(KvError::Unsupported(
-                "capacity operations need beam width 1".into(),
-            ));
-        }
+        let beam_search = seq.beam_width != 1;
         let (num_tokens, capacity) = (seq.num_tokens, seq.life.capacity);
         let slots = self.capacity_sum(capacity, 1)?;
         let max_kv_tokens = self.max_kv_tokens();
@@ -297,7 +295,16 @@ impl KvCacheManager {
             w.slide_to_slots(id, slots, num_tokens, swa, now);
             absorb(&mut self.events, w);
         }
-        let grown = self.resize(id, slots)?;
+        let grown = if beam_search {
+            // Only ever a grow: `resize` refuses beam search for its shrinks.
+            let grown = self.grow(id, slots, &mut CountedBlocks::default())?;
+            let life = self.life_mut(id);
+            life.generation = None;
+            life.context = None;
+            grown
+        } else {
+            self.resize(id, slots)?
+        };
         debug_assert!(grown, "checked with the detached blocks freed");
         Ok(grown)
     }
