@@ -1,5 +1,5 @@
 //! The interpreter's scheduler capacity lifecycle calls (resize, allocations and their
-//! reverts, suspend and resume) with fuzzed ids and sizes.
+//! reverts, suspend and resume, slots reserved without a token) with fuzzed ids and sizes.
 
 use super::*;
 
@@ -18,7 +18,7 @@ pub(super) fn lifecycle_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'s
         b @ 0..=223 => usize::from(b % 8),
         b => usize::MAX - usize::from(b % 4),
     };
-    match inp.u8() % 14 {
+    match inp.u8() % 15 {
         0 => {
             let mut l = unsafe { std::mem::zeroed::<kvb_sequence_lengths_t>() };
             let st = kvb_manager_get_sequence_lengths(h, inp.request_id(), &mut l);
@@ -89,6 +89,10 @@ pub(super) fn lifecycle_call(inp: &mut Input, m: &Managed) -> (kvb_status_t, &'s
             }
             (st, "get_host_tier_blocks")
         }
+        13 => (
+            kvb_manager_add_slot(h, inp.request_id(), &mut done),
+            "add_slot",
+        ),
         _ => {
             let mut u = 0.0;
             let st = kvb_manager_get_gpu_utilization(h, &mut u);

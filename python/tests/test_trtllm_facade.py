@@ -160,6 +160,22 @@ def test_cache_block_ids_are_per_beam():
     assert per_beam[1] == list(f.impl.get_cache_block_ids(1, WINDOW, 1))
 
 
+def test_add_token_with_beam_search_takes_a_block_per_beam_at_a_boundary():
+    f = make_facade()
+    req = LlmRequest.from_prompt(1, range(10, 10 + TPB + 2))
+    f.add_sequence_batch([(1, TPB + 2, 2)], [req])
+    free = f.get_num_free_blocks()
+    for _ in range(TPB - 2):
+        f.add_token(1)
+    assert f.get_num_free_blocks() == free
+    f.add_token(1)
+    assert f.get_num_free_blocks() == free - 2
+    beams = f.get_cache_block_ids(1, WINDOW)
+    assert beams[0][0] == beams[1][0] and beams[0][2] != beams[1][2]
+    f.remove_sequence(1)
+    assert f.get_num_free_blocks() == free + 3
+
+
 def test_analyze_prefix_reuse_and_cached_estimates():
     f = make_facade()
     holder = LlmRequest.from_prompt(1, range(10, 27))
