@@ -10,6 +10,7 @@
 
 #include "kvblock_trtllm.hpp"
 #include "test_support.hpp"
+#include "trtllm_test_support.hpp"
 
 namespace {
 
@@ -77,21 +78,7 @@ TEST(TrtllmFacadeBatch, AWholeMatchSharesTheLeafAndPartialMatchersCopy) {
 
 namespace {
 
-/// An external KV store that claims a fixed number of tokens past the reused prefix and
-/// records what it was asked.
-class FixedConnector : public kvb::trtllm::kv_connector::KvCacheConnectorManager {
-  public:
-    explicit FixedConnector(int32_t tokens) : tokens_(tokens) {}
-    int32_t getNumNewMatchedTokens(kvb::trtllm::LlmRequest const& request,
-                                   int32_t numComputedTokens) override {
-        asked.emplace_back(request.getRequestId(), numComputedTokens);
-        return tokens_;
-    }
-    std::vector<std::pair<uint64_t, int32_t>> asked;
-
-  private:
-    int32_t tokens_;
-};
+using kvb_test::FixedConnector;
 
 std::unique_ptr<KVCacheManager> makeConnected(
     std::shared_ptr<kvb::trtllm::kv_connector::KvCacheConnectorManager> connector) {

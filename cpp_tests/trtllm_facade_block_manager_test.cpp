@@ -12,6 +12,7 @@
 
 #include "kvblock_trtllm.hpp"
 #include "test_support.hpp"
+#include "trtllm_test_support.hpp"
 
 namespace {
 
@@ -322,29 +323,10 @@ TEST(TrtllmFacadeBlockManager, WindowSharesAreProportionalToWindowTimesCacheSize
               KVB_STATUS_INVALID_ARGUMENT);
 }
 
-namespace {
-
-/// An external KV store that loads a fixed number of tokens past the reused prefix.
-class LoadingConnector : public kvb::trtllm::kv_connector::KvCacheConnectorManager {
-  public:
-    explicit LoadingConnector(int32_t tokens) : tokens_(tokens) {}
-    int32_t getNumNewMatchedTokens(kvb::trtllm::LlmRequest const& request,
-                                   int32_t numComputedTokens) override {
-        asked.emplace_back(request.getRequestId(), numComputedTokens);
-        return tokens_;
-    }
-    std::vector<std::pair<uint64_t, int32_t>> asked;
-
-  private:
-    int32_t tokens_;
-};
-
-}  // namespace
-
 // A BlockManager built with a connector counts what the connector loads in the prepopulated
 // length it returns, as the KVCacheManager does; its per-window calls ask once per sequence.
 TEST(TrtllmFacadeBlockManager, AConnectorsTokensCountInThePrepopulatedLengthReturned) {
-    auto connector = std::make_shared<LoadingConnector>(3);
+    auto connector = std::make_shared<kvb_test::FixedConnector>(3);
     BlockManager bm(std::vector<int32_t>{2}, /*sizePerHead*/ 8, kTpb,
                     BlockManager::BlocksPerWindow{{kWindow, {8, 0}}}, /*maxNumSequences*/ 8,
                     std::make_shared<EngineStream>(), /*maxSequenceLength*/ kWindow,
