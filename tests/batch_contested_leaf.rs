@@ -55,6 +55,21 @@ fn admit(m: &mut KvCacheManager, batch: &[Request]) -> Vec<(usize, u32)> {
         .collect()
 }
 
+/// Admits requests 1, 2 and 3, each matching the cached `[0 1 2 3] [4 ...]` through token 4 and
+/// then differing; checks that each reuses 4 + 1 tokens.
+fn admit_three_partial_matchers(m: &mut KvCacheManager) -> Vec<(usize, u32)> {
+    let batch: Vec<Request> = [10, 20, 30]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::new(i as u64 + 1, vec![0, 1, 2, 3, 4, t]))
+        .collect();
+    let got = admit(m, &batch);
+    for &(reused, _) in &got {
+        assert_eq!(reused, TPB + 1, "every request reuses 4 + 1 tokens");
+    }
+    got
+}
+
 fn finish(m: &mut KvCacheManager, ids: impl IntoIterator<Item = u64>) {
     for id in ids {
         common::prefill_done(m, id);
@@ -68,15 +83,7 @@ fn the_last_of_several_partial_matchers_takes_the_leaf_over_and_the_others_copy(
     let mut m = manager(16, 0);
     // Cached: [0 1 2 3] [4 5] (the last prompt token is never cached).
     let leaf = seed(&mut m, 0, vec![0, 1, 2, 3, 4, 5, 6])[1];
-    let batch: Vec<Request> = [10, 20, 30]
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Request::new(i as u64 + 1, vec![0, 1, 2, 3, 4, t]))
-        .collect();
-    let got = admit(&mut m, &batch);
-    for &(reused, _) in &got {
-        assert_eq!(reused, TPB + 1, "every request reuses 4 + 1 tokens");
-    }
+    let got = admit_three_partial_matchers(&mut m);
     assert_eq!(
         got[2].1, leaf,
         "the last partial matcher owns the cached leaf"
@@ -163,15 +170,7 @@ fn a_leaf_in_the_host_tier_goes_to_the_first_partial_matcher_and_the_others_copy
         m.offload_block(WINDOW, leaf).unwrap(),
         "the leaf moves to the host tier"
     );
-    let batch: Vec<Request> = [10, 20, 30]
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Request::new(i as u64 + 1, vec![0, 1, 2, 3, 4, t]))
-        .collect();
-    let got = admit(&mut m, &batch);
-    for &(reused, _) in &got {
-        assert_eq!(reused, TPB + 1, "every request reuses 4 + 1 tokens");
-    }
+    let got = admit_three_partial_matchers(&mut m);
     assert_eq!(
         got[0].1, leaf,
         "the first partial matcher onboards the leaf"
