@@ -120,6 +120,12 @@ hardening() {
     KVB_SOAK_OPS="$KVB_SOAK_OPS" scripts/soak.sh
     step "sanitizers: tsan-rust (scripts/sanitize.sh tsan-rust)"
     scripts/sanitize.sh tsan-rust
+    # Not hardening, but on its own toolchain and target folder like the rest of this lane, so
+    # it runs here, in the time this lane ends before the other. A check (no code generation):
+    # what the MSRV can fail on is the language and the standard library the crate and its
+    # dependencies use.
+    step "check with the minimum Rust version (Cargo.toml rust-version)"
+    cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
 }
 # libzmq, compiled from source by zmq-sys, is built once for every target folder (scripts/libzmq.sh):
 # before the lanes start, which then use it.
@@ -135,10 +141,6 @@ step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked "${KVB_LIBZMQ_CONFIG[@]}"
 step "clang-format --check"
 scripts/format.sh --check
-step "check with the minimum Rust version (Cargo.toml rust-version)"
-# A check (no code generation): what the MSRV can fail on is the language and the standard
-# library the crate and its dependencies use, which `check` covers.
-cargo "+$KVB_MSRV" check --lib --locked --target-dir target/msrv "${KVB_LIBZMQ_CONFIG[@]}"
 # NIXL for the prefill/decode tests (tests/disagg_nixl.rs, tests/disagg_pd_processes.rs: two
 # processes on 127.0.0.1): they fail, not skip, without the nixl-cu12 wheel of scripts/setup.sh
 # --tests. (The sanitizer runs unset it: scripts/sanitize.sh.)
