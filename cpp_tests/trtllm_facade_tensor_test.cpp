@@ -325,6 +325,63 @@ TEST(TrtllmFacadeTensor, TheTransferManagerCopiesRowsOfTheLevelsTheIndicesName) 
     EXPECT_EQ(statusOf([&] { (void)onGpu->getNumRefs(); }), KVB_STATUS_UNSUPPORTED);
 }
 
+/// An engine's buffer manager that copies memory the host cannot address (device memory on a
+/// GPU; here host memory whose tensors say the host cannot touch it), counting its copies.
+class DeviceCopyingBufferManager : public BufferManager {
+  public:
+    explicit DeviceCopyingBufferManager(std::shared_ptr<int> copies) : copies_(std::move(copies)) {}
+    using BufferManager::copy;
+    void copy(ITensor const& src, ITensor& dst) const override {
+        ASSERT_LE(src.getSizeInBytes(), dst.getSizeInBytes());
+        ++*copies_;
+        std::memmove(dst.data(), src.data(), src.getSizeInBytes());
+    }
+    std::shared_ptr<BufferManager const> clone() const override {
+        return std::make_shared<DeviceCopyingBufferManager>(*this);
+    }
+
+  private:
+    std::shared_ptr<int> copies_;
+};
+
+// The transfer manager copies with the buffer manager it was built from, as its own type: the
+// facade's refuses a pool the host cannot address; an engine's that copies device memory moves
+// whole rows and each slab's first tokens of such a pool, and the transfer manager never reads
+// the bytes itself.
+TEST(TrtllmFacadeTensor, TheTransferManagerCopiesWithTheEnginesBufferManager) {
+    std::vector<float> deviceBytes(32);
+    for (int i = 0; i < 32; ++i) deviceBytes[static_cast<size_t>(i)] = static_cast<float>(i + 1);
+    KVCacheBlockPool pool(1, 2, 1, 2, 4);  // a row: 2 fields x 4 tokens x 2 channels
+    pool.primaryPtr = std::make_shared<ITensor>(
+        deviceBytes.data(), ITensor::makeShape({2, 1, 2, 8}), DataType::kFLOAT, MemoryType::kGPU,
+        /*hostAccessible*/ false);
+    pool.secondaryPtr = BufferManager::cpu(ITensor::makeShape({2, 1, 2, 8}), DataType::kFLOAT);
+    float* host = kvb::trtllm::bufferCast<float>(*pool.secondaryPtr);
+    auto onGpu = std::make_shared<KVCacheBlock>(0, KVCacheIndex(1));
+    auto onHost = std::make_shared<KVCacheBlock>(1, KVCacheIndex(0, true));
+
+    KVCacheTransferManager hostOnly{BufferManager()};
+    EXPECT_EQ(statusOf([&] { hostOnly.offload(onGpu, onHost, {pool}); }), KVB_STATUS_UNSUPPORTED);
+    EXPECT_EQ(statusOf([&] { hostOnly.offload(onGpu, onHost, {pool}, 1); }),
+              KVB_STATUS_UNSUPPORTED);
+
+    auto copies = std::make_shared<int>(0);
+    KVCacheTransferManager transfers{DeviceCopyingBufferManager(copies)};
+    transfers.offload(onGpu, onHost, {pool});
+    EXPECT_EQ(*copies, 1);
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(host[i], static_cast<float>(16 + i + 1)) << i;
+    // Partial: the first token (2 channels) of each of the row's two slabs, one copy a slab.
+    for (int i = 0; i < 16; ++i) host[i] = -1.0f;
+    onGpu->swapMemoryPoolBlockOffset(onHost);
+    transfers.onboard(onGpu, onHost, {pool}, /*numTokensToCopy*/ 1);
+    EXPECT_EQ(*copies, 3);
+    for (int i = 0; i < 16; ++i) {
+        float expected = (i % 8) < 2 ? -1.0f : static_cast<float>(16 + i + 1);
+        EXPECT_EQ(deviceBytes[static_cast<size_t>(16 + i)], expected) << i;
+    }
+    EXPECT_EQ(transfers.getNumCopiedBlocks(), 2u);
+}
+
 // getBufferManager(window).memoryPoolUsed(): the bytes of the window's primary pools once they
 // exist; the sizing helper reads the device and pool free bytes off a BufferManager.
 TEST(TrtllmFacadeTensor, AWindowsBufferManagerCountsItsPoolBytes) {

@@ -21,7 +21,9 @@ namespace kvb::trtllm {
 
 /// TensorRT-LLM `runtime::BufferManager` (the parts above). Copies are synchronous memcpy on
 /// host-accessible tensors; a tensor the host cannot address throws KVB_STATUS_UNSUPPORTED
-/// instead of being read as host memory.
+/// instead of being read as host memory. The fills and copies are virtual: an engine (or a port
+/// on the CUDA backend) derives a buffer manager that fills and copies device memory, overriding
+/// them and `clone`, and the KVCacheTransferManager built from it copies with its overrides.
 class BufferManager {
   public:
     using ITensorPtr = ITensor::UniquePtr;
@@ -62,13 +64,13 @@ class BufferManager {
     /// Zeroes every byte of `buffer` (TensorRT-LLM `setZero`).
     void setZero(IBuffer& buffer) const { setMem(buffer, 0); }
     /// Sets every byte of `buffer` to `value` (TensorRT-LLM `setMem`).
-    void setMem(IBuffer& buffer, int32_t value) const {
+    virtual void setMem(IBuffer& buffer, int32_t value) const {
         requireHost(buffer, "setMem");
         if (buffer.getSizeInBytes() != 0)
             std::memset(buffer.data(), value, buffer.getSizeInBytes());
     }
     /// Copies all of `src` into `dst`, which must be as large (TensorRT-LLM `copy(src, dst)`).
-    void copy(IBuffer const& src, IBuffer& dst) const {
+    virtual void copy(IBuffer const& src, IBuffer& dst) const {
         requireHost(src, "copy");
         requireHost(dst, "copy");
         if (src.getSizeInBytes() > dst.getSizeInBytes())
@@ -76,18 +78,26 @@ class BufferManager {
         if (src.getSizeInBytes() != 0) std::memmove(dst.data(), src.data(), src.getSizeInBytes());
     }
     /// Copies `dst`'s size in bytes from host memory `src` (TensorRT-LLM `copy(src, dst, type)`).
-    void copy(void const* src, IBuffer& dst, MemoryType srcType) const {
+    virtual void copy(void const* src, IBuffer& dst, MemoryType srcType) const {
         if (srcType == MemoryType::kGPU)
             throw Error(KVB_STATUS_UNSUPPORTED, "copy: device memory is the engine's to copy");
         requireHost(dst, "copy");
         if (dst.getSizeInBytes() != 0) std::memmove(dst.data(), src, dst.getSizeInBytes());
     }
     /// Copies `src` into host memory `dst` (TensorRT-LLM `copy(src, dst, type)`).
-    void copy(IBuffer const& src, void* dst, MemoryType dstType) const {
+    virtual void copy(IBuffer const& src, void* dst, MemoryType dstType) const {
         if (dstType == MemoryType::kGPU)
             throw Error(KVB_STATUS_UNSUPPORTED, "copy: device memory is the engine's to copy");
         requireHost(src, "copy");
         if (src.getSizeInBytes() != 0) std::memmove(dst, src.data(), src.getSizeInBytes());
+    }
+
+    /// A copy of this buffer manager as its own type (what KVCacheTransferManager keeps, so that
+    /// a derived buffer manager's fills and copies are the ones it uses). A derived class that
+    /// overrides the copies overrides this too; one that does not is copied as this base, whose
+    /// copies refuse memory the host cannot address.
+    [[nodiscard]] virtual std::shared_ptr<BufferManager const> clone() const {
+        return std::make_shared<BufferManager>(*this);
     }
 
     /// The raw `cudaStream_t` of the engine's stream (null without one).

@@ -54,18 +54,21 @@ struct KVCacheBlockPool {
 };
 
 /// TensorRT-LLM `KVCacheTransferManager`: copies a block's row in every pool from the level its
-/// KVCacheIndex names to the level of the other block's. Copies are synchronous memcpy on
-/// host-accessible tensors, so syncTransfers has nothing to wait for and a copy is complete
-/// when the call returns (TensorRT-LLM orders them on its own streams); a tensor the host cannot
-/// address throws (KVB_STATUS_UNSUPPORTED). Transfer modes other than DRAM throw too: kvblock's
+/// KVCacheIndex names to the level of the other block's. Every copy (a whole row, or each slab's
+/// first tokens) goes through the buffer manager it was built with (its `clone`): the facade's
+/// own copies synchronously on host-accessible tensors and throws (KVB_STATUS_UNSUPPORTED) for a
+/// tensor the host cannot address; an engine's derived buffer manager may copy device memory.
+/// Copies are complete when the call returns, so syncTransfers has nothing to wait for
+/// (TensorRT-LLM orders them on its own streams). Transfer modes other than DRAM throw: kvblock's
 /// file tier is its own (KvblockOptions, the disk tier), not a directory per call.
 class KVCacheTransferManager {
   public:
     using BlockPtr = std::shared_ptr<KVCacheBlock>;
 
-    /// TensorRT-LLM's constructor; the buffer manager is copied (its stream kept alive).
+    /// TensorRT-LLM's constructor; the buffer manager is copied as its own type (`clone`: a
+    /// derived buffer manager keeps its copies; its stream is kept alive).
     explicit KVCacheTransferManager(BufferManager const& bufferManager)
-        : bufferManager_(bufferManager) {}
+        : bufferManager_(bufferManager.clone()) {}
 
     /// Copies `block`'s rows into `offloadBlock`'s (TensorRT-LLM `offload`); with
     /// `numTokensToCopy` in (0, tokensPerBlock), only the first tokens of every (layer, K|V,
@@ -111,23 +114,31 @@ class KVCacheTransferManager {
                 throw Error(KVB_STATUS_INVALID_ARGUMENT, "the pools' rows differ in size");
             if (numTokensToCopy <= 0 || numTokensToCopy >= pool.tokensPerBlock ||
                 pool.sizePerHead <= 0) {
-                bufferManager_.copy(*fromRow, *toRow);
+                bufferManager_->copy(*fromRow, *toRow);
                 continue;
             }
-            // Row layout [layer][K|V][head][token][element]: the first tokens of every slab.
-            if (!fromRow->isHostAccessible() || !toRow->isHostAccessible())
-                throw Error(KVB_STATUS_UNSUPPORTED, "the host cannot address these pools");
+            // Row layout [layer][K|V][head][token][element]: the first tokens of every slab, each
+            // a byte view of the rows copied by the buffer manager (the host never reads them).
             std::size_t elem = dataTypeSize(fromRow->getDataType());
             std::size_t slab = static_cast<std::size_t>(pool.tokensPerBlock) *
                                static_cast<std::size_t>(pool.sizePerHead) * elem;
             std::size_t part = static_cast<std::size_t>(numTokensToCopy) *
                                static_cast<std::size_t>(pool.sizePerHead) * elem;
-            auto* s = static_cast<uint8_t const*>(fromRow->data());
-            auto* d = static_cast<uint8_t*>(toRow->data());
-            for (std::size_t off = 0; off + slab <= fromRow->getSizeInBytes(); off += slab)
-                std::memmove(d + off, s + off, part);
+            ITensor::SharedPtr from = std::move(fromRow);
+            ITensor::SharedPtr to = std::move(toRow);
+            for (std::size_t off = 0; off + slab <= from->getSizeInBytes(); off += slab)
+                bufferManager_->copy(*bytesOf(from, off, part), *bytesOf(to, off, part));
         }
         ++copied_;
+    }
+    /// `bytes` bytes of `row` from `offset`, as a byte tensor of the row's memory type (a view
+    /// that keeps the row alive; the address is computed, not read).
+    static ITensor::UniquePtr bytesOf(ITensor::SharedPtr const& row, std::size_t offset,
+                                      std::size_t bytes) {
+        void* base = row->data() ? static_cast<uint8_t*>(row->data()) + offset : nullptr;
+        return std::make_unique<ITensor>(
+            base, ITensor::makeShape({static_cast<ITensor::DimType64>(bytes)}),
+            nvinfer1::DataType::kUINT8, row->getMemoryType(), row->isHostAccessible(), row);
     }
     /// The pool's tensor at the level `index` names (slices keep it alive).
     static ITensor::SharedPtr const& levelOf(KVCacheBlockPool const& pool, KVCacheIndex index) {
@@ -136,7 +147,7 @@ class KVCacheTransferManager {
         return t;
     }
 
-    BufferManager bufferManager_;
+    std::shared_ptr<BufferManager const> bufferManager_;
     std::size_t copied_ = 0;
 };
 
