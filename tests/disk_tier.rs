@@ -287,7 +287,12 @@ fn eio_on_writes_is_counted_and_harmless() {
 #[test]
 fn a_full_directory_stops_writes_but_not_the_manager() {
     let dir = scratch_dir("full");
-    let mut m = manager(&dir, 8, 4, 64);
+    // One I/O thread: writes are attempted in the order they were queued, so the first four are
+    // A's blocks. (With two, a worker still sealing A's first block can let a later block take
+    // one of the four writes, and then nothing of A is on disk.)
+    let mut cfg = config(Some(&dir), 8, 4, 64);
+    cfg.disk.io_threads = 1;
+    let mut m = KvCacheManager::new(cfg).expect("manager");
     let faults = m.disk_tier(WINDOW).unwrap().unwrap().faults().clone();
     // A's four blocks are the first written; then the directory is full.
     faults.writes_until_full.store(4, Ordering::Relaxed);
