@@ -96,7 +96,9 @@ impl WindowBlockManager {
         for &block in chain {
             let l = T::of(&mut self.lower).expect("checked");
             if !l.tier.has_write_room() {
-                continue;
+                // The queue only fills within a call: no later block of the chain has room
+                // either (and skipping one would leave the next without its parent's digest).
+                break;
             }
             // The first block's digest may need its ancestors'; the others follow the chain.
             let (up, digest) = match parent {
