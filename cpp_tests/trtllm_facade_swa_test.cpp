@@ -206,3 +206,16 @@ TEST(TrtllmFacadeSwa, BlockManagerCountsTheHostBlocksAsAllocated) {
     (void)m.removeSequence(1, std::nullopt);
     EXPECT_EQ(bm.getNumAllocatedBlocks(), 4);
 }
+
+// The scheduler's one-step estimate counts the slots addToken reserved, as TensorRT-LLM's
+// sequence counts them, even before the engine hands the token ids over.
+TEST(TrtllmFacadeSwa, TheOneStepEstimateCountsSlotsAddTokenReserved) {
+    auto m = makeManager(16);
+    Request r(1, tokenRun(1000, 5), /*maxNewTokens*/ 100);
+    admit(*m, r);
+    finishPrefill(*m, r);
+    EXPECT_EQ(m->getNeededBlocksOneStep(r, /*twoStepsLookAhead*/ false, kWindow), 0);
+    for (int32_t i = 0; i < 3; ++i) m->addToken(1);  // 8 slots: the ninth starts a block
+    EXPECT_EQ(m->getNeededBlocksOneStep(r, false, kWindow), 1);
+    EXPECT_EQ(m->getNeededBlocksOneStep(r, true, kWindow), 1);
+}

@@ -217,3 +217,40 @@ fn with_beam_search_a_slot_at_a_block_boundary_takes_a_block_for_every_beam() {
     assert_eq!(free(&m), 8);
     m.check_invariants().unwrap();
 }
+
+#[test]
+fn the_one_step_estimate_counts_the_slots_reserved_before_their_tokens() {
+    use kvblock::manager::{RequestPhase, RequestState};
+    let mut m = manager(16);
+    m.add_sequence(&Request::new(1, tokens(0..5))).unwrap();
+    let state = |generated: usize| RequestState {
+        request_id: 1,
+        phase: RequestPhase::Generation,
+        prompt_len: 5,
+        beam_width: 1,
+        context_chunk_size: 0,
+        num_draft_tokens: 0,
+        max_new_tokens: 100,
+        num_generated_tokens: generated,
+    };
+    // 5 tokens in 2 blocks: the sixth slot fits the second block.
+    assert_eq!(
+        m.needed_blocks_one_step(&state(0), None, false, W).unwrap(),
+        0
+    );
+    // Three slots reserved (8 slots, 2 full blocks), no token id known yet: the ninth slot
+    // starts a block. Counting the 5 known tokens instead would say none.
+    for _ in 0..3 {
+        assert!(m.add_slot(1).unwrap());
+    }
+    assert_eq!(m.sequence_lengths(1).unwrap().num_tokens, 5);
+    assert_eq!(
+        m.needed_blocks_one_step(&state(3), None, false, W).unwrap(),
+        1
+    );
+    // Two steps ahead: slots 9 and 10, still one block.
+    assert_eq!(
+        m.needed_blocks_one_step(&state(3), None, true, W).unwrap(),
+        1
+    );
+}

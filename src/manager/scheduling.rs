@@ -104,7 +104,9 @@ impl KvCacheManager {
             }
             RequestPhase::Generation => {
                 let seq = self.sequence(state.request_id)?;
-                let current = seq.num_tokens;
+                // KV slots, as TensorRT-LLM's sequence counts them: `addToken` reserves a slot
+                // before the token id arrives, so the capacity may lead the known tokens.
+                let current = seq.num_tokens.max(seq.life.capacity);
                 let steps = if two_steps_look_ahead { 2 } else { 1 };
                 let add = (steps * (state.num_draft_tokens + 1)).min(
                     state
