@@ -7,6 +7,8 @@
 // P..P+S-1 with host rows; moving a block between tiers swaps rows, the id keeps its tree place.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -153,7 +155,7 @@ TEST(OnboardBlockTest, KeepsTheBlocksPriority) {
 
 // What does not move reports false and changes nothing; what cannot move is an error that
 // changes nothing.
-TEST(OnboardBlockTest, RefusesReferencedBlocksAndReportsWhatDoesNotMove) {
+TEST(OnboardBlockTest, RefusesBadIdsAndReportsWhatDoesNotMove) {
     kvb::Manager m(dataConfig(4, 2));
     const std::vector<int32_t> prompt = tokenRun(0, 9);
     std::vector<int32_t> blocks = cacheRequest(m, 0, prompt);
@@ -179,7 +181,7 @@ TEST(OnboardBlockTest, RefusesReferencedBlocksAndReportsWhatDoesNotMove) {
     kvb_test::expectSameStats(before, m.getKvCacheStats());
 
     const int32_t held = m.getCacheBlockIds(1, kWindow)[0];
-    EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow, held); }), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_FALSE(m.onboardBlock(kWindow, held)) << "a held block on the GPU already";
     EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow, 6); }), KVB_STATUS_INVALID_ARGUMENT);
     EXPECT_EQ(statusOf([&] { m.onboardBlock(kWindow + 1, blocks[1]); }),
               KVB_STATUS_INVALID_ARGUMENT);
@@ -189,6 +191,39 @@ TEST(OnboardBlockTest, RefusesReferencedBlocksAndReportsWhatDoesNotMove) {
     kvb::Manager noHost(dataConfig(4, 0));
     std::vector<int32_t> b = cacheRequest(noHost, 0, prompt);
     EXPECT_FALSE(noHost.onboardBlock(kWindow, b[0])) << "on the GPU already, no host tier";
+}
+
+// A block a live sequence holds goes to the host tier and back (TensorRT-LLM's offloadBlock and
+// onboardBlock on a sequence's block, as its tests use them to read and write a block's bytes on
+// the host): the sequence keeps it, its bytes move with it, and its offsets are refused while
+// it is on the host.
+TEST(OnboardBlockTest, AHeldBlockGoesToTheHostTierAndBackWithItsBytes) {
+    kvb::Manager m(dataConfig(4, 2));
+    m.addSequence(kvb::Request(1, tokenRun(0, 9)));
+    const std::vector<int32_t> ids = m.getCacheBlockIds(1, kWindow);
+    fillRow(m, ids[1], 42);
+    ASSERT_TRUE(m.offloadBlock(kWindow, ids[1]));
+    kvb_block_info_t info = m.getBlockInfo(kWindow, ids[1]);
+    EXPECT_EQ(info.cache_level, KVB_CACHE_LEVEL_SECONDARY);
+    EXPECT_EQ(info.ref_count, 1);
+    EXPECT_EQ(m.getCacheBlockIds(1, kWindow), ids);
+    EXPECT_TRUE(rowHolds(m, ids[1], 42));
+    auto [maxBlocks, pools] = m.getOffsetTableDimensions();
+    std::vector<int32_t> table(static_cast<size_t>(pools) * 2 * maxBlocks, -5);
+    int32_t count = 0;
+    EXPECT_EQ(kvb_manager_copy_block_offsets(m.get(), table.data(), table.size(), 1, 0, 1, &count),
+              KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_TRUE(std::all_of(table.begin(), table.end(), [](int32_t v) { return v == -5; }));
+    m.checkInvariants();
+
+    fillRow(m, ids[1], 43);  // the engine writes the host row
+    ASSERT_TRUE(m.onboardBlock(kWindow, ids[1]));
+    EXPECT_EQ(m.getBlockInfo(kWindow, ids[1]).cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    EXPECT_TRUE(rowHolds(m, ids[1], 43));
+    EXPECT_EQ(kvb_manager_copy_block_offsets(m.get(), table.data(), table.size(), 1, 0, 1, &count),
+              KVB_OK);
+    EXPECT_EQ(count, 3);
+    m.checkInvariants();
 }
 
 // ---- pinBlock / unpinBlock by id ------------------------------------------------------------

@@ -634,13 +634,17 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
             kvb_block_info_t info = m.getBlockInfo(kWindow, block);
             bool done = false;
             kvb_status_t st = statusOf([&] { done = m.offloadBlock(kWindow, block); });
-            if (info.ref_count > 0) {
-                ASSERT_EQ(st, KVB_STATUS_INVALID_ARGUMENT);
-            } else {
-                ASSERT_EQ(st, KVB_OK);
-                if (done) {
+            ASSERT_EQ(st, KVB_OK);
+            if (done) {
+                kvb_block_info_t after = m.getBlockInfo(kWindow, block);
+                ASSERT_EQ(after.cache_level, KVB_CACHE_LEVEL_SECONDARY);
+                ASSERT_EQ(after.ref_count, info.ref_count);
+                if (info.ref_count > 0) {
+                    // A held block moved to the host tier comes back for its sequences.
+                    m.checkInvariants();
+                    ASSERT_TRUE(m.onboardBlock(kWindow, block));
                     ASSERT_EQ(m.getBlockInfo(kWindow, block).cache_level,
-                              KVB_CACHE_LEVEL_SECONDARY);
+                              KVB_CACHE_LEVEL_PRIMARY);
                 }
             }
         } else if (op == 9 && !running.empty()) {
@@ -686,13 +690,18 @@ TEST(HostTierOffloadTest, ExplicitOffloadOfFreeBlock) {
     EXPECT_EQ(m.getKvCacheStats().onboarded_blocks, 1u);
     expectAllPrimary(m, 1);
 
-    kvb_kv_cache_stats_t before = m.getKvCacheStats();
-    EXPECT_EQ(statusOf([&] { m.offloadBlock(kWindow, 0); }), KVB_STATUS_INVALID_ARGUMENT);
+    // A held block moves too (TensorRT-LLM's offload of a sequence's block) and stays held.
+    ASSERT_TRUE(m.offloadBlock(kWindow, 0));
     kvb_block_info_t held = m.getBlockInfo(kWindow, 0);
-    EXPECT_EQ(held.cache_level, KVB_CACHE_LEVEL_PRIMARY);
+    EXPECT_EQ(held.cache_level, KVB_CACHE_LEVEL_SECONDARY);
     EXPECT_EQ(held.ref_count, 1);
-    EXPECT_TRUE(sameStats(before, m.getKvCacheStats()));
+    EXPECT_EQ(m.getKvCacheStats().offloaded_blocks, 2u);
+    m.checkInvariants();
+    ASSERT_TRUE(m.onboardBlock(kWindow, 0));
+    expectAllPrimary(m, 1);
+    kvb_kv_cache_stats_t before = m.getKvCacheStats();
     EXPECT_EQ(statusOf([&] { m.offloadBlock(kWindow, 999); }), KVB_STATUS_INVALID_ARGUMENT);
+    EXPECT_TRUE(sameStats(before, m.getKvCacheStats()));
     m.checkInvariants();
 
     kvb::Manager noHost(hostTierConfig(4, 0));

@@ -175,12 +175,23 @@ TEST(TrtllmFacadeTensor, OffloadAndOnboardMoveBytesBetweenThePoolTensors) {
     ASSERT_TRUE(block->isPrimary());
     uint16_t* back = rowOf(primary, block->getMemoryPoolBlockIndex());
     for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(back[i], static_cast<uint16_t>(3 * i + 2)) << i;
-    // kvblock refuses to move a block a sequence holds (TensorRT-LLM would swap it).
+    // A block a sequence holds moves the same way, as TensorRT-LLM's does: its bytes are read
+    // and written through the secondary pool tensor, and the sequence keeps the block.
     auto held = admitComputed(*m, 2, tokenRun(500, 5));
-    auto heldBlock = bm.getBlockById(m->getCacheBlockIds(2, kWindow)[0][0], kWindow);
-    EXPECT_EQ(statusOf([&] { (void)bm.offloadBlock(heldBlock, kWindow); }),
-              KVB_STATUS_INVALID_ARGUMENT);
-    EXPECT_TRUE(heldBlock->isPrimary());
+    auto const heldIds = m->getCacheBlockIds(2, kWindow)[0];
+    auto heldBlock = bm.getBlockById(heldIds[0], kWindow);
+    for (int32_t i = 0; i < kRow; ++i)
+        rowOf(primary, heldBlock->getMemoryPoolBlockIndex())[i] = static_cast<uint16_t>(i + 5);
+    ASSERT_TRUE(bm.offloadBlock(heldBlock, kWindow));
+    ASSERT_FALSE(heldBlock->isPrimary());
+    uint16_t* heldHostRow = rowOf(secondary, heldBlock->getMemoryPoolBlockIndex());
+    for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(heldHostRow[i], static_cast<uint16_t>(i + 5));
+    for (int32_t i = 0; i < kRow; ++i) heldHostRow[i] = static_cast<uint16_t>(i + 9);
+    EXPECT_EQ(m->getCacheBlockIds(2, kWindow)[0], heldIds);
+    ASSERT_TRUE(bm.onboardBlock(heldBlock->getBlockId(), kWindow));
+    ASSERT_TRUE(heldBlock->isPrimary());
+    uint16_t* heldBack = rowOf(primary, heldBlock->getMemoryPoolBlockIndex());
+    for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(heldBack[i], static_cast<uint16_t>(i + 9)) << i;
 }
 
 // Offset tables as TensorRT-LLM's KVCacheIndex tensors: the same entries kvblock writes into its

@@ -2685,7 +2685,8 @@ enum kvb_status_t kvb_manager_get_max_blocks_per_seq(struct kvb_manager_t *manag
  * `[pool][num_slots][K|V][max_blocks_per_seq]`) at slots `slot_offset..+beam_width`
  * (TensorRT-LLM `copyBlockOffsets`). Entry for block b: `memory_index(b) * 2 * num_layers`
  * (+1 for V); the rest of each written row is `INT32_MAX`. `*out_max_block_count` = most
- * blocks of any beam.
+ * blocks of any beam. `KVB_STATUS_INVALID_ARGUMENT`, with nothing written, while one of the
+ * sequence's blocks is on the host tier (`kvb_manager_offload_block`: onboard it first).
  */
 enum kvb_status_t kvb_manager_copy_block_offsets(struct kvb_manager_t *manager,
                                                  int32_t *table,
@@ -2836,10 +2837,14 @@ enum kvb_status_t kvb_manager_get_iteration_stats(struct kvb_manager_t *manager,
 enum kvb_status_t kvb_manager_refresh_blocks(struct kvb_manager_t *manager);
 
 /**
- * Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
- * `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
- * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
- * block, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+ * Offloads a primary block to the host tier (TensorRT-LLM `offloadBlock`). A free block moves
+ * with its place in the reuse tree. A block sequences hold moves too, as TensorRT-LLM's does
+ * (its row is swapped with a free host block's, whose GPU row becomes free): the sequences
+ * keep it, `kvb_manager_copy_block_offsets` refuses their offsets
+ * (`KVB_STATUS_INVALID_ARGUMENT`) and storing them stops before it until
+ * `kvb_manager_onboard_block` brings it back. `*out_offloaded` is false when there is no free
+ * host block, offloading is off or the block is on the host tier already. Fails with
+ * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window or an id out of range, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
  * poisoned, for a failed CUDA launch).
  */
 enum kvb_status_t kvb_manager_offload_block(struct kvb_manager_t *manager,
@@ -2860,13 +2865,15 @@ enum kvb_status_t kvb_manager_set_block_priority(struct kvb_manager_t *manager,
                                                  int32_t priority);
 
 /**
- * Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
- * that a transfer or a later admission finds it on the GPU: its bytes move into the next free
- * GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in
- * the reuse tree, its priority and its expiry. `*out_onboarded` is false when it does not move:
- * already on the GPU, nothing cached in it, no host tier, or no free GPU block. Fails with
- * `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced block
- * (a sequence's blocks come back through admission and `kvb_manager_resume`), and
+ * Brings a host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so that a
+ * transfer or a later admission finds it on the GPU: its bytes move into the next free GPU
+ * block's row (evicting, and offloading, as an allocation does); a free cached block keeps its
+ * place in the reuse tree, its priority and its expiry, and a held block that
+ * `kvb_manager_offload_block` moved stays its sequences'. `*out_onboarded` is false when it does
+ * not move: already on the GPU, a free block with nothing cached, no host tier, or no free GPU
+ * block. Fails with `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or
+ * a suspended sequence's block that its suspension moved (it comes back with
+ * `kvb_manager_resume`), and
  * `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`, poisoned, for
  * a failed CUDA launch).
  */

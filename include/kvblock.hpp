@@ -656,6 +656,8 @@ class Manager {
         check(kvb_manager_get_block_info(handle_, window, block, &info));
         return info;
     }
+    /// Moves a primary block to the host tier, a held one included (kvb_manager_offload_block);
+    /// false when it does not move.
     bool offloadBlock(int32_t window, int32_t block) {
         bool done = false;
         check(kvb_manager_offload_block(handle_, window, block, &done));
@@ -681,8 +683,8 @@ class Manager {
     void setBlockPriority(int32_t window, int32_t block, int32_t priority) {
         check(kvb_manager_set_block_priority(handle_, window, block, priority));
     }
-    /// Brings a free cached host block back to the GPU (kvb_manager_onboard_block); false when
-    /// it does not move.
+    /// Brings a free cached host block, or a held one offloadBlock moved, back to the GPU
+    /// (kvb_manager_onboard_block); false when it does not move.
     bool onboardBlock(int32_t window, int32_t block) {
         bool done = false;
         check(kvb_manager_onboard_block(handle_, window, block, &done));

@@ -193,6 +193,7 @@ struct Coverage {
     pinned: usize,
     unpinned: usize,
     explicit_offloads: usize,
+    held_round_trips: usize,
     offloaded: u64,
     onboarded: u64,
     verified_reused_positions: usize,
@@ -883,14 +884,37 @@ impl Harness {
             .collect();
         let before = self.snapshot();
         if free_primary.is_empty() || self.rng.percent(10) {
-            // A referenced block cannot be offloaded.
+            // A block sequences hold goes to the host tier and back (TensorRT-LLM's offload and
+            // onboard of a held block): its sequences keep it, and its bytes come back, which
+            // the reuse checks of later admissions read.
             let referenced: Vec<u32> = (0..num_blocks)
-                .filter(|&b| self.m.block_info(w, b).unwrap().ref_count > 0)
+                .filter(|&b| {
+                    let info = self.m.block_info(w, b).unwrap();
+                    info.ref_count > 0 && info.level == Level::Primary
+                })
                 .collect();
             if let Some(&b) = referenced.get(self.rng.below(referenced.len().max(1))) {
+                let refs = self.m.block_info(w, b).unwrap().ref_count;
                 match self.m.offload_block(w, b) {
-                    Err(KvError::InvalidArgument(_)) => self.expect_unchanged(&before, "offload"),
-                    other => self.fail(format!("offload of referenced block {b}: {other:?}")),
+                    Ok(true) => {
+                        let info = self.m.block_info(w, b).unwrap();
+                        if info.level != Level::Secondary || info.ref_count != refs {
+                            self.fail(format!("held block {b} after its offload: {info:?}"));
+                        }
+                        if let Err(e) = self.m.check_invariants() {
+                            self.fail(format!("held block {b} on the host tier: {e}"));
+                        }
+                        match self.m.onboard_block(w, b) {
+                            Ok(true)
+                                if self.m.block_info(w, b).unwrap().level == Level::Primary =>
+                            {
+                                self.cov.held_round_trips += 1;
+                            }
+                            other => self.fail(format!("onboard of held block {b}: {other:?}")),
+                        }
+                    }
+                    Ok(false) => self.expect_unchanged(&before, "offload"),
+                    Err(e) => self.fail(format!("offload of held block {b}: {e}")),
                 }
             }
             return;
@@ -1124,6 +1148,7 @@ fn run_scenario(sc: Scenario) {
         total.pinned += c.pinned;
         total.unpinned += c.unpinned;
         total.explicit_offloads += c.explicit_offloads;
+        total.held_round_trips += c.held_round_trips;
         total.offloaded += c.offloaded;
         total.onboarded += c.onboarded;
         total.verified_reused_positions += c.verified_reused_positions;
@@ -1151,6 +1176,7 @@ fn run_scenario(sc: Scenario) {
     assert!(total.rewinds > 10, "{name}: {total:?}");
     assert!(total.pinned > 0 && total.unpinned > 0, "{name}: {total:?}");
     assert!(total.explicit_offloads > 10, "{name}: {total:?}");
+    assert!(total.held_round_trips > 10, "{name}: {total:?}");
     assert!(
         total.resets > 0 && total.truncations > 10 && total.pinned_lookups > 10,
         "{name}: {total:?}"

@@ -64,18 +64,21 @@ void init_manager_queries(ManagerClass& cls) {
                 return nogil([&] { return self.m.offloadBlock(w, block); });
             },
             "window_size"_a, "block_id"_a,
-            "Offloads a free primary block to the host tier; False when no host block is free or "
-            "offloading is off.")
+            "Offloads a primary block to the host tier (TensorRT-LLM ``offloadBlock``); a block "
+            "sequences hold moves too and stays theirs, and their offsets are refused until "
+            "``onboard_block`` brings it back. False when no host block is free, offloading is "
+            "off or the block is on the host tier already.")
         .def(
             "onboard_block",
             [](Manager& self, int32_t w, int32_t block) {
                 return nogil([&] { return self.m.onboardBlock(w, block); });
             },
             "window_size"_a, "block_id"_a,
-            "Brings a free cached host block back to the GPU tier (TensorRT-LLM "
-            "``onboardBlock``), keeping its place in the reuse tree; False when it does not move "
-            "(already on the GPU, nothing cached, no free GPU block). A referenced block raises "
-            ":class:`InvalidArgumentError`.")
+            "Brings a host block back to the GPU tier (TensorRT-LLM ``onboardBlock``): a free "
+            "cached block keeps its place in the reuse tree, a held block ``offload_block`` moved "
+            "stays its sequences'. False when it does not move (already on the GPU, nothing "
+            "cached, no free GPU block). A block a suspension moved raises "
+            ":class:`InvalidArgumentError` (it comes back with ``resume``).")
         .def(
             "set_block_priority",
             [](Manager& self, int32_t w, int32_t block, int32_t priority) {

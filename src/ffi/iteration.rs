@@ -20,10 +20,14 @@ pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb
     })
 }
 
-/// Offloads a free primary block to the host tier (TensorRT-LLM `offloadBlock`).
-/// `*out_offloaded` is false when there is no free host block or offloading is off. Fails with
-/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced
-/// block, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+/// Offloads a primary block to the host tier (TensorRT-LLM `offloadBlock`). A free block moves
+/// with its place in the reuse tree. A block sequences hold moves too, as TensorRT-LLM's does
+/// (its row is swapped with a free host block's, whose GPU row becomes free): the sequences
+/// keep it, `kvb_manager_copy_block_offsets` refuses their offsets
+/// (`KVB_STATUS_INVALID_ARGUMENT`) and storing them stops before it until
+/// `kvb_manager_onboard_block` brings it back. `*out_offloaded` is false when there is no free
+/// host block, offloading is off or the block is on the host tier already. Fails with
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window or an id out of range, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
 /// poisoned, for a failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_offload_block(
@@ -59,13 +63,15 @@ pub extern "C" fn kvb_manager_set_block_priority(
     })
 }
 
-/// Brings a free, cached host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so
-/// that a transfer or a later admission finds it on the GPU: its bytes move into the next free
-/// GPU block's row (evicting, and offloading, as an allocation does) and it keeps its place in
-/// the reuse tree, its priority and its expiry. `*out_onboarded` is false when it does not move:
-/// already on the GPU, nothing cached in it, no host tier, or no free GPU block. Fails with
-/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a referenced block
-/// (a sequence's blocks come back through admission and `kvb_manager_resume`), and
+/// Brings a host block back to the GPU tier now (TensorRT-LLM `onboardBlock`), so that a
+/// transfer or a later admission finds it on the GPU: its bytes move into the next free GPU
+/// block's row (evicting, and offloading, as an allocation does); a free cached block keeps its
+/// place in the reuse tree, its priority and its expiry, and a held block that
+/// `kvb_manager_offload_block` moved stays its sequences'. `*out_onboarded` is false when it does
+/// not move: already on the GPU, a free block with nothing cached, no host tier, or no free GPU
+/// block. Fails with `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or
+/// a suspended sequence's block that its suspension moved (it comes back with
+/// `kvb_manager_resume`), and
 /// `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`, poisoned, for
 /// a failed CUDA launch).
 #[no_mangle]

@@ -78,7 +78,8 @@ pub extern "C" fn kvb_manager_get_max_blocks_per_seq(
 /// `[pool][num_slots][K|V][max_blocks_per_seq]`) at slots `slot_offset..+beam_width`
 /// (TensorRT-LLM `copyBlockOffsets`). Entry for block b: `memory_index(b) * 2 * num_layers`
 /// (+1 for V); the rest of each written row is `INT32_MAX`. `*out_max_block_count` = most
-/// blocks of any beam.
+/// blocks of any beam. `KVB_STATUS_INVALID_ARGUMENT`, with nothing written, while one of the
+/// sequence's blocks is on the host tier (`kvb_manager_offload_block`: onboard it first).
 #[no_mangle]
 pub extern "C" fn kvb_manager_copy_block_offsets(
     manager: *mut kvb_manager_t,

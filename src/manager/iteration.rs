@@ -20,7 +20,8 @@ impl KvCacheManager {
         }
     }
 
-    /// Offloads a free primary block of one window to the host tier.
+    /// Offloads a primary block of one window to the host tier; a held block stays its
+    /// sequences' (`WindowBlockManager::offload_block`).
     pub fn offload_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
         let now = self.op_now_ms();
         let i = self.window_index(window_size)?;
@@ -29,7 +30,8 @@ impl KvCacheManager {
         Ok(done)
     }
 
-    /// Brings a free, cached host block of one window back to the GPU tier.
+    /// Brings a host block of one window back to the GPU tier: a free cached one, or a held one
+    /// `offload_block` moved (`WindowBlockManager::onboard_block`).
     pub fn onboard_block(&mut self, window_size: usize, block: u32) -> KvResult<bool> {
         let now = self.op_now_ms();
         let i = self.window_index(window_size)?;

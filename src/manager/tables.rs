@@ -57,6 +57,18 @@ impl KvCacheManager {
     ) -> KvResult<usize> {
         // A suspended sequence's blocks may be on the host tier: no offsets for kernels.
         let seq = self.active_sequence(id)?;
+        // Nor for a block an explicit offload moved there; checked before anything is written.
+        for w in &self.windows {
+            for beam in 0..seq.beam_width {
+                let ids = w.block_ids(id, beam).unwrap_or(&[]);
+                if let Some(&b) = ids.iter().find(|&&b| w.is_held_on_host(b)) {
+                    return Err(KvError::InvalidArgument(format!(
+                        "block {b} of sequence {id} is on the host tier (offload_block); \
+                         onboard it before writing the sequence's offsets"
+                    )));
+                }
+            }
+        }
         let (max_blocks, num_pools) = self.offset_table_dimensions();
         let needed = num_pools * num_slots * 2 * max_blocks;
         if table.len() < needed {

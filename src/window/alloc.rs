@@ -217,17 +217,11 @@ impl WindowBlockManager {
         self.record_level_change(block, Level::Secondary, Level::Primary);
     }
 
-    /// An id in range whose block nobody references: what the explicit offload and onboard of
-    /// one block need (`what`: how the block would move).
-    fn check_free_block(&self, block: u32, what: &str) -> KvResult<()> {
+    /// An error for a block id out of range.
+    fn check_block_id(&self, block: u32) -> KvResult<()> {
         if block as usize >= self.arena.len() {
             return Err(KvError::InvalidArgument(format!(
                 "block id {block} out of range"
-            )));
-        }
-        if self.arena.ref_count(block) > 0 {
-            return Err(KvError::InvalidArgument(format!(
-                "block {block} is referenced; only free blocks can be {what}"
             )));
         }
         Ok(())
@@ -249,13 +243,25 @@ impl WindowBlockManager {
         Ok(())
     }
 
-    /// Offloads an unreferenced primary block to the host tier (TensorRT-LLM `offloadBlock`).
-    /// Returns false when it was not moved: no free host block, offloading off, or the host
-    /// block is its ancestor.
+    /// Offloads a primary block to the host tier (TensorRT-LLM `offloadBlock`). A free block
+    /// moves with its tree position; returns false when it was not moved: no free host block,
+    /// offloading off, or the host block is its ancestor. A block sequences hold moves too (its
+    /// row swaps with a free host block's, as a suspended sequence's blocks do): its sequences
+    /// keep it, their offset tables are refused until `onboard_block` brings it back, and
+    /// storing stops before it; false when no host block is free or offloading is off.
     pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
-        self.check_free_block(block, "offloaded")?;
+        self.check_block_id(block)?;
         if !self.arena.is_primary(block) {
             return Ok(false);
+        }
+        if self.arena.ref_count(block) > 0 {
+            if !self.cfg.onboard_blocks || !self.move_down(block, now_ms) {
+                return Ok(false);
+            }
+            self.prune_held_on_host();
+            self.held_on_host.push(block);
+            self.flush_copies();
+            return Ok(true);
         }
         let moved = match self.offload(block, now_ms) {
             Offload::Done(host_block) => {
@@ -273,23 +279,48 @@ impl WindowBlockManager {
         Ok(moved)
     }
 
-    /// Brings a free, cached host block to the GPU tier now (TensorRT-LLM `onboardBlock`):
-    /// its content moves into the next free primary block's row (evicting, and offloading, as
-    /// allocation does) and the block is queued at the primary level, keeping its tree
-    /// position, priority and expiry. Returns false when it does not move: already on the GPU,
-    /// nothing cached in it, onboarding off, or no free primary block. A referenced block is an
-    /// error: a sequence's blocks come back through admission or resume.
+    /// Forgets the held blocks moved to the host tier that came back or were freed.
+    fn prune_held_on_host(&mut self) {
+        let arena = &self.arena;
+        self.held_on_host
+            .retain(|&b| !arena.is_primary(b) && arena.ref_count(b) > 0);
+    }
+
+    /// Whether `block` is a held block an explicit `offload_block` moved to the host tier.
+    pub fn is_held_on_host(&self, block: u32) -> bool {
+        !self.arena.is_primary(block)
+            && self.arena.ref_count(block) > 0
+            && self.held_on_host.contains(&block)
+    }
+
+    /// Brings a host block to the GPU tier now (TensorRT-LLM `onboardBlock`). A free, cached
+    /// block's content moves into the next free primary block's row (evicting, and offloading,
+    /// as allocation does) and the block is queued at the primary level, keeping its tree
+    /// position, priority and expiry. A held block `offload_block` moved to the host tier comes
+    /// back the same way and its sequences keep it. Returns false when it does not move:
+    /// already on the GPU, nothing cached in it, onboarding off, or no free primary block. The
+    /// blocks of a suspended sequence come back when it resumes (an error here).
     pub fn onboard_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
-        self.check_free_block(
-            block,
-            "onboarded (a sequence's blocks come back through admission and resume)",
-        )?;
+        self.check_block_id(block)?;
+        let held = self.arena.ref_count(block) > 0;
+        if held && !self.arena.is_primary(block) && !self.is_held_on_host(block) {
+            return Err(KvError::InvalidArgument(format!(
+                "block {block} belongs to a suspended sequence; it comes back when the \
+                 sequence resumes"
+            )));
+        }
         if self.arena.is_primary(block)
             || !self.cfg.onboard_blocks
-            || !self.tree.is_in_tree(block)
+            || (!held && !self.tree.is_in_tree(block))
             || self.queues.num_free(Level::Primary) == 0
         {
             return Ok(false);
+        }
+        if held {
+            self.onboard(block, now_ms);
+            self.prune_held_on_host();
+            self.flush_copies();
+            return Ok(true);
         }
         let expiry = self.queues.expiry(block);
         self.queues.claim(block);

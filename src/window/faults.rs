@@ -85,6 +85,7 @@ pub struct WindowSnapshot {
     stats: WindowStats,
     scheduling_free: usize,
     events: Option<Vec<WindowEvent>>,
+    held_on_host: Vec<u32>,
 }
 
 impl WindowBlockManager {
@@ -117,6 +118,7 @@ impl WindowBlockManager {
             digests: _,
             // A hint for the next allocation, not bookkeeping.
             last_alloc_row: _,
+            held_on_host,
         } = self;
         WindowSnapshot {
             arena: arena.clone(),
@@ -128,6 +130,7 @@ impl WindowBlockManager {
             stats: *stats,
             scheduling_free: *scheduling_free,
             events: events.clone(),
+            held_on_host: held_on_host.clone(),
         }
     }
 
@@ -144,7 +147,9 @@ impl WindowBlockManager {
             stats,
             scheduling_free,
             events,
+            held_on_host,
         } = snapshot;
+        self.held_on_host = held_on_host;
         self.arena = arena;
         self.queues = queues;
         self.tree = tree;

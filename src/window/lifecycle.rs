@@ -140,7 +140,7 @@ impl WindowBlockManager {
     }
 
     /// Moves the held primary block `b` into the next free host block; false when none is free.
-    fn move_down(&mut self, b: u32, now_ms: u64) -> bool {
+    pub(super) fn move_down(&mut self, b: u32, now_ms: u64) -> bool {
         let Some((host, _)) = self.queues.peek(Level::Secondary) else {
             return false;
         };

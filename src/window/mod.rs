@@ -207,6 +207,9 @@ pub struct WindowBlockManager {
     digests: lower::DigestCache,
     /// The primary row of the latest allocation (`contiguous_runs`).
     last_alloc_row: Option<u32>,
+    /// Blocks of active sequences an explicit `offload_block` moved to the host tier
+    /// (TensorRT-LLM's offload of a held block); pruned when they come back or are freed.
+    held_on_host: Vec<u32>,
 }
 
 impl std::fmt::Debug for WindowBlockManager {
@@ -250,6 +253,7 @@ impl WindowBlockManager {
             lower: LowerTiers::default(),
             digests: lower::DigestCache::default(),
             last_alloc_row: None,
+            held_on_host: Vec::new(),
         }
     }
 

@@ -82,8 +82,13 @@ impl WindowBlockManager {
                 }
                 for &b in &beam[seq.front_removed..] {
                     expected_refs[b as usize] += 1;
-                    // Only a suspended sequence's blocks may have moved to the host tier.
-                    if !self.arena.is_primary(b) && !suspended && self.cfg.onboard_blocks {
+                    // Only a suspended sequence's blocks, and those an explicit offload moved,
+                    // may be on the host tier.
+                    if !self.arena.is_primary(b)
+                        && !suspended
+                        && self.cfg.onboard_blocks
+                        && !self.held_on_host.contains(&b)
+                    {
                         return Err(format!(
                             "window {w}: active sequence {id} references non-primary block {b}"
                         ));
