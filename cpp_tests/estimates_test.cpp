@@ -11,10 +11,12 @@
 //   generation: add = min((twoSteps ? 2 : 1) * (draft + 1), maxNew - generated); 0 when
 //     cur + add > maxTokenNum; else (ceil((cur + add) / tpb) - ceil(cur / tpb)) * beam.
 //   any other phase: 0.
-// getRemainingBlocksToCompletion: ctx = min(prompt, window) / tpb,
-//   total = ceil(min(prompt + maxNew, window) / tpb), extra = 1 if prompt + maxNew > window;
-//   ctx - allocated + (total - ctx + extra) * beam while the context is not allocated, else
-//   (total - allocated + extra) * beam.
+// getRemainingBlocksToCompletion: ctx = prompt / tpb (admission allocates the whole prompt),
+//   total = ceil(max(min(prompt + maxNew, window + temp), prompt) / tpb), where temp is the
+//   temporary attention window (min(chunk, maxSeqLen - window) once a chunk size is given, else
+//   0); extra = 1 if prompt + maxNew > window and the sequence still crosses a block boundary
+//   past both its current length and total; ctx - allocated + (total - ctx + extra) * beam
+//   while the context is not allocated, else (total - allocated + extra) * beam.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -238,6 +240,20 @@ TEST(RemainingBlocksToCompletionTest, RemainingBlocksToCompletionCorrectlyEstima
     EXPECT_EQ(20 - minFree, 5);
     m.checkInvariants();
     swa.checkInvariants();
+
+    // A prompt longer than the window: the whole prompt (16 blocks of 64) and one block more for
+    // the slide. Given a context chunk size, the estimate also counts the tokens a chunk may
+    // hold past the window (TensorRT-LLM's temporary attention window): all 1152 tokens.
+    kvb::Manager longPrompt(estConfig(128, 40, 64, 16384, false));
+    kvb_request_state_t l = estState(1, KVB_PHASE_CONTEXT_INIT, 1024);
+    l.max_new_tokens = 128;
+    EXPECT_EQ(longPrompt.getRemainingBlocksToCompletion(l, nullptr, 128), 16 + 1);
+    longPrompt.setMaxContextChunkTokens(16384);
+    EXPECT_EQ(longPrompt.getRemainingBlocksToCompletion(l, nullptr, 128), 18);
+    longPrompt.setMaxContextChunkTokens(512);  // 128 + 512 tokens held at once: 10 blocks
+    EXPECT_EQ(longPrompt.getRemainingBlocksToCompletion(l, nullptr, 128), 16 + 1);
+    EXPECT_EQ(statusOf([&] { longPrompt.setMaxContextChunkTokens(-1); }),
+              KVB_STATUS_INVALID_ARGUMENT);
 }
 
 namespace {

@@ -5,6 +5,11 @@
 // standalone blocks. All on the host backend, whose pools the test can read and write.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -192,6 +197,47 @@ TEST(TrtllmFacadeTensor, OffloadAndOnboardMoveBytesBetweenThePoolTensors) {
     ASSERT_TRUE(heldBlock->isPrimary());
     uint16_t* heldBack = rowOf(primary, heldBlock->getMemoryPoolBlockIndex());
     for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(heldBack[i], static_cast<uint16_t>(i + 9)) << i;
+}
+
+// TensorRT-LLM's file transfer modes (GDS, POSIX_DEBUG_FALLBACK): an offload also writes the
+// block's host row to block_<id>_pool_<n>.bin in the directory, and an onboard reads that file
+// back first, so bytes written to the file reach the GPU row.
+TEST(TrtllmFacadeTensor, FileTransferModesKeepAnOffloadedBlockInAFile) {
+    auto m = makeManager();
+    auto& bm = m->getBlockManager();
+    auto primary = bm.getPrimaryPool(0);
+    auto held = admitComputed(*m, 1, tokenRun(0, 9));
+    auto block = bm.getBlockById(m->getCacheBlockIds(1, kWindow)[0][1], kWindow);
+    uint16_t* gpuRow = rowOf(primary, block->getMemoryPoolBlockIndex());
+    for (int32_t i = 0; i < kRow; ++i) gpuRow[i] = static_cast<uint16_t>(i + 11);
+    char dirTemplate[] = "/tmp/kvblock-gds-XXXXXX";
+    ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+    std::string const dir = dirTemplate;
+    EXPECT_EQ(statusOf([&] {
+                  (void)bm.offloadBlock(block, kWindow, kvb::trtllm::KvCacheTransferMode::GDS, "");
+              }),
+              KVB_STATUS_INVALID_ARGUMENT)
+        << "a file mode needs a directory";
+    ASSERT_TRUE(block->isPrimary());
+    ASSERT_TRUE(bm.offloadBlock(block, kWindow, kvb::trtllm::KvCacheTransferMode::GDS, dir));
+    std::string const file = dir + "/block_" + std::to_string(block->getBlockId()) + "_pool_0.bin";
+    std::vector<uint16_t> bytes(kRow);
+    {
+        std::ifstream in(file, std::ios::binary);
+        ASSERT_TRUE(in.read(reinterpret_cast<char*>(bytes.data()), kRow * 2)) << file;
+    }
+    for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(bytes[i], static_cast<uint16_t>(i + 11)) << i;
+    for (auto& b : bytes) b = static_cast<uint16_t>(b * 3);
+    {
+        std::ofstream out(file, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<char const*>(bytes.data()), kRow * 2);
+    }
+    kvb::trtllm::GenerationRequest seq(1, 9, 1, bm.getWindowSizesMetadata());
+    ASSERT_TRUE(bm.onboardBlock(seq, block, kWindow, kvb::trtllm::KvCacheTransferMode::GDS, dir));
+    ASSERT_TRUE(block->isPrimary());
+    uint16_t const* back = rowOf(primary, block->getMemoryPoolBlockIndex());
+    for (int32_t i = 0; i < kRow; ++i) ASSERT_EQ(back[i], static_cast<uint16_t>(3 * (i + 11))) << i;
+    std::filesystem::remove_all(dir);
 }
 
 // Offset tables as TensorRT-LLM's KVCacheIndex tensors: the same entries kvblock writes into its

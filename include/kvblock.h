@@ -2714,6 +2714,16 @@ enum kvb_status_t kvb_manager_get_block_offsets_of_batch(struct kvb_manager_t *m
 enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
+ * Tells the estimates the most prompt tokens one context step computes (TensorRT-LLM's
+ * `maxNumTokens` with paged context attention; 0, the default: not given). A sliding window's
+ * `kvb_manager_get_remaining_blocks_to_completion` then counts up to that many tokens past the
+ * window, capped at what `max_sequence_length` leaves past it (TensorRT-LLM's temporary
+ * attention window). `KVB_STATUS_INVALID_ARGUMENT` for a negative count, nothing changed.
+ */
+enum kvb_status_t kvb_manager_set_max_context_chunk_tokens(struct kvb_manager_t *manager,
+                                                           int32_t tokens);
+
+/**
  * Starts a scheduling simulation: copies free counts and reference counts
  * (TensorRT-LLM `startScheduling`).
  */
@@ -3037,6 +3047,16 @@ enum kvb_status_t kvb_manager_set_stream(struct kvb_manager_t *manager, void *st
  * the call that submitted them returns).
  */
 enum kvb_status_t kvb_manager_sync_transfers(struct kvb_manager_t *manager);
+
+/**
+ * Waits on the host until every copy the manager submitted so far has finished, so that the
+ * host may read or write pool rows: e.g. copy an offloaded block's host row to a file, or
+ * fill it before `kvb_manager_onboard_block`. Not for the hot path (an engine orders its GPU
+ * work after the copies with `kvb_manager_sync_transfers`); immediate for the host backends,
+ * whose copies are done when the call that submitted them returns. `KVB_STATUS_COPY_FAILED`
+ * when a copy of the CUDA backend failed (sticky).
+ */
+enum kvb_status_t kvb_manager_wait_for_copies_on_host(struct kvb_manager_t *manager);
 
 /**
  * Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory

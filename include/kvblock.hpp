@@ -592,6 +592,11 @@ class Manager {
         return n;
     }
     void startScheduling() { check(kvb_manager_start_scheduling(handle_)); }
+    /// The most prompt tokens one context step computes, for the remaining-blocks estimate of a
+    /// sliding window (kvb_manager_set_max_context_chunk_tokens).
+    void setMaxContextChunkTokens(int32_t tokens) {
+        check(kvb_manager_set_max_context_chunk_tokens(handle_, tokens));
+    }
     void schedulingRemoveSequence(uint64_t id) {
         check(kvb_manager_scheduling_remove_sequence(handle_, id));
     }
@@ -638,6 +643,8 @@ class Manager {
     void setStream(void* stream) { check(kvb_manager_set_stream(handle_, stream)); }
     /// CUDA backend, copy-stream ordering: the engine stream waits for the copies so far.
     void syncTransfers() { check(kvb_manager_sync_transfers(handle_)); }
+    /// Waits on the host for every copy submitted so far (kvb_manager_wait_for_copies_on_host).
+    void waitForCopiesOnHost() { check(kvb_manager_wait_for_copies_on_host(handle_)); }
     /// CUDA backend: the engine's memory as the pool of (window, level).
     void registerPool(int32_t window, kvb_cache_level_t level, void* pointer, size_t bytes) {
         check(kvb_manager_register_pool(handle_, window, level, pointer, bytes));

@@ -47,6 +47,9 @@ pub trait CopyEngine: Send {
     }
     /// Waits until every submitted copy is visible to the engine's compute work.
     fn sync(&mut self) {}
+    /// Waits on the host until every submitted copy has finished, so that the host may read
+    /// or write the rows (a synchronous backend has nothing to wait for).
+    fn wait_on_host(&mut self) {}
     /// Base address of pool `pool` of the window (in `BlockLayout` order) at `level`: host
     /// memory for the host backend, the device-visible address for the CUDA backend.
     fn pool_base(&mut self, _level: Level, _pool: usize) -> Option<*mut u8> {

@@ -132,9 +132,12 @@ class BlockManager {
     /// Stores the context's computed blocks for reuse (TensorRT-LLM `storeContextBlocks`), up to
     /// the request's context position.
     void storeContextBlocks(GenerationRequest& sequence, LlmRequest const& llmRequest);
-    /// TensorRT-LLM `onboardBlock(sequence, block, windowSize, mode, directory)`: brings a
-    /// free, cached host block back to the GPU (see the by-id overload; the mode and directory
-    /// are accepted and not consulted), then refreshes the sequence's block ids.
+    /// TensorRT-LLM `onboardBlock(sequence, block, windowSize, mode, directory)`: brings a host
+    /// block back to the GPU (see the by-id overload), then refreshes the sequence's block ids.
+    /// With `GDS` or `POSIX_DEBUG_FALLBACK`, the files offloadBlock wrote in `directory`
+    /// (`block_<id>_pool_<n>.bin`, one per pool of the window) are read into the block's host
+    /// rows first, as TensorRT-LLM onboards from its files; a missing file leaves its row as it
+    /// is, a file of another size throws (KVB_STATUS_INVALID_ARGUMENT) with nothing moved.
     bool onboardBlock(GenerationRequest& sequence, BlockPtr const& block, SizeType32 windowSize,
                       KvCacheTransferMode mode = KvCacheTransferMode::DRAM,
                       std::string const& directory = "");
@@ -161,22 +164,26 @@ class BlockManager {
     [[nodiscard]] SizeType32 getLastWindowSize() const;
     [[nodiscard]] std::map<SizeType32, SizeType32> getNumFreeBlocksPerWindowSize() const;
     [[nodiscard]] bool schedulingHasFreeBlocks(SizeType32 numRequired, SizeType32 windowSize) const;
-    /// Moves the free, cached primary block `blockId` of `windowSize` to the host tier now
-    /// (TensorRT-LLM `offloadBlock`): by id, with no transfer mode or directory (kvblock's host
-    /// tier is the one destination; its disk tier fills from host evictions). False when it
-    /// does not move (not cached, no free host block, no host tier); a block in use throws
-    /// (KVB_STATUS_INVALID_ARGUMENT) and stays where it is.
+    /// Moves the primary block `blockId` of `windowSize` to the host tier now (TensorRT-LLM
+    /// `offloadBlock`): by id, with no transfer mode or directory (kvblock's host tier is the
+    /// one destination; its disk tier fills from host evictions). A block sequences hold moves
+    /// too and stays theirs; their offset tables are refused until onboardBlock brings it back
+    /// (kvb_manager_offload_block). False when it does not move (a free block with nothing
+    /// cached, no free host block, no host tier).
     bool offloadBlock(BlockIdType blockId, SizeType32 windowSize) const;
     /// TensorRT-LLM `offloadBlock(block, windowSize, mode, directory)`: the by-id call on the
-    /// handle's block (the mode and directory are accepted and not consulted).
+    /// handle's block. With `GDS` or `POSIX_DEBUG_FALLBACK` the block's host rows are then also
+    /// written to `directory` (one file per pool of the window, `block_<id>_pool_<n>.bin`, n
+    /// counting the window's pools from 0), as TensorRT-LLM's file transfers name them; an
+    /// empty directory throws (KVB_STATUS_INVALID_ARGUMENT).
     bool offloadBlock(BlockPtr const& block, SizeType32 windowSize,
                       KvCacheTransferMode mode = KvCacheTransferMode::DRAM,
                       std::string const& directory = "") const;
-    /// Brings the free, cached host block `blockId` of `windowSize` back to the GPU now
-    /// (TensorRT-LLM `onboardBlock`): by id, with no sequence, transfer mode or directory (the
-    /// GPU row is taken as an allocation takes one). False when it does not move (already on
-    /// the GPU, nothing cached, no free GPU block); a block in use throws
-    /// (KVB_STATUS_INVALID_ARGUMENT): kvblock onboards a sequence's blocks itself.
+    /// Brings the host block `blockId` of `windowSize` back to the GPU now (TensorRT-LLM
+    /// `onboardBlock`): by id, with no sequence, transfer mode or directory (the GPU row is
+    /// taken as an allocation takes one): a free cached block, or a held one offloadBlock moved.
+    /// False when it does not move (already on the GPU, nothing cached, no free GPU block); a
+    /// block a suspension moved throws (KVB_STATUS_INVALID_ARGUMENT): it comes back on resume.
     bool onboardBlock(BlockIdType blockId, SizeType32 windowSize) const;
     /// Stores `blockIds` under `blockKeys` (one key a block, in order) in `windowSize`'s reuse
     /// tree (TensorRT-LLM `storeBlocks`): where the tree has a key the cached block is kept and
@@ -247,6 +254,16 @@ class BlockManager {
   private:
     std::optional<ReuseTreeMatch> find(BlockKey const& key, SizeType32 windowSize, bool pin,
                                        std::vector<BlockIdType>* pinned) const;
+    /// A host row of a block in one pool of its window, and the file the file transfer modes
+    /// keep it in (see offloadBlock).
+    struct FileRow {
+        uint8_t* row;
+        std::size_t bytes;
+        std::string path;
+    };
+    /// The host rows of `block` (on the host tier) in each pool of `windowSize`.
+    [[nodiscard]] std::vector<FileRow> fileRows(BlockPtr const& block, SizeType32 windowSize,
+                                                std::string const& directory) const;
     KVCacheManager const& owner() const { return *owner_; }
     KVCacheManager& mutableOwner() const { return const_cast<KVCacheManager&>(*owner_); }
     /// Copies the manager's record of `sequence` (its block ids in every window) into the

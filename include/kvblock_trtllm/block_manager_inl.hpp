@@ -5,6 +5,7 @@
 #define KVBLOCK_TRTLLM_BLOCK_MANAGER_INL_HPP
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -39,20 +40,74 @@ inline bool BlockManager::offloadBlock(BlockIdType blockId, SizeType32 windowSiz
 inline bool BlockManager::onboardBlock(BlockIdType blockId, SizeType32 windowSize) const {
     return owner().impl().onboardBlock(windowSize, blockId);
 }
+namespace detail {
+inline bool isFileMode(KvCacheTransferMode mode) {
+    return mode == KvCacheTransferMode::GDS || mode == KvCacheTransferMode::POSIX_DEBUG_FALLBACK;
+}
+}  // namespace detail
+
+inline std::vector<BlockManager::FileRow> BlockManager::fileRows(
+    BlockPtr const& block, SizeType32 windowSize, std::string const& directory) const {
+    if (directory.empty())
+        throw Error(KVB_STATUS_INVALID_ARGUMENT, "a file transfer mode needs a directory");
+    std::vector<FileRow> rows;
+    auto const index = static_cast<std::size_t>(block->getMemoryPoolBlockIndex());
+    SizeType32 n = 0;
+    for (SizeType32 p = 0; p < getNumPools(); ++p) {
+        if (getPoolWindowSize(p) != windowSize) continue;
+        PoolView v = getSecondaryPoolView(p);
+        if (v.data == nullptr)
+            throw Error(KVB_STATUS_UNSUPPORTED, "file transfers need host pools with memory");
+        auto const bytes = static_cast<std::size_t>(v.rowBytes);
+        rows.push_back({v.data + index * bytes, bytes,
+                        directory + "/block_" + std::to_string(block->getBlockId()) + "_pool_" +
+                            std::to_string(n++) + ".bin"});
+    }
+    return rows;
+}
 inline bool BlockManager::offloadBlock(BlockPtr const& block, SizeType32 windowSize,
                                        KvCacheTransferMode mode,
                                        std::string const& directory) const {
-    (void)mode;
-    (void)directory;
     if (!block) throw Error(KVB_STATUS_INVALID_ARGUMENT, "null block handle");
-    return offloadBlock(block->getBlockId(), windowSize);
+    if (detail::isFileMode(mode) && directory.empty())
+        throw Error(KVB_STATUS_INVALID_ARGUMENT, "a file transfer mode needs a directory");
+    bool moved = offloadBlock(block->getBlockId(), windowSize);
+    if (!moved || !detail::isFileMode(mode)) return moved;
+    // TensorRT-LLM's file modes keep the offloaded bytes in files: the host rows, once the
+    // copies that filled them are done.
+    owner().impl().waitForCopiesOnHost();
+    for (FileRow const& r : fileRows(block, windowSize, directory)) {
+        std::ofstream out(r.path, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<char const*>(r.row), static_cast<std::streamsize>(r.bytes));
+        if (!out) throw Error(KVB_STATUS_INVALID_ARGUMENT, "cannot write " + r.path);
+    }
+    return true;
 }
 inline bool BlockManager::onboardBlock(GenerationRequest& sequence, BlockPtr const& block,
                                        SizeType32 windowSize, KvCacheTransferMode mode,
                                        std::string const& directory) {
-    (void)mode;
-    (void)directory;
     if (!block) throw Error(KVB_STATUS_INVALID_ARGUMENT, "null block handle");
+    if (detail::isFileMode(mode) && !block->isPrimary()) {
+        // Read every file first: one of the wrong size leaves every row as it was.
+        std::vector<FileRow> rows = fileRows(block, windowSize, directory);
+        std::vector<std::vector<char>> contents(rows.size());
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+            std::ifstream in(rows[i].path, std::ios::binary | std::ios::ate);
+            if (!in) continue;
+            auto const size = static_cast<std::size_t>(in.tellg());
+            if (size != rows[i].bytes)
+                throw Error(KVB_STATUS_INVALID_ARGUMENT,
+                            rows[i].path + " holds " + std::to_string(size) + " bytes, the row " +
+                                std::to_string(rows[i].bytes));
+            contents[i].resize(size);
+            in.seekg(0);
+            in.read(contents[i].data(), static_cast<std::streamsize>(size));
+        }
+        owner().impl().waitForCopiesOnHost();
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            if (!contents[i].empty())
+                std::copy(contents[i].begin(), contents[i].end(), rows[i].row);
+    }
     bool moved = onboardBlock(block->getBlockId(), windowSize);
     writeBack(sequence);
     return moved;

@@ -145,7 +145,7 @@ class KVCacheManager : public BaseKVCacheManager {
           enablePartialReuse_(enablePartialReuse),
           cacheType_(cacheType) {
         (void)maxNumSequences;  // kvblock bounds sequences by blocks only
-        (void)chunkSize;        // the estimates take each request's chunk size
+        maxContextChunkTokens_ = chunkSize;
         if (sinkTokenLength != 0)
             throw Error(KVB_STATUS_UNSUPPORTED, "sink tokens are not supported");
         if (maxAttentionWindowVec.empty() || numKvHeadsPerLayer.empty())
@@ -201,7 +201,7 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Creates the manager and its pools (TensorRT-LLM allocates the pool tensors here).
     void allocatePools(bool useUvm = false) {
         if (useUvm) throw Error(KVB_STATUS_UNSUPPORTED, "unified memory pools");
-        if (!manager_) manager_.emplace(config_);
+        (void)impl();
     }
     /// Frees the pools and forgets every sequence and cached block.
     void releasePools() {
@@ -215,7 +215,12 @@ class KVCacheManager : public BaseKVCacheManager {
     /// Made on first use when allocatePools() was not called (TensorRT-LLM's manager admits
     /// sequences before its pools are allocated); after releasePools() it is made anew.
     [[nodiscard]] Manager& impl() const {
-        if (!manager_) manager_.emplace(config_);
+        if (!manager_) {
+            manager_.emplace(config_);
+            // The chunk size (TensorRT-LLM's temporary attention window inputs) is read by the
+            // remaining-blocks estimate only.
+            if (maxContextChunkTokens_ > 0) manager_->setMaxContextChunkTokens(maxContextChunkTokens_);
+        }
         return *manager_;
     }
     /// The manager's record of a live sequence (TensorRT-LLM `getSequence`), refreshed now; the
@@ -268,6 +273,8 @@ class KVCacheManager : public BaseKVCacheManager {
     [[nodiscard]] bool isVariableWindow() const { return windows_.size() > 1; }
     [[nodiscard]] std::vector<SizeType32> const& getWindowSizes() const { return windows_; }
     [[nodiscard]] BlockManager const& getBlockManager() const { return blockManager_; }
+    /// The same, for its calls that write a caller's GenerationRequest (onboardBlock).
+    [[nodiscard]] BlockManager& getBlockManager() { return blockManager_; }
 
     // --- pools (kvblock's pool model) ------------------------------------------------------
     /// [data pool][primary, secondary] base addresses (TensorRT-LLM's `[numPools, 2]` tensor);
@@ -519,6 +526,8 @@ class KVCacheManager : public BaseKVCacheManager {
     static kvb_prefix_reuse_summary_t toC(PrefixReuseSummary const& s);
 
     Config config_;
+    /// The constructor's chunkSize (0: none), given to each manager impl() makes.
+    SizeType32 maxContextChunkTokens_ = 0;
     bool enableBlockReuse_ = false;
     bool enablePartialReuse_ = false;
     CacheType cacheType_ = CacheType::kSELF;

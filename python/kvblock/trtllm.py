@@ -98,7 +98,10 @@ class KVCacheManager:
         indexer_k_cache_layer_mask: Optional[Sequence[bool]] = None,
         extra_layers: Optional[Sequence["_kvb.LayerSpec"]] = None,
     ):
-        del max_num_sequences, chunk_size  # kvblock bounds sequences by blocks only
+        del max_num_sequences  # kvblock bounds sequences by blocks only
+        # The remaining-blocks estimate of a sliding window counts a chunk's tokens past it
+        # (TensorRT-LLM's temporary attention window).
+        self._chunk_size = chunk_size
         if sink_token_length:
             raise _kvb.UnsupportedError("sink tokens are not supported")
         kinds = {
@@ -237,6 +240,8 @@ class KVCacheManager:
             raise _kvb.UnsupportedError("unified memory pools")
         if self._impl is None:
             self._impl = _kvb.KVCacheManager(self._config)
+            if self._chunk_size:
+                self._impl.set_max_context_chunk_tokens(self._chunk_size)
 
     def release_pools(self) -> None:
         if self._impl is not None:

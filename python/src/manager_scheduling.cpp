@@ -9,6 +9,15 @@ void init_manager_scheduling(ManagerClass& cls) {
            "start_scheduling", [](Manager& self) { nogil([&] { self.m.startScheduling(); }); },
            "Starts a scheduling simulation (TensorRT-LLM ``startScheduling``).")
         .def(
+            "set_max_context_chunk_tokens",
+            [](Manager& self, int32_t tokens) {
+                nogil([&] { self.m.setMaxContextChunkTokens(tokens); });
+            },
+            "tokens"_a,
+            "The most prompt tokens one context step computes (0: not given): a sliding window's "
+            "``get_remaining_blocks_to_completion`` then counts up to that many tokens past the "
+            "window (TensorRT-LLM's temporary attention window).")
+        .def(
             "scheduling_remove_sequence",
             [](Manager& self, uint64_t id) { nogil([&] { self.m.schedulingRemoveSequence(id); }); },
             "request_id"_a,

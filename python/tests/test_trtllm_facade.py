@@ -195,6 +195,30 @@ def test_analyze_prefix_reuse_and_cached_estimates():
     assert f.impl.get_needed_blocks_one_step(state, kvblock.Request(2, probe.get_tokens(0)), False, WINDOW) == 2
 
 
+def test_a_chunk_size_counts_a_chunks_tokens_past_a_sliding_window():
+    # Window 128, 64-token blocks, a 1024-token prompt and 128 new tokens: the whole prompt and
+    # a block for the slide; given the chunk size, all 1152 tokens (TensorRT-LLM's temporary
+    # attention window).
+    def remaining(chunk_size: int) -> int:
+        m = KVCacheManager(
+            num_kv_heads_per_layer=[1],
+            size_per_head=1,
+            tokens_per_block=64,
+            blocks_per_window={128: (40, 0)},
+            max_num_sequences=8,
+            max_beam_width=1,
+            max_attention_window_vec=[128],
+            max_sequence_length=16384,
+            chunk_size=chunk_size,
+        )
+        m.allocate_pools(False)
+        req = LlmRequest.from_prompt(1, range(1024), max_new_tokens=128)
+        return m.get_remaining_blocks_to_completion(req, 128)
+
+    assert remaining(0) == 17
+    assert remaining(16384) == 18
+
+
 def test_stats_are_writable_and_iteration_stats_are_deltas():
     f = make_facade()
     f.get_iteration_stats()

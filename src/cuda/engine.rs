@@ -591,6 +591,10 @@ impl CopyEngine for CudaCopyEngine {
         }
     }
 
+    fn wait_on_host(&mut self) {
+        self.wait_idle();
+    }
+
     fn pool_base(&mut self, level: Level, pool: usize) -> Option<*mut u8> {
         self.pools.get(pool)?[level as usize]
             .address()

@@ -45,6 +45,17 @@ pub extern "C" fn kvb_manager_sync_transfers(manager: *mut kvb_manager_t) -> kvb
     with_manager(manager, |m| Ok(m.sync_transfers()?))
 }
 
+/// Waits on the host until every copy the manager submitted so far has finished, so that the
+/// host may read or write pool rows: e.g. copy an offloaded block's host row to a file, or
+/// fill it before `kvb_manager_onboard_block`. Not for the hot path (an engine orders its GPU
+/// work after the copies with `kvb_manager_sync_transfers`); immediate for the host backends,
+/// whose copies are done when the call that submitted them returns. `KVB_STATUS_COPY_FAILED`
+/// when a copy of the CUDA backend failed (sticky).
+#[no_mangle]
+pub extern "C" fn kvb_manager_wait_for_copies_on_host(manager: *mut kvb_manager_t) -> kvb_status_t {
+    with_manager(manager, |m| Ok(m.wait_for_copies_on_host()?))
+}
+
 /// Registers the engine's own memory as the pool of (`window_size`, `cache_level`): GPU memory
 /// of the manager's device for `KVB_CACHE_LEVEL_PRIMARY`, pinned host memory (allocated mapped,
 /// or registered with `cudaHostRegister`) for `KVB_CACHE_LEVEL_SECONDARY`. `bytes` must cover

@@ -16,6 +16,23 @@ pub extern "C" fn kvb_request_state_init(state: *mut kvb_request_state_t) -> kvb
     guard(|| write_out(state, request_state_default(), "state"))
 }
 
+/// Tells the estimates the most prompt tokens one context step computes (TensorRT-LLM's
+/// `maxNumTokens` with paged context attention; 0, the default: not given). A sliding window's
+/// `kvb_manager_get_remaining_blocks_to_completion` then counts up to that many tokens past the
+/// window, capped at what `max_sequence_length` leaves past it (TensorRT-LLM's temporary
+/// attention window). `KVB_STATUS_INVALID_ARGUMENT` for a negative count, nothing changed.
+#[no_mangle]
+pub extern "C" fn kvb_manager_set_max_context_chunk_tokens(
+    manager: *mut kvb_manager_t,
+    tokens: i32,
+) -> kvb_status_t {
+    with_manager(manager, |m| {
+        let tokens = count_arg(tokens, "tokens")?;
+        m.set_max_context_chunk_tokens(tokens);
+        Ok(())
+    })
+}
+
 /// Starts a scheduling simulation: copies free counts and reference counts
 /// (TensorRT-LLM `startScheduling`).
 #[no_mangle]

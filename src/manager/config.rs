@@ -95,6 +95,11 @@ pub struct ManagerConfig {
     /// cached content (`WindowConfig::contiguous_runs`): a request's rows become few runs, which
     /// a transfer moves in few descriptors. Off (the default): TensorRT-LLM's allocation order.
     pub contiguous_runs: bool,
+    /// The most prompt tokens one context step computes (TensorRT-LLM's `maxNumTokens` with
+    /// paged context attention); 0 (the default): not given. A sliding window then holds up to
+    /// this many tokens past the window while a chunk is computed (TensorRT-LLM's temporary
+    /// attention window), which `remaining_blocks_to_completion` counts.
+    pub max_context_chunk_tokens: usize,
 }
 
 /// Default of `ManagerConfig::max_utilization_for_resume`: headroom for running sequences to
@@ -133,6 +138,7 @@ impl Default for ManagerConfig {
             layers: Vec::new(),
             recurrent_snapshot_interval_tokens: 0,
             contiguous_runs: false,
+            max_context_chunk_tokens: 0,
         }
     }
 }

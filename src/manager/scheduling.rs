@@ -157,17 +157,25 @@ impl KvCacheManager {
         let wi = self.window_index(window_size)?;
         let tpb = self.cfg.tokens_per_block;
         let beam = state.beam_width.max(1);
+        let final_tokens = state.prompt_len + state.max_new_tokens;
         // Admission allocates the whole prompt, also in a sliding window (blocks that leave
         // the window are detached only while generating), so the prompt is never capped by
-        // the window here (TensorRT-LLM caps it, which undercounts long prompts).
-        let context_tokens = state.prompt_len;
-        let context_blocks = context_tokens / tpb;
-        let total_tokens = (state.prompt_len + state.max_new_tokens)
-            .min(window_size)
-            .max(state.prompt_len);
-        let total_blocks = total_tokens.div_ceil(tpb);
+        // the window here (TensorRT-LLM caps it, which undercounts long prompts). The blocks
+        // held at once are capped by the window and the tokens a context chunk may add past
+        // it (TensorRT-LLM's temporary attention window).
+        let cap = window_size.saturating_add(self.temporary_attention_window(window_size));
+        let context_blocks = state.prompt_len / tpb;
+        let total_blocks = final_tokens.min(cap).max(state.prompt_len).div_ceil(tpb);
         let generation_blocks = total_blocks - context_blocks;
-        let extra = usize::from(state.prompt_len + state.max_new_tokens > window_size);
+        // A window that slides allocates a block before the one leaving it is freed: one block
+        // more, when the sequence still crosses a block boundary past the capped extent.
+        let final_blocks = final_tokens.div_ceil(tpb);
+        let current_blocks = (state.prompt_len + state.num_generated_tokens).div_ceil(tpb);
+        let extra = usize::from(
+            final_tokens > window_size
+                && final_blocks > current_blocks
+                && final_blocks > total_blocks,
+        );
         let allocated = self.windows[wi]
             .block_ids(state.request_id, 0)
             .map_or(0, |ids| ids.len());
@@ -181,6 +189,23 @@ impl KvCacheManager {
         } else {
             Ok((total_blocks.saturating_sub(allocated) + extra) * beam)
         }
+    }
+
+    /// Tokens past a sliding window that a context chunk may hold at once (TensorRT-LLM's
+    /// temporary attention window): at most a chunk, at most what the longest sequence has
+    /// past the window; 0 when no chunk size was given.
+    fn temporary_attention_window(&self, window_size: usize) -> usize {
+        let chunk = self.cfg.max_context_chunk_tokens;
+        let longest = self.cfg.max_sequence_length;
+        if chunk == 0 || longest <= window_size {
+            return 0;
+        }
+        chunk.min(longest - window_size)
+    }
+
+    /// Sets `max_context_chunk_tokens` (see `ManagerConfig`); only the estimates read it.
+    pub fn set_max_context_chunk_tokens(&mut self, tokens: usize) {
+        self.cfg.max_context_chunk_tokens = tokens;
     }
 
     /// Full prompt blocks held by other sequences that admission would reuse, per `reuse`.

@@ -181,6 +181,20 @@ impl KvCacheManager {
         }
     }
 
+    /// Waits on the host until every copy submitted so far has finished, so that the host may
+    /// read or write pool rows (e.g. copy an offloaded block's host row to a file). Never on the
+    /// hot path: an engine orders its GPU work after the copies with `sync_transfers`. A
+    /// backend's sticky copy failure is reported (`CopyFailed`).
+    pub fn wait_for_copies_on_host(&mut self) -> KvResult<()> {
+        for w in &mut self.windows {
+            w.wait_for_copies_on_host();
+        }
+        match self.copy_failure() {
+            Some(e) => Err(KvError::CopyFailed(e)),
+            None => Ok(()),
+        }
+    }
+
     /// The first copy failure of any window's backend (sticky).
     pub fn copy_failure(&self) -> Option<String> {
         self.windows

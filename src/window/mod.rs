@@ -306,6 +306,11 @@ impl WindowBlockManager {
         self.last_alloc_row = None;
     }
 
+    /// Waits on the host until every copy this window's backend was given has finished.
+    pub fn wait_for_copies_on_host(&mut self) {
+        self.engine.wait_on_host();
+    }
+
     pub fn window_size(&self) -> usize {
         self.cfg.window_size
     }

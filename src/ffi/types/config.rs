@@ -287,6 +287,8 @@ pub(crate) fn manager_config(c: &kvb_manager_config_t) -> FfiResult<ManagerConfi
     Ok(ManagerConfig {
         // Set after creation: kvb_manager_set_contiguous_runs.
         contiguous_runs: false,
+        // Set after creation: kvb_manager_set_max_context_chunk_tokens.
+        max_context_chunk_tokens: 0,
         layers,
         recurrent_snapshot_interval_tokens: usize_field(
             c.recurrent_snapshot_interval_tokens,
