@@ -191,6 +191,8 @@ std::vector<CallResult> callEveryManagerFunction(kvb_manager_t* m) {
     rec("get_request_stats", kvb_manager_get_request_stats(m, kLive, &admission));
     rec("get_num_tokens", kvb_manager_get_num_tokens(m, kLive, &i32));
     rec("start_scheduling", kvb_manager_start_scheduling(m));
+    rec("set_max_context_chunk_tokens", kvb_manager_set_max_context_chunk_tokens(m, 64));
+    rec("wait_for_copies_on_host", kvb_manager_wait_for_copies_on_host(m));
     rec("scheduling_remove_sequence", kvb_manager_scheduling_remove_sequence(m, kLive));
     rec("scheduling_has_free_blocks", kvb_manager_scheduling_has_free_blocks(m, 1, kWindow, &flag));
     rec("get_needed_blocks_one_step",

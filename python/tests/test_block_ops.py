@@ -53,8 +53,37 @@ def test_onboard_block_brings_a_cached_host_block_back_with_its_bytes():
         assert (view[info.memory_index] == 42).all()
         assert not m.onboard_block(WINDOW, ids[1])
         m.add_sequence(2, np.arange(9, dtype=np.int32))
+        assert not m.onboard_block(WINDOW, ids[1])  # in use, on the GPU already
         with pytest.raises(kvblock.InvalidArgumentError):
-            m.onboard_block(WINDOW, ids[1])  # in use
+            m.onboard_block(WINDOW, 1000)
+        del view, host
+
+
+def test_a_held_block_goes_to_the_host_tier_and_back_with_its_bytes():
+    # TensorRT-LLM's offloadBlock / onboardBlock on a live sequence's block: the sequence keeps
+    # it, the engine may read and write its host row, and its offsets wait for its return.
+    with manager() as m:
+        view, host = m.pool_view(WINDOW), m.pool_view(WINDOW, kvblock.CacheLevel.SECONDARY)
+        m.add_sequence(1, np.arange(9, dtype=np.int32))
+        ids = m.get_cache_block_ids(1, WINDOW)
+        view[m.get_block_info(WINDOW, ids[0]).memory_index] = 7
+        assert m.offload_block(WINDOW, ids[0])
+        info = m.get_block_info(WINDOW, ids[0])
+        assert (info.cache_level, info.ref_count) == (kvblock.CacheLevel.SECONDARY, 1)
+        assert m.get_cache_block_ids(1, WINDOW) == ids
+        assert (host[info.memory_index] == 7).all()
+        host[info.memory_index] = 9
+        max_blocks, pools = m.get_offset_table_dimensions()
+        table = np.full((pools, 1, 2, max_blocks), -5, dtype=np.int32)
+        with pytest.raises(kvblock.InvalidArgumentError, match="host tier"):
+            m.copy_block_offsets(table, 0, 1)
+        assert (table == -5).all()
+        assert m.onboard_block(WINDOW, ids[0])
+        info = m.get_block_info(WINDOW, ids[0])
+        assert info.cache_level == kvblock.CacheLevel.PRIMARY
+        assert (view[info.memory_index] == 9).all()
+        assert m.copy_block_offsets(table, 0, 1) == 3
+        m.check_invariants()
         del view, host
 
 
