@@ -643,8 +643,7 @@ TEST(LRUPolicyTest, ClaimAfterSwapDoesNotCorruptQueues) {
                     // A held block moved to the host tier comes back for its sequences.
                     m.checkInvariants();
                     ASSERT_TRUE(m.onboardBlock(kWindow, block));
-                    ASSERT_EQ(m.getBlockInfo(kWindow, block).cache_level,
-                              KVB_CACHE_LEVEL_PRIMARY);
+                    ASSERT_EQ(m.getBlockInfo(kWindow, block).cache_level, KVB_CACHE_LEVEL_PRIMARY);
                 }
             }
         } else if (op == 9 && !running.empty()) {

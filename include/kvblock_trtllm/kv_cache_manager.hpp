@@ -219,7 +219,8 @@ class KVCacheManager : public BaseKVCacheManager {
             manager_.emplace(config_);
             // The chunk size (TensorRT-LLM's temporary attention window inputs) is read by the
             // remaining-blocks estimate only.
-            if (maxContextChunkTokens_ > 0) manager_->setMaxContextChunkTokens(maxContextChunkTokens_);
+            if (maxContextChunkTokens_ > 0)
+                manager_->setMaxContextChunkTokens(maxContextChunkTokens_);
         }
         return *manager_;
     }

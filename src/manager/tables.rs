@@ -58,7 +58,7 @@ impl KvCacheManager {
         // A suspended sequence's blocks may be on the host tier: no offsets for kernels.
         let seq = self.active_sequence(id)?;
         // Nor for a block an explicit offload moved there; checked before anything is written.
-        for w in &self.windows {
+        for w in self.windows.iter().filter(|w| w.may_hold_on_host()) {
             for beam in 0..seq.beam_width {
                 let ids = w.block_ids(id, beam).unwrap_or(&[]);
                 if let Some(&b) = ids.iter().find(|&&b| w.is_held_on_host(b)) {

@@ -286,6 +286,12 @@ impl WindowBlockManager {
             .retain(|&b| !arena.is_primary(b) && arena.ref_count(b) > 0);
     }
 
+    /// Whether an explicit `offload_block` may have left a held block on the host tier (the
+    /// offset tables check their blocks only then).
+    pub fn may_hold_on_host(&self) -> bool {
+        !self.held_on_host.is_empty()
+    }
+
     /// Whether `block` is a held block an explicit `offload_block` moved to the host tier.
     pub fn is_held_on_host(&self, block: u32) -> bool {
         !self.arena.is_primary(block)
