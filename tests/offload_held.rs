@@ -14,8 +14,12 @@ const W: usize = 64;
 const TPB: usize = 4;
 
 fn manager() -> KvCacheManager {
+    manager_with_host_blocks(4)
+}
+
+fn manager_with_host_blocks(secondary: usize) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
-        windows: vec![window(W, 8, 4)],
+        windows: vec![window(W, 8, secondary)],
         tokens_per_block: TPB,
         max_sequence_length: W,
         enable_block_reuse: true,
@@ -138,16 +142,7 @@ fn resuming_brings_an_offloaded_held_block_back() {
 
 #[test]
 fn without_a_free_host_block_a_held_block_stays() {
-    let mut m = KvCacheManager::new(ManagerConfig {
-        windows: vec![window(W, 8, 0)],
-        tokens_per_block: TPB,
-        max_sequence_length: W,
-        onboard_blocks: true,
-        copy_backend: CopyBackend::HostMemory,
-        bytes_per_element: 1,
-        ..ManagerConfig::default()
-    })
-    .unwrap();
+    let mut m = manager_with_host_blocks(0);
     m.add_sequence(&Request::new(1, (0..9).collect())).unwrap();
     let ids = m.cache_block_ids(1, W, 0).unwrap();
     assert!(!m.offload_block(W, ids[0]).unwrap());
