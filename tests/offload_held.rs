@@ -50,6 +50,14 @@ fn row_holds(m: &mut KvCacheManager, block: u32, value: u8) -> bool {
     with_row(m, block, |r| r.iter().all(|&b| b == value))
 }
 
+/// Admits sequence 1 (9 tokens, 3 blocks) and offloads its block `index`; its block ids.
+fn admit_and_offload(m: &mut KvCacheManager, index: usize) -> Vec<u32> {
+    m.add_sequence(&Request::new(1, (0..9).collect())).unwrap();
+    let ids = m.cache_block_ids(1, W, 0).unwrap();
+    assert!(m.offload_block(W, ids[index]).unwrap());
+    ids
+}
+
 fn offsets(m: &KvCacheManager, id: u64) -> Result<Vec<i32>, KvError> {
     let (max_blocks, pools) = m.offset_table_dimensions();
     let mut table = vec![0; pools * 2 * max_blocks];
@@ -112,9 +120,7 @@ fn a_held_block_goes_to_the_host_tier_and_back_with_its_bytes() {
 #[test]
 fn a_sequence_released_while_its_block_is_on_the_host_tier_frees_it_there() {
     let mut m = manager();
-    m.add_sequence(&Request::new(1, (0..9).collect())).unwrap();
-    let ids = m.cache_block_ids(1, W, 0).unwrap();
-    assert!(m.offload_block(W, ids[0]).unwrap());
+    let ids = admit_and_offload(&mut m, 0);
     m.remove_sequence(1, false).unwrap();
     let info = m.block_info(W, ids[0]).unwrap();
     assert_eq!(
@@ -129,9 +135,7 @@ fn a_sequence_released_while_its_block_is_on_the_host_tier_frees_it_there() {
 #[test]
 fn resuming_brings_an_offloaded_held_block_back() {
     let mut m = manager();
-    m.add_sequence(&Request::new(1, (0..9).collect())).unwrap();
-    let ids = m.cache_block_ids(1, W, 0).unwrap();
-    assert!(m.offload_block(W, ids[2]).unwrap());
+    let ids = admit_and_offload(&mut m, 2);
     m.suspend(1).unwrap();
     // Resuming brings the explicitly offloaded block back with the others.
     assert!(m.resume(1).unwrap());

@@ -37,11 +37,16 @@ def cache_prompt(m, request_id, prompt):
     return ids
 
 
+def views_and_nine_tokens(m):
+    """The GPU and host pool views, and the block ids of sequence 1 (9 tokens) just admitted."""
+    m.add_sequence(1, np.arange(9, dtype=np.int32))
+    view, host = m.pool_view(WINDOW), m.pool_view(WINDOW, kvblock.CacheLevel.SECONDARY)
+    return view, host, m.get_cache_block_ids(1, WINDOW)
+
+
 def test_onboard_block_brings_a_cached_host_block_back_with_its_bytes():
     with manager() as m:
-        view, host = m.pool_view(WINDOW), m.pool_view(WINDOW, kvblock.CacheLevel.SECONDARY)
-        m.add_sequence(1, np.arange(9, dtype=np.int32))
-        ids = m.get_cache_block_ids(1, WINDOW)
+        view, host, ids = views_and_nine_tokens(m)
         view[m.get_block_info(WINDOW, ids[1]).memory_index] = 42
         m.store_context_blocks(1, 9)
         m.remove_sequence(1)
@@ -63,9 +68,7 @@ def test_a_held_block_goes_to_the_host_tier_and_back_with_its_bytes():
     # TensorRT-LLM's offloadBlock / onboardBlock on a live sequence's block: the sequence keeps
     # it, the engine may read and write its host row, and its offsets wait for its return.
     with manager() as m:
-        view, host = m.pool_view(WINDOW), m.pool_view(WINDOW, kvblock.CacheLevel.SECONDARY)
-        m.add_sequence(1, np.arange(9, dtype=np.int32))
-        ids = m.get_cache_block_ids(1, WINDOW)
+        view, host, ids = views_and_nine_tokens(m)
         view[m.get_block_info(WINDOW, ids[0]).memory_index] = 7
         assert m.offload_block(WINDOW, ids[0])
         info = m.get_block_info(WINDOW, ids[0])
