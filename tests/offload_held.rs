@@ -153,3 +153,18 @@ fn without_a_free_host_block_a_held_block_stays() {
     assert_eq!(m.block_info(W, ids[0]).unwrap().level, Level::Primary);
     offsets(&m, 1).unwrap();
 }
+
+#[test]
+fn a_pinned_block_stays_on_the_gpu() {
+    let mut m = manager();
+    m.add_sequence(&Request::new(1, (0..9).collect())).unwrap();
+    let ids = m.cache_block_ids(1, W, 0).unwrap();
+    m.pin_blocks_by_id(W, &ids[..1]).unwrap();
+    assert!(matches!(
+        m.offload_block(W, ids[0]),
+        Err(KvError::InvalidArgument(_))
+    ));
+    assert_eq!(m.block_info(W, ids[0]).unwrap().level, Level::Primary);
+    m.unpin_blocks_by_id(W, &ids[..1]).unwrap();
+    assert!(m.offload_block(W, ids[0]).unwrap());
+}

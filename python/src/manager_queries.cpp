@@ -67,7 +67,8 @@ void init_manager_queries(ManagerClass& cls) {
             "Offloads a primary block to the host tier (TensorRT-LLM ``offloadBlock``); a block "
             "sequences hold moves too and stays theirs, and their offsets are refused until "
             "``onboard_block`` brings it back. False when no host block is free, offloading is "
-            "off or the block is on the host tier already.")
+            "off or the block is on the host tier already; a pinned block raises "
+            ":class:`InvalidArgumentError`.")
         .def(
             "onboard_block",
             [](Manager& self, int32_t w, int32_t block) {

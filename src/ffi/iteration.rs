@@ -27,7 +27,8 @@ pub extern "C" fn kvb_manager_refresh_blocks(manager: *mut kvb_manager_t) -> kvb
 /// (`KVB_STATUS_INVALID_ARGUMENT`) and storing them stops before it until
 /// `kvb_manager_onboard_block` brings it back. `*out_offloaded` is false when there is no free
 /// host block, offloading is off or the block is on the host tier already. Fails with
-/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window or an id out of range, and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
+/// `KVB_STATUS_INVALID_ARGUMENT` for an unknown window, an id out of range or a pinned block (a
+/// pin promises a reader its GPU row), and `KVB_STATUS_COPY_FAILED` (rolled back) when the copy fails (`KVB_STATUS_CUDA`,
 /// poisoned, for a failed CUDA launch).
 #[no_mangle]
 pub extern "C" fn kvb_manager_offload_block(

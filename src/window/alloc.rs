@@ -248,11 +248,18 @@ impl WindowBlockManager {
     /// offloading off, or the host block is its ancestor. A block sequences hold moves too (its
     /// row swaps with a free host block's, as a suspended sequence's blocks do): its sequences
     /// keep it, their offset tables are refused until `onboard_block` brings it back, and
-    /// storing stops before it; false when no host block is free or offloading is off.
+    /// storing stops before it; false when no host block is free or offloading is off. A
+    /// pinned block is an error (its pin promises a reader the GPU row).
     pub fn offload_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
         self.check_block_id(block)?;
         if !self.arena.is_primary(block) {
             return Ok(false);
+        }
+        if self.arena.pins(block) > 0 {
+            // A pin promises a reader (a cache transceiver) the GPU row until it is dropped.
+            return Err(KvError::InvalidArgument(format!(
+                "block {block} is pinned; unpin it before offloading it"
+            )));
         }
         if self.arena.ref_count(block) > 0 {
             if !self.cfg.onboard_blocks || !self.move_down(block, now_ms) {
