@@ -315,6 +315,10 @@ impl WindowBlockManager {
     /// blocks of a suspended sequence come back when it resumes (an error here).
     pub fn onboard_block(&mut self, block: u32, now_ms: u64) -> KvResult<bool> {
         self.check_block_id(block)?;
+        if !self.cfg.onboard_blocks {
+            // Sequences then read host blocks where they are.
+            return Ok(false);
+        }
         let held = self.arena.ref_count(block) > 0;
         if held && !self.arena.is_primary(block) && !self.is_held_on_host(block) {
             return Err(KvError::InvalidArgument(format!(
@@ -323,7 +327,6 @@ impl WindowBlockManager {
             )));
         }
         if self.arena.is_primary(block)
-            || !self.cfg.onboard_blocks
             || (!held && !self.tree.is_in_tree(block))
             || self.queues.num_free(Level::Primary) == 0
         {
