@@ -41,15 +41,19 @@ inline bool BlockManager::onboardBlock(BlockIdType blockId, SizeType32 windowSiz
     return owner().impl().onboardBlock(windowSize, blockId);
 }
 namespace detail {
-inline bool isFileMode(KvCacheTransferMode mode) {
-    return mode == KvCacheTransferMode::GDS || mode == KvCacheTransferMode::POSIX_DEBUG_FALLBACK;
+/// Whether `mode` keeps blocks in files (TensorRT-LLM's GDS and POSIX modes); a file mode
+/// without a directory throws.
+inline bool usesFiles(KvCacheTransferMode mode, std::string const& directory) {
+    if (mode != KvCacheTransferMode::GDS && mode != KvCacheTransferMode::POSIX_DEBUG_FALLBACK)
+        return false;
+    if (directory.empty())
+        throw Error(KVB_STATUS_INVALID_ARGUMENT, "a file transfer mode needs a directory");
+    return true;
 }
 }  // namespace detail
 
 inline std::vector<BlockManager::FileRow> BlockManager::fileRows(
     BlockPtr const& block, SizeType32 windowSize, std::string const& directory) const {
-    if (directory.empty())
-        throw Error(KVB_STATUS_INVALID_ARGUMENT, "a file transfer mode needs a directory");
     std::vector<FileRow> rows;
     auto const index = static_cast<std::size_t>(block->getMemoryPoolBlockIndex());
     SizeType32 n = 0;
@@ -69,10 +73,9 @@ inline bool BlockManager::offloadBlock(BlockPtr const& block, SizeType32 windowS
                                        KvCacheTransferMode mode,
                                        std::string const& directory) const {
     if (!block) throw Error(KVB_STATUS_INVALID_ARGUMENT, "null block handle");
-    if (detail::isFileMode(mode) && directory.empty())
-        throw Error(KVB_STATUS_INVALID_ARGUMENT, "a file transfer mode needs a directory");
+    bool const files = detail::usesFiles(mode, directory);
     bool moved = offloadBlock(block->getBlockId(), windowSize);
-    if (!moved || !detail::isFileMode(mode)) return moved;
+    if (!moved || !files) return moved;
     // TensorRT-LLM's file modes keep the offloaded bytes in files: the host rows, once the
     // copies that filled them are done.
     owner().impl().waitForCopiesOnHost();
@@ -87,7 +90,7 @@ inline bool BlockManager::onboardBlock(GenerationRequest& sequence, BlockPtr con
                                        SizeType32 windowSize, KvCacheTransferMode mode,
                                        std::string const& directory) {
     if (!block) throw Error(KVB_STATUS_INVALID_ARGUMENT, "null block handle");
-    if (detail::isFileMode(mode) && !block->isPrimary()) {
+    if (detail::usesFiles(mode, directory) && !block->isPrimary()) {
         // Read every file first: one of the wrong size leaves every row as it was.
         std::vector<FileRow> rows = fileRows(block, windowSize, directory);
         std::vector<std::vector<char>> contents(rows.size());
