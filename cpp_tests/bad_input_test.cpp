@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -543,6 +544,48 @@ TEST_F(BadInputTest, RequestStructSizeMismatchIsRejected) {
         kvb_manager_get_remaining_blocks_to_completion(h(), &state, nullptr, kWindow, &n),
         KVB_STATUS_STRUCT_SIZE);
     EXPECT_EQ(manager->getNumTokens(kLive), 11);
+}
+
+// A caller built against the request layout before `disable_reuse` (its struct_size ends there)
+// is served: its requests take part in reuse, arrays of them are read with their own stride,
+// and nothing past a request's own size is read. One array holds one layout.
+TEST_F(BadInputTest, RequestsOfTheLayoutBeforeDisableReuseAreAccepted) {
+    constexpr size_t kOldSize = offsetof(kvb_request_t, disable_reuse);
+    static_assert(kOldSize % alignof(kvb_request_t) == 0, "the old layout tiles an array");
+    std::vector<int32_t> stored = tokenRun(50, 9);
+    std::vector<int32_t> fresh = tokenRun(400, 6);
+    kvb_request_t full[2] = {cRequest(3, stored), cRequest(4, fresh)};
+    full[0].disable_reuse = true;  // never read: the old layout has no such field
+    // Exactly two old-layout requests: ASan catches a read past them.
+    std::unique_ptr<uint64_t[]> old(new uint64_t[2 * kOldSize / sizeof(uint64_t)]);
+    auto* bytes = reinterpret_cast<unsigned char*>(old.get());
+    for (size_t i = 0; i < 2; ++i) {
+        full[i].struct_size = static_cast<uint32_t>(kOldSize);
+        std::memcpy(bytes + i * kOldSize, &full[i], kOldSize);
+    }
+    const auto* oldArray = reinterpret_cast<const kvb_request_t*>(bytes);
+    kvb_admission_t results[2] = {};
+    size_t admitted = 0;
+    ASSERT_EQ(kvb_manager_add_sequence_batch(h(), oldArray, 2, false, results, &admitted), KVB_OK)
+        << kvb_last_error_message();
+    EXPECT_EQ(admitted, 2u);
+    EXPECT_EQ(results[0].prepopulated_prompt_len, 8);  // the stored prompt is reused
+    EXPECT_EQ(manager->getNumTokens(4), 6);
+    EXPECT_EQ(kvb_manager_check_invariants(h()), KVB_OK);
+    manager->removeSequence(3, false);
+    manager->removeSequence(4, false);
+
+    // An old-layout request followed by one of this library's layout.
+    std::unique_ptr<uint64_t[]> mixed(
+        new uint64_t[(kOldSize + sizeof(kvb_request_t)) / sizeof(uint64_t)]);
+    auto* mixedBytes = reinterpret_cast<unsigned char*>(mixed.get());
+    std::memcpy(mixedBytes, &full[0], kOldSize);
+    kvb_request_t current = cRequest(4, fresh);
+    std::memcpy(mixedBytes + kOldSize, &current, sizeof(current));
+    EXPECT_REJECTED(
+        kvb_manager_add_sequence_batch(h(), reinterpret_cast<const kvb_request_t*>(mixedBytes), 2,
+                                       false, results, &admitted),
+        KVB_STATUS_STRUCT_SIZE);
 }
 
 // ---------------------------------------------------------------------------------------------

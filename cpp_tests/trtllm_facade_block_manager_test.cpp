@@ -212,7 +212,7 @@ TEST(TrtllmFacadeBlockManager, BeamsShareTheFullPromptBlocks) {
     auto bm = makeOwning(12, 0, /*beams*/ 3);
     GenerationRequest seq = makeSeq(*bm, 1, 9, 3);
     Request req(1, tokenRun(10, 9));
-    bm->addSequenceBatch({&seq}, {9}, {3}, {std::ref(req)}, kWindow, false);
+    bm->addSequenceBatch({&seq}, {9}, {3}, {std::ref(req)}, kWindow, true);
     auto const& ids = seq.getCacheBlockIds(kWindow);
     ASSERT_EQ(ids.size(), 3u);
     std::set<int32_t> all;
@@ -224,6 +224,37 @@ TEST(TrtllmFacadeBlockManager, BeamsShareTheFullPromptBlocks) {
     }
     EXPECT_EQ(all.size(), 2u + 3u);
     EXPECT_EQ(bm->getNumFreeBlocks(), 12 - 5);
+}
+
+// A call with isEnableBlockReuse false takes TensorRT-LLM's non-reuse path for its requests:
+// a cached prompt is not matched, and beams share the last block when the prompt fills it.
+TEST(TrtllmFacadeBlockManager, ACallWithoutReuseMatchesNothingAndBeamsShareAFilledLastBlock) {
+    auto bm = makeOwning(16, 0, /*beams*/ 4);
+    GenerationRequest a = makeSeq(*bm, 1, 9);
+    Request ra(1, tokenRun(10, 9));
+    admit(*bm, a, ra);
+    ra.contextCurrentPosition = 9;
+    bm->releaseBlocks(a, ra);
+    GenerationRequest b = makeSeq(*bm, 2, 9);
+    Request rb(2, tokenRun(10, 9));
+    EXPECT_EQ(admit(*bm, b, rb, kWindow, /*reuse*/ false).prepopulatedLen, 0);
+    EXPECT_EQ(b.getCacheBlockIds(kWindow)[0].size(), 3u);
+    bm->releaseBlocks(b, rb);
+    GenerationRequest c = makeSeq(*bm, 3, 9);
+    Request rc(3, tokenRun(10, 9));
+    EXPECT_EQ(admit(*bm, c, rc).prepopulatedLen, 8);
+    bm->releaseBlocks(c);
+
+    int32_t const free = bm->getNumFreeBlocks();
+    GenerationRequest beams = makeSeq(*bm, 4, 8, 4);
+    Request rbeams(4, tokenRun(200, 8));
+    bm->addSequenceBatch({&beams}, {8}, {2}, {std::ref(rbeams)}, kWindow, false);
+    auto const& ids = beams.getCacheBlockIds(kWindow);
+    ASSERT_EQ(ids.size(), 4u);
+    for (auto const& beam : ids) EXPECT_EQ(beam, ids[0]);
+    EXPECT_EQ(bm->getNumFreeBlocks(), free - 2);
+    bm->releaseBlocks(beams);
+    EXPECT_EQ(bm->getNumFreeBlocks(), 16);
 }
 
 // TensorRT-LLM calls addSequenceBatch once per window; kvblock admits every window on the

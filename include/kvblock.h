@@ -1001,6 +1001,14 @@ typedef struct kvb_request_t {
      * Optional retention config (null = default priority 35 everywhere).
      */
     const struct kvb_retention_config_t *retention;
+    /**
+     * The request opts out of reuse (default false; TensorRT-LLM's per-call
+     * `isEnableBlockReuse = false`): it reuses no cached block and nothing of it is ever
+     * stored, and its beams share a last prompt block the prompt fills. A caller built
+     * against the older struct without this field (its `struct_size` ends before it) gets
+     * false.
+     */
+    bool disable_reuse;
 } kvb_request_t;
 
 /**

@@ -164,6 +164,8 @@ struct Request {
     std::vector<kvb_token_range_retention_t> retentionRanges;
     int32_t decodePriority = 35;
     int64_t decodeDurationMs = -1;
+    /// Opts this request out of reuse: it reuses nothing cached and is never stored.
+    bool disableReuse = false;
 
     Request() = default;
     Request(uint64_t request_id, std::vector<int32_t> prompt)
@@ -203,6 +205,10 @@ struct Request {
         decodeDurationMs = duration_ms;
         return *this;
     }
+    Request& withoutReuse() {
+        disableReuse = true;
+        return *this;
+    }
 
     /// Fills a C view of this request; `retention` must outlive its use.
     void fillC(kvb_request_t& r, kvb_retention_config_t& retention) const {
@@ -222,6 +228,7 @@ struct Request {
         retention = kvb_retention_config_t{retentionRanges.data(), retentionRanges.size(),
                                            decodePriority, decodeDurationMs};
         r.retention = hasRetention ? &retention : nullptr;
+        r.disable_reuse = disableReuse;
     }
 
     /// Calls `f(const kvb_request_t*)` with a C view valid for the call.

@@ -213,3 +213,138 @@ fn pinning_store_checks_the_callers_bound_before_changing_anything() {
     assert_eq!(pinned.len(), 3);
     m.check_invariants().unwrap();
 }
+
+/// A request that opts out of reuse (TensorRT-LLM's per-call `isEnableBlockReuse = false`).
+fn opted_out(id: u64, t: Vec<i32>) -> Request {
+    Request {
+        disable_reuse: true,
+        ..Request::new(id, t)
+    }
+}
+
+#[test]
+fn a_request_that_opts_out_of_reuse_matches_nothing_cached() {
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    m.add_sequence(&Request::new(1, tokens(0..9))).unwrap();
+    common::prefill_done(&mut m, 1);
+    m.remove_sequence(1, true).unwrap();
+    let free = m.num_free_blocks();
+    let a = m.add_sequence(&opted_out(2, tokens(0..9))).unwrap();
+    assert_eq!(a.prepopulated_prompt_len, 0);
+    assert_eq!(a.stats.reused_blocks, 0);
+    assert_eq!(a.stats.missed_blocks, 3);
+    // Three blocks of its own: none of the cached ones is shared.
+    let ids = m.cache_block_ids(2, 1024, 0).unwrap();
+    assert_eq!(m.num_free_blocks(), free - 3);
+    m.check_invariants().unwrap();
+    // The cached prefix is still there for a request that takes part.
+    let b = m.add_sequence(&Request::new(3, tokens(0..9))).unwrap();
+    assert_eq!(b.prepopulated_prompt_len, 8);
+    let shared = m.cache_block_ids(3, 1024, 0).unwrap();
+    assert!(shared[..2].iter().all(|id| !ids.contains(id)));
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_request_that_opts_out_of_reuse_is_never_stored() {
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    m.add_sequence(&opted_out(1, tokens(0..13))).unwrap();
+    common::prefill_done(&mut m, 1);
+    m.store_context_blocks(1, 13).unwrap();
+    assert!(m
+        .store_blocks_for_reuse(1, true, None, 8)
+        .unwrap()
+        .is_empty());
+    m.remove_sequence(1, true).unwrap();
+    m.check_invariants().unwrap();
+    let later = m.add_sequence(&Request::new(2, tokens(0..13))).unwrap();
+    assert_eq!(later.prepopulated_prompt_len, 0);
+    assert_eq!(later.stats.reused_blocks, 0);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn beams_of_an_opted_out_request_share_the_last_block_its_prompt_fills() {
+    let cfg = ManagerConfig {
+        max_beam_width: 4,
+        ..config(16, 0, 4)
+    };
+    let mut m = KvCacheManager::new(cfg).unwrap();
+    // 8 tokens fill two blocks: without reuse all four beams share both.
+    let r = Request {
+        beam_width: 4,
+        ..opted_out(1, tokens(0..8))
+    };
+    let a = m.add_sequence(&r).unwrap();
+    assert_eq!(a.stats.alloc_total_blocks, 2);
+    let beam0 = m.cache_block_ids(1, 1024, 0).unwrap();
+    for beam in 1..4 {
+        assert_eq!(m.cache_block_ids(1, 1024, beam).unwrap(), beam0);
+    }
+    m.check_invariants().unwrap();
+    // The first slot past the shared blocks takes a block per beam.
+    assert!(m.add_slot(1).unwrap());
+    let grown: Vec<u32> = (0..4)
+        .map(|beam| m.cache_block_ids(1, 1024, beam).unwrap()[2])
+        .collect();
+    assert_eq!(
+        grown.iter().collect::<std::collections::HashSet<_>>().len(),
+        4
+    );
+    m.check_invariants().unwrap();
+    // With reuse each beam owns its last block (2 - 1 shared + 4).
+    let r = Request {
+        beam_width: 4,
+        ..Request::new(2, tokens(100..108))
+    };
+    let b = m.add_sequence(&r).unwrap();
+    assert_eq!(b.stats.alloc_total_blocks, 5);
+    // A prompt that does not fill its last block gives each beam its own, opted out or not.
+    let r = Request {
+        beam_width: 4,
+        ..opted_out(3, tokens(200..207))
+    };
+    let c = m.add_sequence(&r).unwrap();
+    assert_eq!(c.stats.alloc_total_blocks, 5);
+    m.check_invariants().unwrap();
+    for id in [1, 2, 3] {
+        m.remove_sequence(id, false).unwrap();
+    }
+    assert_eq!(m.num_free_blocks(), 16);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn the_estimates_of_an_opted_out_request_count_no_reuse() {
+    use kvblock::manager::{RequestPhase, RequestState};
+    let mut m = KvCacheManager::new(config(16, 0, 4)).unwrap();
+    // Sequence 1 holds a 13-token prompt whose three full blocks are stored.
+    m.add_sequence(&Request::new(1, tokens(0..13))).unwrap();
+    common::prefill_done(&mut m, 1);
+    m.store_context_blocks(1, 13).unwrap();
+    let state = RequestState {
+        request_id: 2,
+        phase: RequestPhase::ContextInit,
+        prompt_len: 13,
+        beam_width: 1,
+        context_chunk_size: 13,
+        num_draft_tokens: 0,
+        max_new_tokens: 4,
+        num_generated_tokens: 0,
+    };
+    let plain = Request::new(2, tokens(0..13));
+    let out = opted_out(2, tokens(0..13));
+    let needed = |m: &mut KvCacheManager, r: &Request| {
+        m.needed_blocks_one_step(&state, Some(r), false, 1024)
+            .unwrap()
+    };
+    assert_eq!(needed(&mut m, &plain), 1);
+    assert_eq!(needed(&mut m, &out), 4);
+    // Both would fit (11 blocks free): only the request that takes part reuses.
+    let estimates = m
+        .estimate_batch(&[plain, opted_out(3, tokens(0..13))])
+        .unwrap();
+    assert_eq!(estimates[0].reusable_tokens, 12);
+    assert_eq!(estimates[1].reusable_tokens, 0);
+    assert_eq!(estimates[1].allocated_blocks, 4);
+}

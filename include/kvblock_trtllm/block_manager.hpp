@@ -109,9 +109,10 @@ class BlockManager {
     /// the last prompt token; it is asked before anything changes).
     /// kvblock admits every window at once: the first call for a sequence admits it, a call
     /// for another `windowSize` with the same GenerationRequest returns the same result.
-    /// `numContextBlocks` is what kvblock computes itself (checked, not used). Reuse is the
-    /// manager's: `isEnableBlockReuse` false does not stop a prompt from matching blocks stored
-    /// before, and such a sequence is never stored. A batch that does not fit throws
+    /// `numContextBlocks` is what kvblock computes itself (checked, not used).
+    /// `isEnableBlockReuse` false opts the call's requests out of reuse, as TensorRT-LLM's
+    /// non-reuse path: they match no cached block, are never stored, and their beams share a
+    /// last prompt block the prompt fills. A batch that does not fit throws
     /// (KVB_STATUS_OUT_OF_BLOCKS) and admits none; a live id throws
     /// (KVB_STATUS_DUPLICATE_REQUEST); both are std::runtime_error.
     std::vector<AddSequenceResult> addSequenceBatch(

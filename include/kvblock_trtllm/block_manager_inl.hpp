@@ -469,6 +469,7 @@ inline std::vector<AddSequenceResult> BlockManager::addSequenceBatch(
         r.id = seq->getRequestId();
         r.inputLength = inputLengths[i];
         r.beamWidth = seq->getBeamWidth();
+        r.disableReuse = !isEnableBlockReuse;
         batch.push_back(std::move(r));
         fresh.push_back(i);
     }

@@ -27,10 +27,10 @@ void init_manager_admission(ManagerClass& cls) {
                std::optional<std::vector<uint64_t>> token_extra_ids,
                std::optional<uint64_t> lora_task_id, std::optional<uint64_t> cache_salt,
                std::optional<std::vector<kvb_multimodal_item_t>> mm_items,
-               std::optional<RetentionConfig> retention) {
+               std::optional<RetentionConfig> retention, bool disable_reuse) {
                 const PyRequest request(request_id, tokens, input_length, beam_width,
                                         std::move(token_extra_ids), lora_task_id, cache_salt,
-                                        std::move(mm_items), std::move(retention),
+                                        std::move(mm_items), std::move(retention), disable_reuse,
                                         /*copy_tokens=*/false);
                 kvb_admission_t out{};
                 kvb_request_t r;
@@ -42,6 +42,7 @@ void init_manager_admission(ManagerClass& cls) {
             "request_id"_a, "tokens"_a, nb::kw_only(), "input_length"_a = nb::none(),
             "beam_width"_a = 1, "token_extra_ids"_a = nb::none(), "lora_task_id"_a = nb::none(),
             "cache_salt"_a = nb::none(), "mm_items"_a = nb::none(), "retention"_a = nb::none(),
+            "disable_reuse"_a = false,
             "Admits a request given by its fields (as :class:`Request`); an int32 array of tokens "
             "is read "
             "in place, without a copy on the Python side.")

@@ -94,20 +94,22 @@ void init_request(nb::module_& m) {
                    std::optional<std::vector<uint64_t>> token_extra_ids,
                    std::optional<uint64_t> lora_task_id, std::optional<uint64_t> cache_salt,
                    std::optional<std::vector<kvb_multimodal_item_t>> mm_items,
-                   std::optional<RetentionConfig> retention) {
+                   std::optional<RetentionConfig> retention, bool disable_reuse) {
                     new (r) PyRequest(request_id, tokens, input_length, beam_width,
                                       std::move(token_extra_ids), lora_task_id, cache_salt,
-                                      std::move(mm_items), std::move(retention),
+                                      std::move(mm_items), std::move(retention), disable_reuse,
                                       /*copy_tokens=*/true);
                 },
                 "request_id"_a, "tokens"_a, nb::kw_only(), "input_length"_a = nb::none(),
                 "beam_width"_a = 1, "token_extra_ids"_a = nb::none(), "lora_task_id"_a = nb::none(),
                 "cache_salt"_a = nb::none(), "mm_items"_a = nb::none(), "retention"_a = nb::none(),
+                "disable_reuse"_a = false,
                 "``tokens``: a sequence of ints or a 1-D int32 array (prompt, plus generated "
                 "tokens when "
                 "re-admitting). ``input_length`` None = all tokens are prompt. "
                 "``token_extra_ids``: one per "
-                "token (prompt tuning). ``retention``: a :class:`KvCacheRetentionConfig`.")
+                "token (prompt tuning). ``retention``: a :class:`KvCacheRetentionConfig`. "
+                "``disable_reuse``: the request reuses nothing cached and is never stored.")
             .def_prop_ro("request_id", [](const PyRequest& r) { return r.req.id; })
             .def_prop_ro(
                 "tokens",
@@ -140,7 +142,8 @@ void init_request(nb::module_& m) {
                                         ? std::nullopt
                                         : std::optional<std::vector<uint64_t>>(r.req.extraIds);
                          })
-            .def_prop_ro("mm_items", [](const PyRequest& r) { return r.req.mmItems; });
+            .def_prop_ro("mm_items", [](const PyRequest& r) { return r.req.mmItems; })
+            .def_prop_ro("disable_reuse", [](const PyRequest& r) { return r.req.disableReuse; });
     add_repr(
         request, "Request",
         {"request_id", "num_tokens", "input_length", "beam_width", "lora_task_id", "cache_salt"});

@@ -48,7 +48,7 @@ struct PyRequest {
               int32_t beam_width, std::optional<std::vector<uint64_t>> token_extra_ids,
               std::optional<uint64_t> lora_task_id, std::optional<uint64_t> cache_salt,
               std::optional<std::vector<kvb_multimodal_item_t>> mm_items,
-              std::optional<RetentionConfig> retention, bool copy_tokens) {
+              std::optional<RetentionConfig> retention, bool disable_reuse, bool copy_tokens) {
         req.id = request_id;
         view.emplace(tokens);
         if (copy_tokens) {
@@ -67,6 +67,7 @@ struct PyRequest {
             req.decodePriority = retention->decode_priority;
             req.decodeDurationMs = retention->decode_duration_ms;
         }
+        req.disableReuse = disable_reuse;
     }
 
     const int32_t* tokens() const { return view ? view->data : req.tokens.data(); }

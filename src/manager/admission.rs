@@ -142,7 +142,14 @@ impl KvCacheManager {
             loop {
                 for (w, p) in self.windows.iter_mut().zip(plan.windows.iter_mut()) {
                     w.plan_request(ri);
-                    w.plan_admission_into(&src, req.input_length, req.beam_width, cap, p);
+                    w.plan_admission_into(
+                        &src,
+                        req.input_length,
+                        req.beam_width,
+                        cap,
+                        !req.disable_reuse,
+                        p,
+                    );
                 }
                 let min = plan
                     .windows

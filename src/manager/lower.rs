@@ -79,6 +79,11 @@ impl KvCacheManager {
         for r in reqs {
             let src = r.key_source();
             let mut sum = T::Prefetch::default();
+            if r.disable_reuse {
+                // It reuses nothing: nothing to bring back.
+                out.push(sum);
+                continue;
+            }
             for w in &mut self.windows {
                 sum += T::prefetch(w, &src, r.input_length);
                 absorb(&mut self.events, w);
@@ -93,6 +98,9 @@ impl KvCacheManager {
     pub(super) fn pending_lower<T: LowerKind>(&mut self, req: &RequestRef<'_>) -> KvResult<usize> {
         check_request(req)?;
         self.poll_lower::<T>();
+        if req.disable_reuse {
+            return Ok(0);
+        }
         let src = req.key_source();
         Ok(self
             .windows

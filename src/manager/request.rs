@@ -16,6 +16,10 @@ pub struct Request {
     pub cache_salt: Option<u64>,
     pub mm_items: Vec<MultimodalItem>,
     pub retention: RetentionConfig,
+    /// The request opts out of reuse (TensorRT-LLM's per-call `isEnableBlockReuse = false`):
+    /// it reuses no cached block, and nothing of it is ever stored. Beams then share a last
+    /// prompt block the prompt fills, as they do in a manager without reuse.
+    pub disable_reuse: bool,
 }
 
 impl Request {
@@ -46,6 +50,7 @@ impl Request {
             cache_salt: self.cache_salt,
             mm_items: &self.mm_items,
             retention: &self.retention,
+            disable_reuse: self.disable_reuse,
         }
     }
 }
@@ -64,6 +69,8 @@ pub struct RequestRef<'a> {
     pub cache_salt: Option<u64>,
     pub mm_items: &'a [MultimodalItem],
     pub retention: &'a RetentionConfig,
+    /// See `Request::disable_reuse`.
+    pub disable_reuse: bool,
 }
 
 impl<'a> RequestRef<'a> {

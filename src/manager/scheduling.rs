@@ -211,6 +211,8 @@ impl KvCacheManager {
     /// Full prompt blocks held by other sequences that admission would reuse, per `reuse`.
     fn reusable_allocated(&mut self, wi: usize, reuse: ReuseHint<'_>) -> usize {
         match reuse {
+            // A request that opts out of reuse allocates every block of its prompt.
+            ReuseHint::Walk(r) if r.disable_reuse => 0,
             ReuseHint::Walk(r) => {
                 let src = r.key_source();
                 self.windows[wi].count_reusable_blocks(&src, r.input_length, true)

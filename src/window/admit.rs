@@ -173,6 +173,7 @@ impl WindowBlockManager {
                 detached_epochs: Vec::new(),
                 slid_to: 0,
                 lost_tokens: false,
+                reuse: plan.reuse,
                 suspended_at: None,
             },
         );

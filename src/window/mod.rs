@@ -170,6 +170,10 @@ struct SeqBlocks {
     /// A block was detached before all its tokens were known (`slide_to_slots` ran ahead of the
     /// tokens): its slots never get them, so the sequence must not store in this window.
     lost_tokens: bool,
+    /// The sequence takes part in reuse (the window's reuse is on and its request did not opt
+    /// out); false: it is never stored (its slots still hold its tokens, as the lifecycle
+    /// keeps them for every sequence of a window with reuse).
+    reuse: bool,
     /// When the sequence was suspended (a tick of `suspend_clock`), `None` while active. The
     /// blocks of a suspended sequence may move to the host tier; the oldest suspension moves
     /// first.
@@ -379,7 +383,8 @@ impl WindowBlockManager {
     /// detached before its tokens were known (`slide_to_slots`: its slots miss them).
     pub fn is_valid_for_store(&self, id: u64) -> bool {
         self.seqs.get(&id).is_some_and(|s| {
-            !s.lost_tokens
+            s.reuse
+                && !s.lost_tokens
                 && s.detached_epochs
                     .iter()
                     .zip(&s.beams[0])

@@ -17,6 +17,9 @@ pub struct AdmissionPlan {
     pub num_context_blocks: usize,
     /// Context blocks shared by all beams (the rest are per beam).
     pub num_shared_blocks: usize,
+    /// Whether the request takes part in reuse (the window's reuse is on and the request did
+    /// not opt out): it matches the tree, and its blocks may be stored later.
+    pub reuse: bool,
     /// Primary blocks admission takes from the free queue while it runs (allocations, claimed
     /// free blocks, protected copy sources).
     pub primary_blocks_needed: usize,
@@ -114,11 +117,18 @@ impl WindowBlockManager {
         self.arena.ref_count(block) == 0
     }
 
-    /// Number of context blocks and of those shared among beams.
-    pub fn context_blocks(&self, input_length: usize, beam_width: usize) -> (usize, usize) {
+    /// Number of context blocks and of those shared among beams, for a request that takes part
+    /// in reuse or not: with reuse each beam owns the last block (its key differs per beam once
+    /// decoding starts); without, a prompt that fills its last block shares it too.
+    pub fn context_blocks(
+        &self,
+        input_length: usize,
+        beam_width: usize,
+        reuse: bool,
+    ) -> (usize, usize) {
         let eff = input_length.min(self.cfg.max_token_num);
         let n = eff.div_ceil(self.cfg.tokens_per_block);
-        let shared = if self.cfg.enable_reuse {
+        let shared = if reuse {
             if beam_width > 1 {
                 n.saturating_sub(1)
             } else {
@@ -143,34 +153,38 @@ impl WindowBlockManager {
         cap_tokens: usize,
     ) -> AdmissionPlan {
         let mut plan = AdmissionPlan::default();
-        self.plan_admission_into(src, input_length, beam_width, cap_tokens, &mut plan);
+        self.plan_admission_into(src, input_length, beam_width, cap_tokens, true, &mut plan);
         plan
     }
 
     /// `plan_admission` into an existing plan, reusing its step buffer (no allocation once the
-    /// buffer has grown to the longest reused prefix).
+    /// buffer has grown to the longest reused prefix). `request_reuse` false: the request opts
+    /// out of reuse (it matches nothing and will store nothing).
     pub fn plan_admission_into(
         &mut self,
         src: &KeySource<'_>,
         input_length: usize,
         beam_width: usize,
         cap_tokens: usize,
+        request_reuse: bool,
         plan: &mut AdmissionPlan,
     ) {
         let tpb = self.cfg.tokens_per_block;
-        let (num_context, num_shared) = self.context_blocks(input_length, beam_width);
+        let reuse = self.cfg.enable_reuse && request_reuse;
+        let (num_context, num_shared) = self.context_blocks(input_length, beam_width, reuse);
         let mut steps = std::mem::take(&mut plan.steps);
         steps.clear();
         *plan = AdmissionPlan {
             steps,
             num_context_blocks: num_context,
             num_shared_blocks: num_shared,
+            reuse,
             ..AdmissionPlan::default()
         };
         let mut claimed_free_primary = 0;
         let mut new_blocks = 0;
         let unused = |w: &Self, b: u32| w.is_unused(b) && w.claim_of(b).is_none();
-        if self.cfg.enable_reuse {
+        if reuse {
             let reusable = input_length - 1;
             let mut scratch = std::mem::take(&mut self.mm_scratch);
             let mut parent = self.tree.root();
@@ -274,7 +288,7 @@ impl WindowBlockManager {
             // Snapshots are kept every g blocks: reuse up to the last one (a plan of fewer
             // steps, whose counts the walk recomputes).
             let cap = plan.steps.len() / g * g * tpb;
-            return self.plan_admission_into(src, input_length, beam_width, cap, plan);
+            return self.plan_admission_into(src, input_length, beam_width, cap, true, plan);
         }
         new_blocks += num_shared - plan.steps.len();
         new_blocks += (num_context - num_shared) * beam_width;

@@ -131,9 +131,17 @@ fn cap_turns_a_full_match_into_a_partial_copy() {
 #[test]
 fn beams_share_all_but_the_last_context_block() {
     let w = window(8, 0, 64);
-    assert_eq!(w.context_blocks(9, 1), (3, 3));
-    assert_eq!(w.context_blocks(9, 4), (3, 2));
-    assert_eq!(w.context_blocks(8, 4), (2, 1));
+    assert_eq!(w.context_blocks(9, 1, true), (3, 3));
+    assert_eq!(w.context_blocks(9, 4, true), (3, 2));
+    assert_eq!(w.context_blocks(8, 4, true), (2, 1));
+}
+
+#[test]
+fn without_reuse_beams_share_a_last_block_the_prompt_fills() {
+    let w = window(8, 0, 64);
+    assert_eq!(w.context_blocks(8, 4, false), (2, 2));
+    assert_eq!(w.context_blocks(9, 4, false), (3, 2));
+    assert_eq!(w.context_blocks(9, 1, false), (3, 3));
 }
 
 #[test]

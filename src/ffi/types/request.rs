@@ -84,7 +84,16 @@ pub struct kvb_request_t {
     pub num_mm_items: usize,
     /// Optional retention config (null = default priority 35 everywhere).
     pub retention: *const kvb_retention_config_t,
+    /// The request opts out of reuse (default false; TensorRT-LLM's per-call
+    /// `isEnableBlockReuse = false`): it reuses no cached block and nothing of it is ever
+    /// stored, and its beams share a last prompt block the prompt fills. A caller built
+    /// against the older struct without this field (its `struct_size` ends before it) gets
+    /// false.
+    pub disable_reuse: bool,
 }
+
+/// `struct_size` of the request before `disable_reuse` was added: still accepted.
+const REQUEST_SIZE_BEFORE_DISABLE_REUSE: usize = std::mem::offset_of!(kvb_request_t, disable_reuse);
 
 /// Scheduler-side state of a request, for the estimates. Initialise with
 /// `kvb_request_state_init`.
@@ -130,6 +139,7 @@ pub(crate) fn request_default() -> kvb_request_t {
         mm_items: std::ptr::null(),
         num_mm_items: 0,
         retention: std::ptr::null(),
+        disable_reuse: false,
     }
 }
 
@@ -178,6 +188,7 @@ pub(crate) struct CRequest<'a> {
     cache_salt: Option<u64>,
     mm_items: Vec<MultimodalItem>,
     retention: RetentionConfig,
+    disable_reuse: bool,
 }
 
 impl CRequest<'_> {
@@ -193,6 +204,7 @@ impl CRequest<'_> {
             cache_salt: self.cache_salt,
             mm_items: &self.mm_items,
             retention: &self.retention,
+            disable_reuse: self.disable_reuse,
         }
     }
 
@@ -208,6 +220,7 @@ impl CRequest<'_> {
             cache_salt: self.cache_salt,
             mm_items: self.mm_items.clone(),
             retention: self.retention.clone(),
+            disable_reuse: self.disable_reuse,
         }
     }
 }
@@ -222,16 +235,42 @@ pub(crate) fn optional_request(
     Ok(Some(request(r)?.to_request()))
 }
 
-/// Reads a C request without copying its token arrays (multimodal items and a retention config,
-/// when given, are converted). Size checks that need the manager happen there.
-pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {
-    // SAFETY: caller passes a valid pointer or null (checked).
-    let r = unsafe { r.as_ref() }.ok_or_else(|| null_error("request"))?;
+/// The request at `r`, copied whole: a request of the older, shorter layout (see
+/// `REQUEST_SIZE_BEFORE_DISABLE_REUSE`) is read up to its end, the newer fields at their
+/// defaults. Returns the request and its `struct_size`.
+fn read_request(r: *const kvb_request_t) -> FfiResult<(kvb_request_t, usize)> {
+    if r.is_null() {
+        return Err(null_error("request"));
+    }
+    // SAFETY: non-null; `struct_size` comes first in every layout.
+    let size = unsafe { std::ptr::addr_of!((*r).struct_size).read_unaligned() } as usize;
+    if size == REQUEST_SIZE_BEFORE_DISABLE_REUSE {
+        let mut out = request_default();
+        // SAFETY: the caller's struct is `size` readable bytes (its own `struct_size`), fewer
+        // than ours; the fields it lacks keep their defaults.
+        unsafe {
+            std::ptr::copy_nonoverlapping(r as *const u8, &mut out as *mut _ as *mut u8, size);
+        }
+        out.struct_size = std::mem::size_of::<kvb_request_t>() as u32;
+        return Ok((out, size));
+    }
     check_struct_size(
-        r.struct_size,
+        size as u32,
         std::mem::size_of::<kvb_request_t>(),
         "kvb_request_t",
     )?;
+    // SAFETY: a whole request of this library's layout (its size checked).
+    Ok((unsafe { *r }, size))
+}
+
+/// Reads a C request without copying its token arrays (multimodal items and a retention config,
+/// when given, are converted). Size checks that need the manager happen there.
+pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {
+    let (r, _) = read_request(r)?;
+    convert_request(&r)
+}
+
+fn convert_request<'a>(r: &kvb_request_t) -> FfiResult<CRequest<'a>> {
     let input_length = positive_arg(r.input_length, "input_length")?;
     let beam_width = positive_arg(r.beam_width, "beam_width")?;
     let tokens = slice_arg(r.tokens, r.num_tokens, "tokens")?;
@@ -278,6 +317,7 @@ pub(crate) fn request<'a>(r: *const kvb_request_t) -> FfiResult<CRequest<'a>> {
         cache_salt: r.has_cache_salt.then_some(r.cache_salt),
         mm_items,
         retention,
+        disable_reuse: r.disable_reuse,
     })
 }
 
@@ -330,6 +370,27 @@ pub(crate) fn request_array<'a>(
     if n > 0 && ptr.is_null() {
         return Err(null_error("requests"));
     }
-    // SAFETY: `n` readable requests at `ptr` (caller contract; null checked).
-    (0..n).map(|i| request(unsafe { ptr.add(i) })).collect()
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // The first request's layout gives the array's stride; every request must share it.
+    let (first, stride) = read_request(ptr)?;
+    let mut out = Vec::with_capacity(n);
+    out.push(convert_request(&first)?);
+    for i in 1..n {
+        // SAFETY: `n` readable requests of `stride` bytes at `ptr` (caller contract).
+        let at = unsafe { (ptr as *const u8).add(i * stride) } as *const kvb_request_t;
+        let (r, size) = read_request(at)?;
+        if size != stride {
+            return Err(FfiError(
+                kvb_status_t::KVB_STATUS_STRUCT_SIZE,
+                format!(
+                    "requests[{i}].struct_size is {size}, requests[0]'s is {stride}: one array \
+                     holds one layout"
+                ),
+            ));
+        }
+        out.push(convert_request(&r)?);
+    }
+    Ok(out)
 }
