@@ -74,6 +74,20 @@ def test_lora_and_salt_separate_the_cache(manager):
     assert manager.add_sequence(4, prompt(9)).prepopulated_prompt_len == 8
 
 
+def test_a_request_that_opts_out_of_reuse_neither_reuses_nor_is_stored(manager):
+    admit_and_release(manager, 1, prompt(9))
+    opted_out = kvblock.Request(2, prompt(9), disable_reuse=True)
+    assert opted_out.disable_reuse
+    assert manager.add_sequence(opted_out).prepopulated_prompt_len == 0
+    manager.remove_sequence(2, False)
+    manager.add_sequence(4, prompt(13, start=500), disable_reuse=True)
+    mark_prefill_computed(manager, 4)
+    manager.store_context_blocks(4, 13)
+    manager.remove_sequence(4, True)
+    assert manager.add_sequence(5, prompt(13, start=500)).prepopulated_prompt_len == 0
+    assert manager.add_sequence(6, prompt(9)).prepopulated_prompt_len == 8
+
+
 def test_multimodal_digest_is_part_of_the_key(manager):
     item = kvblock.MultimodalItem(b"\x01" * 32, 0, 4)
     admit_and_release(manager, 1, prompt(9), store=True)
