@@ -71,13 +71,18 @@ TEST(TrtllmFacade, PerLayerHeadsGroupIntoPoolsAsKvblockDoes) {
     }
     EXPECT_EQ(bm.getPoolWindowSize(1), kSliding);
     EXPECT_EQ(bm.getPoolWindowSize(2), kFull);
-    auto mapping = f->getLayerToPoolMapping();
+    // TensorRT-LLM's [numLayers, 2] int32 tensor: the layer's pool, its index in the pool.
+    auto mappingTensor = f->getLayerToPoolMapping();
+    ASSERT_EQ(mappingTensor->getDataType(), kvb::trtllm::nvinfer1::DataType::kINT32);
+    ASSERT_EQ(mappingTensor->getShape().nbDims, 2);
+    EXPECT_EQ(mappingTensor->getShape().d[1], 2);
+    auto const* mapping = kvb::trtllm::bufferCast<int32_t>(*mappingTensor);
     auto expected = twin.getLayerToPoolMapping();
-    ASSERT_EQ(mapping.size(), kHeads.size());
+    ASSERT_EQ(mappingTensor->getShape().d[0], static_cast<int64_t>(kHeads.size()));
     for (int32_t l = 0; l < static_cast<int32_t>(kHeads.size()); ++l) {
         auto const& e = expected[static_cast<size_t>(l)];
-        EXPECT_EQ(mapping[static_cast<size_t>(l)][0], e.first);
-        EXPECT_EQ(mapping[static_cast<size_t>(l)][1], e.second);
+        EXPECT_EQ(mapping[2 * l], e.first);
+        EXPECT_EQ(mapping[2 * l + 1], e.second);
         EXPECT_EQ(bm.getLayerPoolIdx(l), e.first);
         EXPECT_EQ(f->getPoolLayerIdx(l), e.second);
         EXPECT_EQ(f->isPoolLayerFirst(l), e.second == 0);
@@ -93,14 +98,19 @@ TEST(TrtllmFacade, PerLayerHeadsGroupIntoPoolsAsKvblockDoes) {
 TEST(TrtllmFacade, PoolPointersAndViewsAreKvblockModelPools) {
     auto f = makeMixedHeads();
     auto const& bm = f->getBlockManager();
-    auto pointers = f->getBlockPoolPointers();
-    ASSERT_EQ(pointers.size(), 4u);
+    // TensorRT-LLM's [numKVPools, 2] tensor of addresses, read as its kernels' callers do.
+    auto pointerTensor = f->getBlockPoolPointers();
+    ASSERT_EQ(pointerTensor->getShape().nbDims, 2);
+    ASSERT_EQ(pointerTensor->getShape().d[0], 4);
+    EXPECT_EQ(pointerTensor->getDataType(), kvb::trtllm::TRTDataType<void*>::value);
+    kvb::trtllm::BufferRange<void*> pointers(*pointerTensor);
+    ASSERT_EQ(pointers.size(), 8u);
     for (int32_t p = 0; p < 4; ++p) {
         auto [primary, rowBytes] = f->impl().getModelPoolPointer(p, KVB_CACHE_LEVEL_PRIMARY);
         auto secondary = f->impl().getModelPoolPointer(p, KVB_CACHE_LEVEL_SECONDARY).first;
         ASSERT_NE(primary, nullptr);
-        EXPECT_EQ(pointers[static_cast<size_t>(p)][0], primary);
-        EXPECT_EQ(pointers[static_cast<size_t>(p)][1], secondary);
+        EXPECT_EQ(pointers[static_cast<size_t>(2 * p)], primary);
+        EXPECT_EQ(pointers[static_cast<size_t>(2 * p + 1)], secondary);
         auto view = bm.getPrimaryPoolView(p);
         EXPECT_EQ(view.data, primary);
         EXPECT_EQ(static_cast<size_t>(view.rowBytes), rowBytes);
@@ -136,7 +146,7 @@ TEST(TrtllmFacade, PoolPointersAndViewsAreKvblockModelPools) {
     kvb::trtllm::PoolView uniqueView = one.getPrimaryPoolView(0);
     EXPECT_EQ(uniqueView.bytesPerField, 2 * kTpb * 8 * 2);
     // No host tier: the secondary pointer is null.
-    EXPECT_EQ(one.getBlockPoolPointers().at(0)[1], nullptr);
+    EXPECT_EQ(kvb::trtllm::bufferCast<void*>(*one.getBlockPoolPointers())[1], nullptr);
 }
 
 // Rows 26, 89: an NVFP4 cache has a block-scale pool per data pool.
@@ -146,21 +156,22 @@ TEST(TrtllmFacade, Nvfp4CacheHasBlockScalePools) {
     EXPECT_EQ(bm.getNumPools(false), 4);
     EXPECT_EQ(bm.getNumPools(true), 8);
     EXPECT_EQ(bm.getPoolConfigurations().size(), 8u);
-    auto scales = f->getBlockScalePoolPointers();
+    auto scaleTensor = f->getBlockScalePoolPointers();
     auto primary = f->impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
     auto secondary = f->impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
-    ASSERT_EQ(scales.size(), 4u);
-    for (size_t p = 0; p < scales.size(); ++p) {
-        EXPECT_NE(scales[p][0], nullptr);
-        EXPECT_EQ(scales[p][0], primary[p]);
-        EXPECT_EQ(scales[p][1], secondary[p]);
+    ASSERT_EQ(scaleTensor->getShape().d[0], 4);
+    auto const* scales = kvb::trtllm::bufferCast<void*>(*scaleTensor);
+    for (size_t p = 0; p < 4; ++p) {
+        EXPECT_NE(scales[2 * p], nullptr);
+        EXPECT_EQ(scales[2 * p], primary[p]);
+        EXPECT_EQ(scales[2 * p + 1], secondary[p]);
     }
-    // Without NVFP4 every entry is null.
+    // The block-scale pools come after the data pools, each marked as such.
+    for (int32_t p = 0; p < 8; ++p) EXPECT_EQ(bm.containsBlockScales(p), p >= 4);
+    // Without NVFP4 the table has no rows.
     auto plain = makeMixedHeads();
-    for (auto const& s : plain->getBlockScalePoolPointers()) {
-        EXPECT_EQ(s[0], nullptr);
-        EXPECT_EQ(s[1], nullptr);
-    }
+    EXPECT_EQ(plain->getBlockScalePoolPointers()->getShape().d[0], 0);
+    EXPECT_FALSE(plain->getBlockManager().containsBlockScales(0));
 }
 
 // Rows 1, 14, 39, 40: K-only and cross cache types reach kvblock's cache types.
@@ -309,9 +320,10 @@ TEST(TrtllmFacade, TheIndexerKCacheIsAPoolAfterTheKvPools) {
     EXPECT_EQ(bm.getNumPools(false, false), 1);
     EXPECT_EQ(bm.getNumPools(false, false), plain->getBlockManager().getNumPools(false, false));
     // The model's layers map to the latent pool as without an indexer.
-    auto mapping = f->getLayerToPoolMapping();
-    EXPECT_EQ(mapping, plain->getLayerToPoolMapping());
+    auto mapping = f->layerToPoolTable();
+    EXPECT_EQ(mapping, plain->layerToPoolTable());
     ASSERT_EQ(mapping.size(), 4u);
+    EXPECT_EQ(f->getLayerToPoolMapping()->getShape().d[0], 4);
     kvb::trtllm::PoolView latent = bm.getPrimaryPoolView(0),
                           indexer = f->getIndexerKCachePoolView();
     EXPECT_EQ(latent.rowBytes, plain->getBlockManager().getPrimaryPoolView(0).rowBytes);

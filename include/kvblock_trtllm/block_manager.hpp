@@ -201,6 +201,8 @@ class BlockManager {
     /// those (they are the last data pools).
     [[nodiscard]] SizeType32 getNumPools(bool includeBlockScalePools = true,
                                          bool includeIndexerKCachePools = true) const;
+    /// Whether pool `poolIdx` holds block scales (an NVFP4 data pool's scale pool).
+    [[nodiscard]] bool containsBlockScales(SizeType32 poolIdx) const;
     /// The window of pool `poolIdx` (pools are ordered by window, then by shape).
     [[nodiscard]] SizeType32 getPoolWindowSize(SizeType32 poolIdx) const;
     /// The shape of every pool, block-scale pools last (kvblock's kvb_pool_info_t).

@@ -160,6 +160,9 @@ inline SizeType32 BlockManager::getNumPools(bool includeBlockScalePools,
         indexer += owner().impl().getPoolInfo(p).cache_type == KVB_CACHE_TYPE_INDEXER_K;
     return n - indexer;
 }
+inline bool BlockManager::containsBlockScales(SizeType32 poolIdx) const {
+    return owner().impl().getPoolInfo(poolIdx).scales_of >= 0;
+}
 inline SizeType32 BlockManager::getPoolWindowSize(SizeType32 poolIdx) const {
     return owner().impl().getPoolInfo(poolIdx).window_size;
 }
@@ -169,7 +172,7 @@ inline std::vector<kvb_pool_info_t> BlockManager::getPoolConfigurations() const 
     return out;
 }
 inline SizeType32 BlockManager::getLayerPoolIdx(SizeType32 layerIdx) const {
-    return owner().getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[0];
+    return owner().layerToPoolTable().at(static_cast<size_t>(layerIdx))[0];
 }
 inline PoolView BlockManager::getPrimaryPoolView(SizeType32 poolIdx) const {
     kvb_pool_info_t info = owner().impl().getPoolInfo(poolIdx);

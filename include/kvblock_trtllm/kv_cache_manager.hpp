@@ -278,15 +278,19 @@ class KVCacheManager : public BaseKVCacheManager {
     [[nodiscard]] BlockManager& getBlockManager() { return blockManager_; }
 
     // --- pools (kvblock's pool model) ------------------------------------------------------
-    /// [data pool][primary, secondary] base addresses (TensorRT-LLM's `[numPools, 2]` tensor);
-    /// null where a pool has no memory at that level (no host tier, or an unregistered CUDA
-    /// pool).
-    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockPoolPointers() const;
-    /// [data pool][primary, secondary] addresses of each data pool's block-scale pool (NVFP4),
-    /// null where the pool has none.
-    [[nodiscard]] std::vector<std::array<void*, 2>> getBlockScalePoolPointers() const;
-    /// [layer][pool, index of the layer in its pool] (TensorRT-LLM's `[numLayers, 2]` tensor).
-    [[nodiscard]] std::vector<std::array<SizeType32, 2>> getLayerToPoolMapping() const;
+    /// TensorRT-LLM's `[numKVPools, 2]` host tensor of addresses (`TRTDataType<void*>`, read
+    /// with `BufferRange<void*>`): each data pool's primary and secondary base, null where a
+    /// pool has no memory at that level (no host tier, or an unregistered CUDA pool). A new
+    /// tensor each call; the addresses hold while the pools live.
+    [[nodiscard]] ITensor::SharedPtr getBlockPoolPointers() const;
+    /// The same `[numBlockScalePools, 2]` table for the block-scale pools (NVFP4), in data
+    /// pool order; no rows without them.
+    [[nodiscard]] ITensor::SharedPtr getBlockScalePoolPointers() const;
+    /// TensorRT-LLM's `[numLayers, 2]` host tensor of `int32`: each layer's data pool and the
+    /// layer's index in it.
+    [[nodiscard]] ITensor::SharedPtr getLayerToPoolMapping() const;
+    /// The same mapping as a table ([layer][pool, index of the layer in its pool]).
+    [[nodiscard]] std::vector<std::array<SizeType32, 2>> layerToPoolTable() const;
 
     // --- the indexer K cache (DeepSeek-V3.2 sparse attention) ----------------------------
     [[nodiscard]] bool isEnableIndexerKCache() const { return indexer_.enabled; }

@@ -8,29 +8,47 @@
 #include <memory>
 #include <vector>
 
+#include "kvblock_trtllm/buffer_manager.hpp"
 #include "kvblock_trtllm/kv_cache_manager.hpp"
 
 namespace kvb::trtllm {
 
-inline std::vector<std::array<void*, 2>> KVCacheManager::getBlockPoolPointers() const {
+namespace detail {
+/// A `[rows, 2]` host tensor of addresses, as TensorRT-LLM's pool pointer tables are.
+inline ITensor::SharedPtr addressTable(std::vector<std::array<void*, 2>> const& rows) {
+    auto t = BufferManager::cpu(
+        ITensor::makeShape({static_cast<ITensor::DimType64>(rows.size()), 2}),
+        TRTDataType<void*>::value);
+    auto* out = bufferCast<void*>(*t);
+    for (size_t r = 0; r < rows.size(); ++r) {
+        out[2 * r] = rows[r][0];
+        out[2 * r + 1] = rows[r][1];
+    }
+    return t;
+}
+}  // namespace detail
+
+inline ITensor::SharedPtr KVCacheManager::getBlockPoolPointers() const {
     SizeType32 n = getBlockManager().getNumPools(false);
-    std::vector<std::array<void*, 2>> out(static_cast<size_t>(n));
+    std::vector<std::array<void*, 2>> rows(static_cast<size_t>(n));
     for (SizeType32 p = 0; p < n; ++p)
-        out[static_cast<size_t>(p)] = {poolBase(p, KVB_CACHE_LEVEL_PRIMARY),
-                                       poolBase(p, KVB_CACHE_LEVEL_SECONDARY)};
-    return out;
+        rows[static_cast<size_t>(p)] = {poolBase(p, KVB_CACHE_LEVEL_PRIMARY),
+                                        poolBase(p, KVB_CACHE_LEVEL_SECONDARY)};
+    return detail::addressTable(rows);
 }
 
-inline std::vector<std::array<void*, 2>> KVCacheManager::getBlockScalePoolPointers() const {
+inline ITensor::SharedPtr KVCacheManager::getBlockScalePoolPointers() const {
     auto primary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_PRIMARY);
     auto secondary = impl().getBlockScalePoolPointers(KVB_CACHE_LEVEL_SECONDARY);
-    std::vector<std::array<void*, 2>> out(primary.size());
-    for (size_t p = 0; p < out.size(); ++p)
-        out[p] = {primary[p], p < secondary.size() ? secondary[p] : nullptr};
-    return out;
+    std::vector<std::array<void*, 2>> rows;
+    for (size_t p = 0; p < primary.size(); ++p) {
+        if (!primary[p]) continue;  // a data pool without a block-scale pool
+        rows.push_back({primary[p], p < secondary.size() ? secondary[p] : nullptr});
+    }
+    return detail::addressTable(rows);
 }
 
-inline std::vector<std::array<SizeType32, 2>> KVCacheManager::getLayerToPoolMapping() const {
+inline std::vector<std::array<SizeType32, 2>> KVCacheManager::layerToPoolTable() const {
     std::vector<std::array<SizeType32, 2>> out;
     for (auto const& [pool, index] : impl().getLayerToPoolMapping()) {
         if (numModelLayers_ && out.size() == static_cast<size_t>(numModelLayers_))
@@ -38,6 +56,19 @@ inline std::vector<std::array<SizeType32, 2>> KVCacheManager::getLayerToPoolMapp
         out.push_back({pool, index});
     }
     return out;
+}
+
+inline ITensor::SharedPtr KVCacheManager::getLayerToPoolMapping() const {
+    auto table = layerToPoolTable();
+    auto t = BufferManager::cpu(
+        ITensor::makeShape({static_cast<ITensor::DimType64>(table.size()), 2}),
+        nvinfer1::DataType::kINT32);
+    auto* out = bufferCast<int32_t>(*t);
+    for (size_t l = 0; l < table.size(); ++l) {
+        out[2 * l] = table[l][0];
+        out[2 * l + 1] = table[l][1];
+    }
+    return t;
 }
 
 inline ITensor::SharedPtr KVCacheManager::getIndexerKCachePool() const {
@@ -49,7 +80,7 @@ inline PoolView KVCacheManager::getIndexerKCachePoolView() const {
 }
 
 inline SizeType32 KVCacheManager::getPoolLayerIdx(SizeType32 layerIdx) const {
-    return getLayerToPoolMapping().at(static_cast<size_t>(layerIdx))[1];
+    return layerToPoolTable().at(static_cast<size_t>(layerIdx))[1];
 }
 
 inline bool KVCacheManager::isPoolLayerFirst(SizeType32 layerIdx) const {

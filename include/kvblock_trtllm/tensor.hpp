@@ -246,6 +246,11 @@ template <>
 struct TRTDataType<bool> {
     static constexpr auto value = nvinfer1::DataType::kBOOL;
 };
+/// Addresses are 64-bit integers to TensorRT (the pool pointer tables).
+template <>
+struct TRTDataType<void*> {
+    static constexpr auto value = nvinfer1::DataType::kINT64;
+};
 
 /// TensorRT-LLM `bufferCast<T>(tensor)`: the typed first element of a host-accessible tensor.
 /// A tensor of another element size, or one the host cannot address, throws (as TensorRT-LLM
