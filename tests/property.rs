@@ -142,10 +142,12 @@ struct Seq {
     /// it: the manager copies (or uncaches) the block that will be written again, see
     /// `rewinding_into_stored_blocks_rewrites_cached_kv`.
     stored_len: usize,
+    /// False for a request that opted out of reuse: nothing of it may ever be stored.
+    reuse: bool,
 }
 
 impl Seq {
-    fn new(tokens: &[i32], lora: Option<u64>, salt: Option<u64>, beam: usize) -> Self {
+    fn new(tokens: &[i32], lora: Option<u64>, salt: Option<u64>, beam: usize, reuse: bool) -> Self {
         let mut s = Seq {
             tokens: Vec::new(),
             hashes: Vec::new(),
@@ -154,6 +156,7 @@ impl Seq {
             lora,
             salt,
             stored_len: 0,
+            reuse,
         };
         for &t in tokens {
             s.push(t);
@@ -186,6 +189,7 @@ struct Coverage {
     reuse_hits: usize,
     partial_hits: usize,
     beam_admitted: usize,
+    opted_out_admitted: usize,
     oob_admissions: usize,
     oob_tokens: usize,
     rewinds: usize,
@@ -299,6 +303,11 @@ impl Harness {
     /// Records that the first `n` tokens of `id` may now be in the reuse tree.
     fn record_store(&mut self, id: u64, n: usize) {
         let seq = self.seqs.get_mut(&id).expect("live");
+        if !seq.reuse {
+            // Never in the tree: a later request that reuses its tokens fails the check of
+            // `op_add_sequence` (reused tokens no store recorded).
+            return;
+        }
         let n = n.min(seq.tokens.len());
         for &h in &seq.hashes[..n] {
             self.stored.insert(h);
@@ -487,6 +496,8 @@ impl Harness {
         if self.rng.percent(25) {
             req.retention = self.random_retention(tokens.len());
         }
+        // Some requests opt out of reuse (TensorRT-LLM's per-call isEnableBlockReuse = false).
+        req.disable_reuse = self.rng.percent(8);
         req
     }
 
@@ -588,7 +599,7 @@ impl Harness {
             }
         }
         if let Some(first) = admissions.first() {
-            if first.prepopulated_prompt_len < reusable_blocks * TPB {
+            if !reqs[0].disable_reuse && first.prepopulated_prompt_len < reusable_blocks * TPB {
                 self.fail(format!(
                     "count_reusable_blocks found {reusable_blocks} blocks, admission reused {} \
                      tokens",
@@ -624,9 +635,15 @@ impl Harness {
                 req.lora_task_id,
                 req.cache_salt,
                 req.beam_width,
+                !req.disable_reuse,
             );
             if prepop >= input {
                 self.fail(format!("prepopulated {prepop} >= input length {input}"));
+            }
+            if req.disable_reuse && (prepop > 0 || adm.stats.reused_blocks > 0) {
+                self.fail(format!(
+                    "request {id} opted out of reuse and reused {prepop} tokens"
+                ));
             }
             if prepop > 0 && !self.stored.contains(&seq.hashes[prepop - 1]) {
                 self.fail(format!(
@@ -648,6 +665,7 @@ impl Harness {
             self.cov.admitted += 1;
             self.cov.batch_admitted += usize::from(n > 1);
             self.cov.beam_admitted += usize::from(req.beam_width > 1);
+            self.cov.opted_out_admitted += usize::from(req.disable_reuse);
             self.cov.reuse_hits += usize::from(prepop > 0);
             self.cov.partial_hits += usize::from(prepop % TPB != 0);
             self.cov.verified_reused_positions += prepop;
@@ -1145,6 +1163,7 @@ fn run_scenario(sc: Scenario) {
         total.reuse_hits += c.reuse_hits;
         total.partial_hits += c.partial_hits;
         total.beam_admitted += c.beam_admitted;
+        total.opted_out_admitted += c.opted_out_admitted;
         total.oob_admissions += c.oob_admissions;
         total.oob_tokens += c.oob_tokens;
         total.rewinds += c.rewinds;
@@ -1173,6 +1192,7 @@ fn run_scenario(sc: Scenario) {
         );
     }
     assert!(total.beam_admitted > 20, "{name}: {total:?}");
+    assert!(total.opted_out_admitted > 10, "{name}: {total:?}");
     assert!(
         total.oob_admissions + total.oob_tokens > 20,
         "{name}: no capacity pressure {total:?}"
