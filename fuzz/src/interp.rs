@@ -147,7 +147,11 @@ fn request(inp: &mut Input, tpb: usize) -> Box<RequestBuf> {
     raw.request_id = inp.request_id();
     // Tokens from a small alphabet in runs of whole blocks, so that prefixes repeat.
     let blocks = usize::from(inp.u8() % 6);
-    let extra_tokens = usize::from(inp.u8()) % (tpb + 1);
+    let extra_byte = inp.u8();
+    let extra_tokens = usize::from(extra_byte) % (tpb + 1);
+    // The byte's top bits opt one request in eight out of reuse (no byte more is read, so the
+    // corpus keeps its meaning otherwise).
+    raw.disable_reuse = extra_byte >= 224;
     let base = i32::from(inp.u8() % 3);
     let mut tokens = Vec::new();
     for b in 0..blocks {
