@@ -45,6 +45,9 @@ fn state() -> KvCacheManager {
     let mut seed = system_prompt();
     seed.push(7);
     m.add_sequence(&Request::new(1, seed)).unwrap();
+    // Its prefill computed, as an engine's is before the sequence is stored for reuse.
+    let l = m.sequence_lengths(1).unwrap();
+    m.advance_history(1, l.num_tokens).unwrap();
     let ids = m.cache_block_ids(1, WINDOW, 0).unwrap();
     m.remove_sequence(1, true).unwrap();
     for &b in ids.iter().take(SYSTEM_TOKENS / TPB / 2) {
