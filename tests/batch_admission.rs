@@ -266,3 +266,100 @@ fn sequential_onboarding_evicts_host_blocks_and_the_batch_does_not() {
     }
     batched.check_invariants().unwrap();
 }
+
+/// A pool of `primary` blocks (4 tokens each, bytes in host memory) whose block of tokens
+/// `0..4` is cached, free, and not a leaf: two stored prompts continue it differently. Returns
+/// the manager and that block.
+fn cached_non_leaf(primary: usize) -> (KvCacheManager, u32) {
+    let mut m = KvCacheManager::new(ManagerConfig {
+        copy_backend: kvblock::manager::CopyBackend::HostMemory,
+        bytes_per_element: 1,
+        ..config(vec![window(96, primary, 0)], true)
+    })
+    .unwrap();
+    for (id, tail) in [(1u64, [4, 5, 6, 7]), (2, [10, 11, 12, 13])] {
+        let mut t = vec![0, 1, 2, 3];
+        t.extend(tail);
+        t.push(99);
+        m.add_sequence(&Request::new(id, t)).unwrap();
+        common::prefill_done(&mut m, id);
+        m.remove_sequence(id, true).unwrap();
+    }
+    assert_eq!(free_primary(&m), primary);
+    let probe = Request::new(9, vec![0, 1, 2, 3, 4]);
+    let shared = m.add_sequence(&probe).unwrap();
+    assert_eq!(shared.prepopulated_prompt_len, 4);
+    let block = m.cache_block_ids(9, 96, 0).unwrap()[0];
+    m.remove_sequence(9, false).unwrap();
+    (m, block)
+}
+
+/// Block `block`'s row (K then V, 4 one-byte tokens each), to read or write.
+fn row(m: &mut KvCacheManager, block: u32) -> &'static mut [u8] {
+    let info = m.block_info(96, block).unwrap();
+    let (base, row_bytes) = m.pool_pointer(96, info.level).unwrap();
+    // SAFETY: a row of the host-memory pool of the block's level, used before the manager
+    // changes again.
+    unsafe {
+        std::slice::from_raw_parts_mut(base.add(info.memory_index as usize * row_bytes), row_bytes)
+    }
+}
+
+#[test]
+fn a_copy_source_is_free_again_once_its_copy_is_queued() {
+    // 8 blocks, all free: a 32-token prompt that matches 2 tokens of the cached non-leaf block
+    // copies them into a block of its own and needs 8 blocks in all, the source among them.
+    let (mut m, source) = cached_non_leaf(8);
+    row(&mut m, source).copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    let mut t = vec![0, 1];
+    t.extend(50..80);
+    let req = Request::new(3, t);
+    let estimate = m.estimate_batch(std::slice::from_ref(&req)).unwrap();
+    assert!(estimate[0].fits, "{estimate:?}");
+    assert_eq!(estimate[0].reusable_tokens, 2);
+    let a = m.add_sequence(&req).unwrap();
+    assert_eq!(a.prepopulated_prompt_len, 2);
+    assert_eq!(a.stats.alloc_total_blocks, 8);
+    assert_eq!(free_primary(&m), 0);
+    let ids = m.cache_block_ids(3, 96, 0).unwrap();
+    assert!(
+        ids[1..].contains(&source),
+        "the source is one of the fresh blocks: {ids:?}"
+    );
+    // The copy read the source's first two tokens of K and of V before it was handed out.
+    let copied = row(&mut m, ids[0]);
+    assert_eq!([copied[0], copied[1], copied[4], copied[5]], [1, 2, 5, 6]);
+    m.check_invariants().unwrap();
+    m.remove_sequence(3, false).unwrap();
+    assert_eq!(free_primary(&m), 8);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_later_request_of_the_batch_may_take_a_source_once_its_copy_is_queued() {
+    let (mut m, _) = cached_non_leaf(8);
+    // A copies 2 tokens of the cached block and takes one block more; B takes 6 fresh blocks:
+    // 8 in all only if B may take the source after A's copy.
+    let a = Request::new(3, vec![0, 1, 50, 51, 52]);
+    let b = Request::new(4, (100..124).collect());
+    let estimates = m.estimate_batch(&[a.clone(), b.clone()]).unwrap();
+    assert!(estimates.iter().all(|e| e.fits), "{estimates:?}");
+    let admitted = m.add_sequence_batch(&[a.clone(), b], false).unwrap();
+    assert_eq!(admitted[0].prepopulated_prompt_len, 2);
+    assert_eq!(free_primary(&m), 0);
+    m.check_invariants().unwrap();
+    for id in [3, 4] {
+        m.remove_sequence(id, false).unwrap();
+    }
+    // One block more than the pool holds: refused, nothing changed.
+    let (mut m, _) = cached_non_leaf(8);
+    let before = m.stats();
+    let c = Request::new(4, (100..128).collect());
+    assert!(matches!(
+        m.add_sequence_batch(&[a, c], false),
+        Err(KvError::OutOfBlocks { .. })
+    ));
+    assert_eq!(m.stats(), before);
+    assert_eq!(free_primary(&m), 8);
+    m.check_invariants().unwrap();
+}

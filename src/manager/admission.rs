@@ -6,7 +6,7 @@ use super::{absorb, Admission, KvCacheManager, Request, RequestRef, RequestStats
 use crate::error::{KvError, KvResult};
 use crate::pool::Level;
 use crate::tree::SlotKeyAttrs;
-use crate::window::{AdmissionPlan, AdmitItem};
+use crate::window::{AdmissionPlan, AdmitItem, PlannedReuse};
 
 /// The scheduler's estimate of one request of a candidate batch (counting the requests before
 /// it), equal to what `add_sequence_batch` then delivers.
@@ -183,9 +183,28 @@ impl KvCacheManager {
             // Suspended blocks that could move to the host tier count too, computed only once
             // the free blocks fall short.
             let mut movable_counted = false;
-            let mut needed = 0;
+            let window_plans = plans.iter().map(|p| &p.windows[wi]);
+            // Phase 1 claims every request's reused free blocks up front (`claims`); phase 2
+            // allocates request by request, each copy source going back to the free queue once
+            // its last copy is queued (`released`): the most blocks out of the free queue at
+            // once is `claims + peak`.
+            let (mut claims, mut allocated, mut peak) = (0, 0, 0);
             for (i, plan) in plans.iter().enumerate() {
-                needed += plan.windows[wi].primary_blocks_needed;
+                let p = &plan.windows[wi];
+                // Only a request whose last reuse step copies can release a source.
+                let released = usize::from(
+                    matches!(p.steps.last(), Some(PlannedReuse::Copy { .. }))
+                        && w.copy_source_released_at(window_plans.clone(), i, |b| {
+                            w.is_free_primary(b)
+                        })
+                        .is_some(),
+                );
+                let reuse_steps = p.allocations - p.fresh_allocations;
+                claims += p.primary_blocks_needed - p.allocations;
+                peak = peak
+                    .max(allocated + reuse_steps + p.fresh_allocations.saturating_sub(released));
+                allocated = allocated + p.allocations - released;
+                let needed = claims + peak;
                 if needed > available && !movable_counted {
                     available += movable_for(w, wi, plans);
                     movable_counted = true;

@@ -49,11 +49,23 @@ impl WindowBlockManager {
             }
         }
         self.make_room_for_batch(items, now_ms);
+        // A copy source goes back to the free queue once its last copy is queued (the fit check
+        // counted it so): phase 1 claimed it, so the free primary sources are the protected
+        // primary ones.
+        let mut released_early = Vec::new();
         let mut scratch = std::mem::take(&mut self.mm_scratch);
         let mut alloc_new = Vec::with_capacity(items.len());
-        for item in items {
+        for (i, item) in items.iter().enumerate() {
             let before = self.stats;
-            self.allocate_planned(item, &mut scratch, now_ms);
+            let release = if matches!(item.plan.steps.last(), Some(PlannedReuse::Copy { .. })) {
+                self.copy_source_released_at(items.iter().map(|it| it.plan), i, |b| {
+                    protected.contains(&b) && self.arena.level(b) == Level::Primary
+                })
+            } else {
+                None
+            };
+            released_early.extend(release);
+            self.allocate_planned(item, release, &mut scratch, now_ms);
             debug_assert_eq!(
                 (self.stats.alloc_total - before.alloc_total) as usize,
                 item.plan.allocations,
@@ -63,7 +75,7 @@ impl WindowBlockManager {
         }
         self.mm_scratch = scratch;
         for source in protected {
-            if self.arena.ref_count(source) == 0 {
+            if !released_early.contains(&source) && self.arena.ref_count(source) == 0 {
                 self.queues
                     .release(source, self.arena.level(source), false, now_ms);
             }
@@ -88,8 +100,15 @@ impl WindowBlockManager {
     }
 
     /// Phase 2 of one request: onboards its reused host blocks, copies partial matches,
-    /// allocates misses and per-beam blocks, and records the sequence.
-    fn allocate_planned(&mut self, item: &AdmitItem<'_>, scratch: &mut Vec<MmKey>, now_ms: u64) {
+    /// allocates misses and per-beam blocks, and records the sequence. `release`: the copy
+    /// source that goes back to the free queue once its copy is queued (its last reader).
+    fn allocate_planned(
+        &mut self,
+        item: &AdmitItem<'_>,
+        release: Option<u32>,
+        scratch: &mut Vec<MmKey>,
+        now_ms: u64,
+    ) {
         let AdmitItem {
             id,
             src,
@@ -119,6 +138,11 @@ impl WindowBlockManager {
                 PlannedReuse::Copy { source, tokens } => {
                     let fresh = self.get_free_block(r, now_ms);
                     self.queue_copy(source, fresh, tokens);
+                    if release == Some(source) {
+                        debug_assert_eq!(self.arena.ref_count(source), 0, "nobody holds it");
+                        self.queues
+                            .release(source, self.arena.level(source), false, now_ms);
+                    }
                     let end = ((bi + 1) * tpb).min(reusable);
                     let key = src.key(bi * tpb, end, scratch);
                     self.tree.set_key(fresh, &key);

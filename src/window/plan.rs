@@ -26,6 +26,9 @@ pub struct AdmissionPlan {
     /// Blocks allocated through `get_free_block` (misses, per-beam blocks, copy destinations,
     /// onboarding): the request's `alloc_total` delta.
     pub allocations: usize,
+    /// Of `allocations`, those made after the reuse steps (misses and per-beam blocks): a copy
+    /// source released once its copy is queued may already be one of them.
+    pub fresh_allocations: usize,
     /// Free primary copy sources claimed only while the copy is queued; they return afterwards.
     pub protected_primary: usize,
     /// Free primary blocks an earlier request of the batch only protected (as a copy source)
@@ -290,8 +293,9 @@ impl WindowBlockManager {
             let cap = plan.steps.len() / g * g * tpb;
             return self.plan_admission_into(src, input_length, beam_width, cap, true, plan);
         }
-        new_blocks += num_shared - plan.steps.len();
-        new_blocks += (num_context - num_shared) * beam_width;
+        plan.fresh_allocations =
+            (num_shared - plan.steps.len()) + (num_context - num_shared) * beam_width;
+        new_blocks += plan.fresh_allocations;
         plan.allocations = new_blocks;
         plan.primary_blocks_needed = new_blocks + claimed_free_primary;
     }
@@ -392,6 +396,45 @@ impl WindowBlockManager {
                 }
             }
         }
+    }
+
+    /// The copy source of request `i` of a batch when it goes back to the free queue as soon as
+    /// that copy is queued: a source free in the primary pool before the batch (`free_primary`)
+    /// that no later request copies from and no request shares or takes over. The copies of a
+    /// batch execute in submission order (a backend puts a later write of a row an earlier copy
+    /// reads into a later launch), so the block may be written again once its last read is
+    /// queued. The fit check counts these releases and admission makes them (`admit_batch`).
+    /// Allocates nothing (a batch that does not fit allocates nothing).
+    pub fn copy_source_released_at<'p>(
+        &self,
+        plans: impl Iterator<Item = &'p AdmissionPlan> + Clone,
+        i: usize,
+        free_primary: impl Fn(u32) -> bool,
+    ) -> Option<u32> {
+        let source = match plans.clone().nth(i)?.steps.last() {
+            Some(&PlannedReuse::Copy { source, .. }) if free_primary(source) => source,
+            _ => return None,
+        };
+        for (j, plan) in plans.enumerate() {
+            for step in &plan.steps {
+                let other_use = match *step {
+                    PlannedReuse::Copy { source: s, .. } => s == source && j > i,
+                    PlannedReuse::Share { block } | PlannedReuse::TakeOver { block, .. } => {
+                        block == source
+                    }
+                };
+                if other_use {
+                    return None;
+                }
+            }
+        }
+        Some(source)
+    }
+
+    /// Whether `block` waits in the primary free queue (a copy source the fit check may count
+    /// as released early).
+    pub fn is_free_primary(&self, block: u32) -> bool {
+        self.queues.queued_level(block) == Some(Level::Primary)
     }
 
     /// Fails with `OutOfBlocks` when one plan needs more primary blocks than are free.
