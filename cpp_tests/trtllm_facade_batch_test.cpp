@@ -94,6 +94,24 @@ std::unique_ptr<KVCacheManager> makeConnected(
 
 }  // namespace
 
+// A request that copies part of a free cached block which is not a leaf, and needs every block of
+// the pool, that block included: the source is free again once its copy is queued.
+TEST(TrtllmFacadeBatch, ATightPoolAdmitsARequestThatAlsoNeedsItsCopySource) {
+    auto m = makeManager(8);
+    cacheThenRelease(*m, 0, {0, 1, 2, 3, 4, 5, 6, 7, 99});
+    cacheThenRelease(*m, 1, {0, 1, 2, 3, 10, 11, 12, 13, 99});  // [0..3] has two children
+    ASSERT_EQ(m->getNumFreeBlocks(), 8);
+    std::vector<int32_t> tokens{0, 1};
+    for (int32_t t = 50; t < 80; ++t) tokens.push_back(t);  // 32 tokens: 8 blocks
+    Request big(2, tokens);
+    m->addSequenceBatch({{2, 32, 1}}, {std::ref(big)});
+    EXPECT_EQ(big.prepopulatedPromptLen, 2);
+    EXPECT_EQ(m->getNumFreeBlocks(), 0);
+    EXPECT_EQ(m->getSequence(2).getCacheBlockIds(kWindow).at(0).size(), 8u);
+    (void)m->removeSequence(2);
+    EXPECT_EQ(m->getNumFreeBlocks(), 8);
+}
+
 TEST(TrtllmFacadeBatch, AConnectorsTokensAfterTheReusedPrefixArePrepopulated) {
     auto connector = std::make_shared<FixedConnector>(4);
     auto m = makeConnected(connector);
