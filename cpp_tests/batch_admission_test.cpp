@@ -576,9 +576,7 @@ TEST(AddSequenceBatchCopyTest, FitsFlagsCountACopySourceFreedOnceCopied) {
         EXPECT_EQ(est[1].fits, misses == 5);
         const std::vector<kvb_admission_t> res = m.addSequenceBatch({c, d}, true);
         EXPECT_EQ(res.size(), misses == 5 ? 2u : 1u) << "estimate and admission disagree";
-        if (misses == 5) {
-            EXPECT_EQ(m.getNumFreeBlocks(), 0);
-        }
+        if (misses == 5) { EXPECT_EQ(m.getNumFreeBlocks(), 0); }
         m.checkInvariants();
     }
 }

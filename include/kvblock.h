@@ -2310,9 +2310,20 @@ enum kvb_status_t kvb_calculate_window_bytes_per_token(const struct kvb_layer_sp
 enum kvb_status_t kvb_multimodal_digest(const uint8_t *data, size_t len, uint8_t *out_digest);
 
 /**
- * Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
+ * Initialises a request descriptor of the layout before `disable_reuse` (its first
+ * `offsetof(kvb_request_t, disable_reuse)` bytes; nothing past them is written): the symbol a
+ * program built against that header calls. This header maps `kvb_request_init(r)` to
+ * `kvb_request_init_sized(r, sizeof *r)`, so C and C++ code gets the whole struct.
  */
 enum kvb_status_t kvb_request_init(struct kvb_request_t *request);
+
+/**
+ * Initialises the first `size` bytes of a request descriptor (`size` = the caller's
+ * `sizeof(kvb_request_t)`): beam width 1, no optional fields, reuse on, `struct_size = size`.
+ * Writes nothing past `size`, so a program built against an earlier header may call it too.
+ * `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_request_init_sized(struct kvb_request_t *request, size_t size);
 
 /**
  * Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host
@@ -3842,3 +3853,8 @@ enum kvb_status_t kvb_manager_get_row_runs(struct kvb_manager_t *manager,
 #endif  // __cplusplus
 
 #endif  /* KVBLOCK_H */
+
+#ifndef kvb_request_init
+/** Initialises `*request` for the layout this header declares (see kvb_request_init_sized). */
+#define kvb_request_init(request) kvb_request_init_sized((request), sizeof(*(request)))
+#endif

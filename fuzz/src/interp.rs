@@ -143,7 +143,10 @@ impl RequestBuf {
 
 fn request(inp: &mut Input, tpb: usize) -> Box<RequestBuf> {
     let mut raw = unsafe { std::mem::zeroed::<kvb_request_t>() };
-    check_ok(kvb_request_init(&mut raw));
+    check_ok(kvb_request_init_sized(
+        &mut raw,
+        std::mem::size_of::<kvb_request_t>(),
+    ));
     raw.request_id = inp.request_id();
     // Tokens from a small alphabet in runs of whole blocks, so that prefixes repeat.
     let blocks = usize::from(inp.u8() % 6);

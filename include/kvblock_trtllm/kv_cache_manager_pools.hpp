@@ -16,9 +16,9 @@ namespace kvb::trtllm {
 namespace detail {
 /// A `[rows, 2]` host tensor of addresses, as TensorRT-LLM's pool pointer tables are.
 inline ITensor::SharedPtr addressTable(std::vector<std::array<void*, 2>> const& rows) {
-    auto t = BufferManager::cpu(
-        ITensor::makeShape({static_cast<ITensor::DimType64>(rows.size()), 2}),
-        TRTDataType<void*>::value);
+    auto t =
+        BufferManager::cpu(ITensor::makeShape({static_cast<ITensor::DimType64>(rows.size()), 2}),
+                           TRTDataType<void*>::value);
     auto* out = bufferCast<void*>(*t);
     for (size_t r = 0; r < rows.size(); ++r) {
         out[2 * r] = rows[r][0];
@@ -60,9 +60,9 @@ inline std::vector<std::array<SizeType32, 2>> KVCacheManager::layerToPoolTable()
 
 inline ITensor::SharedPtr KVCacheManager::getLayerToPoolMapping() const {
     auto table = layerToPoolTable();
-    auto t = BufferManager::cpu(
-        ITensor::makeShape({static_cast<ITensor::DimType64>(table.size()), 2}),
-        nvinfer1::DataType::kINT32);
+    auto t =
+        BufferManager::cpu(ITensor::makeShape({static_cast<ITensor::DimType64>(table.size()), 2}),
+                           nvinfer1::DataType::kINT32);
     auto* out = bufferCast<int32_t>(*t);
     for (size_t l = 0; l < table.size(); ++l) {
         out[2 * l] = table[l][0];

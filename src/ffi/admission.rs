@@ -9,13 +9,26 @@ use super::handle::{
 use super::status::kvb_status_t;
 use super::types::request_array;
 use super::types::{
-    kvb_admission_t, kvb_batch_estimate_t, kvb_request_t, request, request_default, CRequest,
+    init_request, kvb_admission_t, kvb_batch_estimate_t, kvb_request_t, request, CRequest,
+    REQUEST_SIZE_BEFORE_DISABLE_REUSE,
 };
 
-/// Initialises a request descriptor: beam width 1, no optional fields, `struct_size` set.
+/// Initialises a request descriptor of the layout before `disable_reuse` (its first
+/// `offsetof(kvb_request_t, disable_reuse)` bytes; nothing past them is written): the symbol a
+/// program built against that header calls. This header maps `kvb_request_init(r)` to
+/// `kvb_request_init_sized(r, sizeof *r)`, so C and C++ code gets the whole struct.
 #[no_mangle]
 pub extern "C" fn kvb_request_init(request: *mut kvb_request_t) -> kvb_status_t {
-    guard(|| write_out(request, request_default(), "request"))
+    guard(|| init_request(request, REQUEST_SIZE_BEFORE_DISABLE_REUSE))
+}
+
+/// Initialises the first `size` bytes of a request descriptor (`size` = the caller's
+/// `sizeof(kvb_request_t)`): beam width 1, no optional fields, reuse on, `struct_size = size`.
+/// Writes nothing past `size`, so a program built against an earlier header may call it too.
+/// `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_request_init_sized(request: *mut kvb_request_t, size: usize) -> kvb_status_t {
+    guard(|| init_request(request, size))
 }
 
 /// Admits a request (TensorRT-LLM `addSequence`): reuses cached prefix blocks, onboards host

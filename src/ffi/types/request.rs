@@ -92,8 +92,37 @@ pub struct kvb_request_t {
     pub disable_reuse: bool,
 }
 
-/// `struct_size` of the request before `disable_reuse` was added: still accepted.
-const REQUEST_SIZE_BEFORE_DISABLE_REUSE: usize = std::mem::offset_of!(kvb_request_t, disable_reuse);
+/// `struct_size` of the request before `disable_reuse` was added: still accepted, and what
+/// `kvb_request_init` (the symbol programs built against that header call) writes.
+pub(crate) const REQUEST_SIZE_BEFORE_DISABLE_REUSE: usize =
+    std::mem::offset_of!(kvb_request_t, disable_reuse);
+
+/// Writes the defaults of the first `size` bytes of a request (a layout this library accepts)
+/// with `struct_size = size`; nothing past them.
+pub(crate) fn init_request(r: *mut kvb_request_t, size: usize) -> FfiResult {
+    if r.is_null() {
+        return Err(null_error("request"));
+    }
+    if size != REQUEST_SIZE_BEFORE_DISABLE_REUSE {
+        check_struct_size(
+            size as u32,
+            std::mem::size_of::<kvb_request_t>(),
+            "kvb_request_t",
+        )?;
+    }
+    let mut d = request_default();
+    d.struct_size = size as u32;
+    // SAFETY: the caller's struct has `size` writable bytes (its own sizeof); `d` is larger or
+    // equal and plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&d as *const kvb_request_t).cast::<u8>(),
+            r.cast::<u8>(),
+            size,
+        )
+    };
+    Ok(())
+}
 
 /// Scheduler-side state of a request, for the estimates. Initialise with
 /// `kvb_request_state_init`.
