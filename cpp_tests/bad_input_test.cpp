@@ -387,14 +387,53 @@ TEST(BadInputConfigTest, NullConfigIsRejected) {
 
 // The *_init functions reject a null struct.
 TEST(BadInputConfigTest, InitFunctionsRejectNull) {
-    EXPECT_EQ(kvb_manager_config_init(nullptr), KVB_STATUS_NULL_POINTER);
+    EXPECT_EQ((kvb_manager_config_init)(nullptr), KVB_STATUS_NULL_POINTER);
     EXPECT_STRNE(kvb_last_error_message(), "");
     EXPECT_EQ((kvb_request_init)(nullptr), KVB_STATUS_NULL_POINTER);
     EXPECT_STRNE(kvb_last_error_message(), "");
     EXPECT_EQ(kvb_request_init_sized(nullptr, sizeof(kvb_request_t)), KVB_STATUS_NULL_POINTER);
     EXPECT_STRNE(kvb_last_error_message(), "");
-    EXPECT_EQ(kvb_request_state_init(nullptr), KVB_STATUS_NULL_POINTER);
+    EXPECT_EQ((kvb_request_state_init)(nullptr), KVB_STATUS_NULL_POINTER);
     EXPECT_STRNE(kvb_last_error_message(), "");
+}
+
+// Every *_init of the header initialises the caller's own size (the macro passes sizeof) and
+// writes struct_size = that size; a size that is no layout of the struct, or a null struct, is
+// refused.
+template <typename T>
+void expectSizedInit(kvb_status_t (*initSized)(T*, size_t), const char* name) {
+    SCOPED_TRACE(name);
+    T s;
+    std::memset(&s, 0xAB, sizeof s);
+    ASSERT_EQ(initSized(&s, sizeof s), KVB_OK) << kvb_last_error_message();
+    EXPECT_EQ(s.struct_size, sizeof s);
+    EXPECT_EQ(initSized(&s, sizeof s + 8), KVB_STATUS_STRUCT_SIZE);
+    EXPECT_STRNE(kvb_last_error_message(), "");
+    EXPECT_EQ(initSized(&s, 4), KVB_STATUS_STRUCT_SIZE);
+    EXPECT_EQ(initSized(nullptr, sizeof s), KVB_STATUS_NULL_POINTER);
+}
+
+TEST(BadInputConfigTest, SizedInitsWriteTheCallersSizeOnly) {
+    expectSizedInit(kvb_manager_config_init_sized, "manager config");
+    expectSizedInit(kvb_pool_info_init_sized, "pool info");
+    expectSizedInit(kvb_request_init_sized, "request");
+    expectSizedInit(kvb_request_state_init_sized, "request state");
+    expectSizedInit(kvb_event_publisher_config_init_sized, "publisher config");
+    expectSizedInit(kvb_disk_tier_config_init_sized, "disk tier config");
+    expectSizedInit(kvb_remote_tier_config_init_sized, "remote tier config");
+    // The macros give the defaults the symbols give for this header's layout.
+    kvb_manager_config_t viaMacro, viaSymbol;
+    std::memset(&viaMacro, 0xAB, sizeof viaMacro);
+    std::memset(&viaSymbol, 0xCD, sizeof viaSymbol);
+    ASSERT_EQ(kvb_manager_config_init(&viaMacro), KVB_OK);
+    ASSERT_EQ((kvb_manager_config_init)(&viaSymbol), KVB_OK);
+    EXPECT_EQ(viaMacro.struct_size, viaSymbol.struct_size);
+    EXPECT_EQ(viaMacro.tokens_per_block, viaSymbol.tokens_per_block);
+    EXPECT_EQ(viaMacro.enable_block_reuse, viaSymbol.enable_block_reuse);
+    EXPECT_EQ(viaMacro.copy_backend, viaSymbol.copy_backend);
+    EXPECT_EQ(viaMacro.windows, viaSymbol.windows);
+    EXPECT_EQ(viaMacro.recurrent_snapshot_interval_tokens,
+              viaSymbol.recurrent_snapshot_interval_tokens);
 }
 
 // add_sequence documents its admission out-pointer as optional: null admits the sequence.

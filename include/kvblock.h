@@ -2191,6 +2191,13 @@ enum kvb_status_t kvb_version(uint32_t *out_major, uint32_t *out_minor, uint32_t
 enum kvb_status_t kvb_manager_config_init(struct kvb_manager_config_t *config);
 
 /**
+ * `kvb_manager_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+ * header's `kvb_manager_config_init` macro passes): writes nothing past it.
+ * `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_manager_config_init_sized(struct kvb_manager_config_t *config, size_t size);
+
+/**
  * Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on
  * failure `*out` is set to null. Fails with `KVB_STATUS_INVALID_CONFIG` (inconsistent config,
  * pool sizes that overflow, more than `INT32_MAX` blocks in a window),
@@ -2215,6 +2222,13 @@ enum kvb_status_t kvb_manager_get_tokens_per_block(struct kvb_manager_t *manager
  * Zeroes `info` and sets its `struct_size`.
  */
 enum kvb_status_t kvb_pool_info_init(struct kvb_pool_info_t *info);
+
+/**
+ * `kvb_pool_info_init` of a struct of the caller's `size` (its `sizeof`, which the header's
+ * `kvb_pool_info_init` macro passes): writes nothing past it. `KVB_STATUS_STRUCT_SIZE` for a
+ * size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_pool_info_init_sized(struct kvb_pool_info_t *info, size_t size);
 
 /**
  * Number of pools (TensorRT-LLM `getNumPools`): with `include_block_scale_pools` false, the
@@ -2733,6 +2747,13 @@ enum kvb_status_t kvb_manager_get_block_offsets_of_batch(struct kvb_manager_t *m
 enum kvb_status_t kvb_request_state_init(struct kvb_request_state_t *state);
 
 /**
+ * `kvb_request_state_init` of a struct of the caller's `size` (its `sizeof`, which the header's
+ * `kvb_request_state_init` macro passes): writes nothing past it. `KVB_STATUS_STRUCT_SIZE` for a
+ * size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_request_state_init_sized(struct kvb_request_state_t *state, size_t size);
+
+/**
  * Tells the estimates the most prompt tokens one context step computes (TensorRT-LLM's
  * `maxNumTokens` with paged context attention; 0, the default: not given). A sliding window's
  * `kvb_manager_get_remaining_blocks_to_completion` then counts up to that many tokens past the
@@ -2968,6 +2989,15 @@ enum kvb_status_t kvb_event_batch_free(struct kvb_event_batch_t *batch);
  * peers, 256-byte incoming frames, 10 s slow-peer timeout) and sets `struct_size`.
  */
 enum kvb_status_t kvb_event_publisher_config_init(struct kvb_event_publisher_config_t *config);
+
+/**
+ * `kvb_event_publisher_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+ * header's `kvb_event_publisher_config_init` macro passes): writes nothing past it, so a program
+ * built against the first, shorter layout is served too. `KVB_STATUS_STRUCT_SIZE` for a size
+ * that is no layout of this struct.
+ */
+enum kvb_status_t kvb_event_publisher_config_init_sized(struct kvb_event_publisher_config_t *config,
+                                                        size_t size);
 
 /**
  * Starts publishing a manager's KV events over ZeroMQ (vLLM / Dynamo wire format): binds the
@@ -3450,6 +3480,14 @@ enum kvb_status_t kvb_manager_copy_recurrent_state(struct kvb_manager_t *manager
 enum kvb_status_t kvb_disk_tier_config_init(struct kvb_disk_tier_config_t *config);
 
 /**
+ * `kvb_disk_tier_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+ * header's `kvb_disk_tier_config_init` macro passes): writes nothing past it.
+ * `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_disk_tier_config_init_sized(struct kvb_disk_tier_config_t *config,
+                                                  size_t size);
+
+/**
  * Collects finished disk I/O: completed writes become readable, finished reads become free,
  * reusable host blocks (or are dropped and counted when they failed or did not verify).
  * `out_placed` (may be null) receives the blocks placed. Never waits for the disk.
@@ -3500,6 +3538,14 @@ enum kvb_status_t kvb_manager_has_disk_tier(struct kvb_manager_t *manager, bool 
  * `struct_size`.
  */
 enum kvb_status_t kvb_remote_tier_config_init(struct kvb_remote_tier_config_t *config);
+
+/**
+ * `kvb_remote_tier_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+ * header's `kvb_remote_tier_config_init` macro passes): writes nothing past it.
+ * `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+ */
+enum kvb_status_t kvb_remote_tier_config_init_sized(struct kvb_remote_tier_config_t *config,
+                                                    size_t size);
 
 /**
  * Collects finished remote batches: lookups and writes update what the tier knows, verified
@@ -3854,7 +3900,29 @@ enum kvb_status_t kvb_manager_get_row_runs(struct kvb_manager_t *manager,
 
 #endif  /* KVBLOCK_H */
 
+/*
+ * Structs passed in are initialised for the caller's own layout: each *_init below is a macro
+ * for its *_init_sized(s, sizeof *s), which writes nothing past the caller's struct (the *_init
+ * symbols remain for programs built against earlier headers; call them as (kvb_x_init)(s)).
+ */
+#ifndef kvb_manager_config_init
+#define kvb_manager_config_init(s) kvb_manager_config_init_sized((s), sizeof(*(s)))
+#endif
+#ifndef kvb_pool_info_init
+#define kvb_pool_info_init(s) kvb_pool_info_init_sized((s), sizeof(*(s)))
+#endif
 #ifndef kvb_request_init
-/** Initialises `*request` for the layout this header declares (see kvb_request_init_sized). */
-#define kvb_request_init(request) kvb_request_init_sized((request), sizeof(*(request)))
+#define kvb_request_init(s) kvb_request_init_sized((s), sizeof(*(s)))
+#endif
+#ifndef kvb_request_state_init
+#define kvb_request_state_init(s) kvb_request_state_init_sized((s), sizeof(*(s)))
+#endif
+#ifndef kvb_event_publisher_config_init
+#define kvb_event_publisher_config_init(s) kvb_event_publisher_config_init_sized((s), sizeof(*(s)))
+#endif
+#ifndef kvb_disk_tier_config_init
+#define kvb_disk_tier_config_init(s) kvb_disk_tier_config_init_sized((s), sizeof(*(s)))
+#endif
+#ifndef kvb_remote_tier_config_init
+#define kvb_remote_tier_config_init(s) kvb_remote_tier_config_init_sized((s), sizeof(*(s)))
 #endif

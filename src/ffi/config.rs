@@ -8,6 +8,7 @@ use super::status::kvb_status_t;
 use super::types::{
     kvb_manager_config_t, manager_config, manager_config_default, read_manager_config,
 };
+use crate::ffi::types::init_sized;
 use crate::manager::KvCacheManager;
 
 /// Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
@@ -16,6 +17,25 @@ use crate::manager::KvCacheManager;
 #[no_mangle]
 pub extern "C" fn kvb_manager_config_init(config: *mut kvb_manager_config_t) -> kvb_status_t {
     guard(|| write_out(config, manager_config_default(), "config"))
+}
+
+/// `kvb_manager_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+/// header's `kvb_manager_config_init` macro passes): writes nothing past it.
+/// `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_manager_config_init_sized(
+    config: *mut kvb_manager_config_t,
+    size: usize,
+) -> kvb_status_t {
+    guard(|| {
+        init_sized(
+            config,
+            size,
+            &[std::mem::size_of::<kvb_manager_config_t>()],
+            "config",
+            manager_config_default(),
+        )
+    })
 }
 
 /// Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on

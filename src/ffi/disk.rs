@@ -6,6 +6,7 @@
 //! and readiness calls run first). Between two such calls the disk tier changes nothing that
 //! `kvb_manager_estimate_batch` or admission sees.
 
+use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -176,6 +177,25 @@ fn disk_config_default() -> kvb_disk_tier_config_t {
 #[no_mangle]
 pub extern "C" fn kvb_disk_tier_config_init(config: *mut kvb_disk_tier_config_t) -> kvb_status_t {
     guard(|| write_out(config, disk_config_default(), "config"))
+}
+
+/// `kvb_disk_tier_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+/// header's `kvb_disk_tier_config_init` macro passes): writes nothing past it.
+/// `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_disk_tier_config_init_sized(
+    config: *mut kvb_disk_tier_config_t,
+    size: usize,
+) -> kvb_status_t {
+    guard(|| {
+        init_sized(
+            config,
+            size,
+            &[std::mem::size_of::<kvb_disk_tier_config_t>()],
+            "config",
+            disk_config_default(),
+        )
+    })
 }
 
 fn count(v: i32, what: &str) -> FfiResult<usize> {

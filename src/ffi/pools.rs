@@ -2,6 +2,7 @@
 //! (`kvb_manager_config_t::layers`), its pools, the layer → (pool, index in pool) map, pool and
 //! block-scale pool addresses, and the bytes per token of each window.
 
+use crate::ffi::types::init_sized;
 use std::ffi::c_void;
 
 use super::handle::{
@@ -192,24 +193,44 @@ fn pool_info(p: &PoolInfo) -> kvb_pool_info_t {
 /// Zeroes `info` and sets its `struct_size`.
 #[no_mangle]
 pub extern "C" fn kvb_pool_info_init(info: *mut kvb_pool_info_t) -> kvb_status_t {
+    guard(|| write_out(info, pool_info_empty(), "info"))
+}
+
+/// `kvb_pool_info_init` of a struct of the caller's `size` (its `sizeof`, which the header's
+/// `kvb_pool_info_init` macro passes): writes nothing past it. `KVB_STATUS_STRUCT_SIZE` for a
+/// size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_pool_info_init_sized(
+    info: *mut kvb_pool_info_t,
+    size: usize,
+) -> kvb_status_t {
     guard(|| {
-        let empty = kvb_pool_info_t {
-            struct_size: std::mem::size_of::<kvb_pool_info_t>() as u32,
-            window_size: 0,
-            cache_type: 0,
-            data_type: 0,
-            num_layers: 0,
-            kv_factor: 0,
-            num_kv_heads: 0,
-            size_per_head: 0,
-            bytes_per_head_token: 0,
-            tokens_per_block: 0,
-            scales_of: -1,
-            row_bytes: 0,
-            bytes_per_token: 0,
-        };
-        write_out(info, empty, "info")
+        init_sized(
+            info,
+            size,
+            &[std::mem::size_of::<kvb_pool_info_t>()],
+            "info",
+            pool_info_empty(),
+        )
     })
+}
+
+fn pool_info_empty() -> kvb_pool_info_t {
+    kvb_pool_info_t {
+        struct_size: std::mem::size_of::<kvb_pool_info_t>() as u32,
+        window_size: 0,
+        cache_type: 0,
+        data_type: 0,
+        num_layers: 0,
+        kv_factor: 0,
+        num_kv_heads: 0,
+        size_per_head: 0,
+        bytes_per_head_token: 0,
+        tokens_per_block: 0,
+        scales_of: -1,
+        row_bytes: 0,
+        bytes_per_token: 0,
+    }
 }
 
 /// Number of pools (TensorRT-LLM `getNumPools`): with `include_block_scale_pools` false, the

@@ -1,6 +1,7 @@
 //! C entry points of the wire publisher (`crate::publisher`): KV events over ZeroMQ in the vLLM /
 //! Dynamo format, from a thread of the library.
 
+use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -305,6 +306,29 @@ pub extern "C" fn kvb_event_publisher_config_init(
     config: *mut kvb_event_publisher_config_t,
 ) -> kvb_status_t {
     guard(|| write_out(config, config_default(), "config"))
+}
+
+/// `kvb_event_publisher_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+/// header's `kvb_event_publisher_config_init` macro passes): writes nothing past it, so a program
+/// built against the first, shorter layout is served too. `KVB_STATUS_STRUCT_SIZE` for a size
+/// that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_event_publisher_config_init_sized(
+    config: *mut kvb_event_publisher_config_t,
+    size: usize,
+) -> kvb_status_t {
+    guard(|| {
+        init_sized(
+            config,
+            size,
+            &[
+                CONFIG_V1_SIZE,
+                std::mem::size_of::<kvb_event_publisher_config_t>(),
+            ],
+            "config",
+            config_default(),
+        )
+    })
 }
 
 /// Starts publishing a manager's KV events over ZeroMQ (vLLM / Dynamo wire format): binds the

@@ -11,6 +11,7 @@
 //! not an error (its lookups and writes fail, counted in `kvb_remote_stats_t`, and the client
 //! reconnects with a bounded backoff once it answers).
 
+use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
@@ -281,6 +282,25 @@ pub extern "C" fn kvb_remote_tier_config_init(
     config: *mut kvb_remote_tier_config_t,
 ) -> kvb_status_t {
     guard(|| write_out(config, remote_config_default(), "config"))
+}
+
+/// `kvb_remote_tier_config_init` of a struct of the caller's `size` (its `sizeof`, which the
+/// header's `kvb_remote_tier_config_init` macro passes): writes nothing past it.
+/// `KVB_STATUS_STRUCT_SIZE` for a size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_remote_tier_config_init_sized(
+    config: *mut kvb_remote_tier_config_t,
+    size: usize,
+) -> kvb_status_t {
+    guard(|| {
+        init_sized(
+            config,
+            size,
+            &[std::mem::size_of::<kvb_remote_tier_config_t>()],
+            "config",
+            remote_config_default(),
+        )
+    })
 }
 
 fn invalid(msg: String) -> FfiError {

@@ -9,11 +9,31 @@ use super::types::{
     kvb_request_state_t, kvb_request_t, optional_request, request, request_state,
     request_state_default,
 };
+use crate::ffi::types::init_sized;
 
 /// Initialises a scheduler request state (phase context-init, beam width 1).
 #[no_mangle]
 pub extern "C" fn kvb_request_state_init(state: *mut kvb_request_state_t) -> kvb_status_t {
     guard(|| write_out(state, request_state_default(), "state"))
+}
+
+/// `kvb_request_state_init` of a struct of the caller's `size` (its `sizeof`, which the header's
+/// `kvb_request_state_init` macro passes): writes nothing past it. `KVB_STATUS_STRUCT_SIZE` for a
+/// size that is no layout of this struct.
+#[no_mangle]
+pub extern "C" fn kvb_request_state_init_sized(
+    state: *mut kvb_request_state_t,
+    size: usize,
+) -> kvb_status_t {
+    guard(|| {
+        init_sized(
+            state,
+            size,
+            &[std::mem::size_of::<kvb_request_state_t>()],
+            "state",
+            request_state_default(),
+        )
+    })
 }
 
 /// Tells the estimates the most prompt tokens one context step computes (TensorRT-LLM's

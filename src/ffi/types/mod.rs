@@ -11,8 +11,38 @@ pub use enums::*;
 pub use request::*;
 pub use results::*;
 
-use super::handle::{FfiError, FfiResult};
+use super::handle::{null_error, FfiError, FfiResult};
 use super::status::kvb_status_t;
+
+/// Initialises a caller's struct of `size` bytes (the caller's own `sizeof`, which the header's
+/// `*_init` macros pass): the first `size` bytes of `value`, `struct_size` set to `size`, and
+/// nothing past them, so a program built against an earlier, shorter layout is never written
+/// past its struct. `size` must be a layout the library reads (`accepted`),
+/// `KVB_STATUS_STRUCT_SIZE` otherwise.
+pub(crate) fn init_sized<T: Copy>(
+    out: *mut T,
+    size: usize,
+    accepted: &[usize],
+    what: &str,
+    mut value: T,
+) -> FfiResult {
+    if out.is_null() {
+        return Err(null_error(what));
+    }
+    if !accepted.contains(&size) || size > std::mem::size_of::<T>() {
+        return Err(FfiError(
+            kvb_status_t::KVB_STATUS_STRUCT_SIZE,
+            format!("{what}: size {size} is no layout this library reads ({accepted:?})"),
+        ));
+    }
+    // SAFETY: every struct initialised here starts with its `uint32_t struct_size`; the caller
+    // has `size` writable bytes, no more than `value` has.
+    unsafe {
+        (&mut value as *mut T).cast::<u32>().write(size as u32);
+        std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), out.cast::<u8>(), size);
+    }
+    Ok(())
+}
 
 pub(crate) fn check_struct_size(got: u32, expected: usize, what: &str) -> FfiResult {
     if got as usize != expected {

@@ -97,31 +97,19 @@ pub struct kvb_request_t {
 pub(crate) const REQUEST_SIZE_BEFORE_DISABLE_REUSE: usize =
     std::mem::offset_of!(kvb_request_t, disable_reuse);
 
-/// Writes the defaults of the first `size` bytes of a request (a layout this library accepts)
+/// Writes the defaults of the first `size` bytes of a request (a layout this library reads)
 /// with `struct_size = size`; nothing past them.
 pub(crate) fn init_request(r: *mut kvb_request_t, size: usize) -> FfiResult {
-    if r.is_null() {
-        return Err(null_error("request"));
-    }
-    if size != REQUEST_SIZE_BEFORE_DISABLE_REUSE {
-        check_struct_size(
-            size as u32,
+    init_sized(
+        r,
+        size,
+        &[
+            REQUEST_SIZE_BEFORE_DISABLE_REUSE,
             std::mem::size_of::<kvb_request_t>(),
-            "kvb_request_t",
-        )?;
-    }
-    let mut d = request_default();
-    d.struct_size = size as u32;
-    // SAFETY: the caller's struct has `size` writable bytes (its own sizeof); `d` is larger or
-    // equal and plain data.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            (&d as *const kvb_request_t).cast::<u8>(),
-            r.cast::<u8>(),
-            size,
-        )
-    };
-    Ok(())
+        ],
+        "request",
+        request_default(),
+    )
 }
 
 /// Scheduler-side state of a request, for the estimates. Initialise with
