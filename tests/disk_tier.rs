@@ -184,6 +184,26 @@ fn bytes_survive_a_disk_round_trip_and_the_estimate_equals_admission() {
 }
 
 #[test]
+fn a_request_that_opts_out_of_reuse_reads_nothing_from_disk() {
+    let dir = scratch_dir("opt-out");
+    let mut m = manager(&dir, 8, 4, 64);
+    let a = tokens(3, 17);
+    serve(&mut m, 1, &a);
+    churn(&mut m, 100, 6);
+    assert!(settle(&mut m).writes >= 4, "A's blocks reached disk");
+    let out = Request {
+        disable_reuse: true,
+        ..Request::new(2, a.clone())
+    };
+    assert_eq!(m.disk_prefetch(&[out.as_ref()]).unwrap()[0].started, 0);
+    assert_eq!(m.disk_blocks_in_flight(&out.as_ref()).unwrap(), 0);
+    assert_eq!(m.disk_stats().hits, 0);
+    // The same prompt taking part in reuse finds its 4 blocks there.
+    assert_eq!(prefetch_until_ready(&mut m, &Request::new(3, a)), 4);
+    m.check_invariants().unwrap();
+}
+
+#[test]
 fn a_block_being_read_is_claimed_and_not_evicted_under_the_read() {
     let dir = scratch_dir("claimed");
     let mut m = manager(&dir, 8, 4, 64);

@@ -6,9 +6,8 @@ use super::handle::{
 };
 use super::status::kvb_status_t;
 use super::types::{
-    kvb_manager_config_t, manager_config, manager_config_default, read_manager_config,
+    init_exact, kvb_manager_config_t, manager_config, manager_config_default, read_manager_config,
 };
-use crate::ffi::types::init_sized;
 use crate::manager::KvCacheManager;
 
 /// Fills `config` with defaults (reuse, partial reuse, copy-on-partial and onboarding on,
@@ -27,15 +26,7 @@ pub extern "C" fn kvb_manager_config_init_sized(
     config: *mut kvb_manager_config_t,
     size: usize,
 ) -> kvb_status_t {
-    guard(|| {
-        init_sized(
-            config,
-            size,
-            &[std::mem::size_of::<kvb_manager_config_t>()],
-            "config",
-            manager_config_default(),
-        )
-    })
+    init_exact(config, size, "config", manager_config_default())
 }
 
 /// Creates a manager. On success `*out` is a handle to free with `kvb_manager_destroy`; on

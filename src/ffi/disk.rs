@@ -6,7 +6,6 @@
 //! and readiness calls run first). Between two such calls the disk tier changes nothing that
 //! `kvb_manager_estimate_batch` or admission sees.
 
-use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -16,7 +15,7 @@ use super::handle::{
 };
 use super::lower;
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_request_t};
+use super::types::{check_struct_size, init_exact, kvb_request_t};
 use crate::manager::DiskTierConfig;
 use crate::manager::KvCacheManager;
 use crate::tier::{TierStats, WritePolicy};
@@ -187,15 +186,7 @@ pub extern "C" fn kvb_disk_tier_config_init_sized(
     config: *mut kvb_disk_tier_config_t,
     size: usize,
 ) -> kvb_status_t {
-    guard(|| {
-        init_sized(
-            config,
-            size,
-            &[std::mem::size_of::<kvb_disk_tier_config_t>()],
-            "config",
-            disk_config_default(),
-        )
-    })
+    init_exact(config, size, "config", disk_config_default())
 }
 
 fn count(v: i32, what: &str) -> FfiResult<usize> {

@@ -2,7 +2,6 @@
 //! (`kvb_manager_config_t::layers`), its pools, the layer → (pool, index in pool) map, pool and
 //! block-scale pool addresses, and the bytes per token of each window.
 
-use crate::ffi::types::init_sized;
 use std::ffi::c_void;
 
 use super::handle::{
@@ -10,7 +9,7 @@ use super::handle::{
     write_out, FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, level_arg};
+use super::types::{check_struct_size, init_exact, level_arg};
 use crate::pool_model::{window_bytes_per_token, CacheType, KvDataType, LayerSpec, PoolInfo};
 
 /// What a layer caches per token (TensorRT-LLM `CacheType`).
@@ -204,15 +203,7 @@ pub extern "C" fn kvb_pool_info_init_sized(
     info: *mut kvb_pool_info_t,
     size: usize,
 ) -> kvb_status_t {
-    guard(|| {
-        init_sized(
-            info,
-            size,
-            &[std::mem::size_of::<kvb_pool_info_t>()],
-            "info",
-            pool_info_empty(),
-        )
-    })
+    init_exact(info, size, "info", pool_info_empty())
 }
 
 fn pool_info_empty() -> kvb_pool_info_t {

@@ -1,7 +1,6 @@
 //! C entry points of the wire publisher (`crate::publisher`): KV events over ZeroMQ in the vLLM /
 //! Dynamo format, from a thread of the library.
 
-use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +10,7 @@ use super::handle::{
     FfiError, FfiResult,
 };
 use super::status::kvb_status_t;
-use super::types::check_struct_size;
+use super::types::{check_struct_size, init_sized};
 use crate::publisher::{defaults, PublishError, Publisher, PublisherConfig, PublisherStats};
 
 /// Publisher settings. Initialise with `kvb_event_publisher_config_init`, then set `endpoint`

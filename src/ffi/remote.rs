@@ -11,7 +11,6 @@
 //! not an error (its lookups and writes fail, counted in `kvb_remote_stats_t`, and the client
 //! reconnects with a bounded backoff once it answers).
 
-use crate::ffi::types::init_sized;
 use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use super::handle::{
 };
 use super::lower;
 use super::status::kvb_status_t;
-use super::types::{check_struct_size, kvb_request_t};
+use super::types::{check_struct_size, init_exact, kvb_request_t};
 use crate::manager::KvCacheManager;
 use crate::manager::RemoteTierConfig;
 use crate::remote::{RedisConfig, RemoteLimits, RemoteStats};
@@ -292,15 +291,7 @@ pub extern "C" fn kvb_remote_tier_config_init_sized(
     config: *mut kvb_remote_tier_config_t,
     size: usize,
 ) -> kvb_status_t {
-    guard(|| {
-        init_sized(
-            config,
-            size,
-            &[std::mem::size_of::<kvb_remote_tier_config_t>()],
-            "config",
-            remote_config_default(),
-        )
-    })
+    init_exact(config, size, "config", remote_config_default())
 }
 
 fn invalid(msg: String) -> FfiError {

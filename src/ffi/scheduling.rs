@@ -6,10 +6,9 @@ use super::handle::{
 };
 use super::status::kvb_status_t;
 use super::types::{
-    kvb_request_state_t, kvb_request_t, optional_request, request, request_state,
+    init_exact, kvb_request_state_t, kvb_request_t, optional_request, request, request_state,
     request_state_default,
 };
-use crate::ffi::types::init_sized;
 
 /// Initialises a scheduler request state (phase context-init, beam width 1).
 #[no_mangle]
@@ -25,15 +24,7 @@ pub extern "C" fn kvb_request_state_init_sized(
     state: *mut kvb_request_state_t,
     size: usize,
 ) -> kvb_status_t {
-    guard(|| {
-        init_sized(
-            state,
-            size,
-            &[std::mem::size_of::<kvb_request_state_t>()],
-            "state",
-            request_state_default(),
-        )
-    })
+    init_exact(state, size, "state", request_state_default())
 }
 
 /// Tells the estimates the most prompt tokens one context step computes (TensorRT-LLM's

@@ -127,6 +127,19 @@ impl KvCacheManager {
                 w.begin_pass();
             }
         }
+        let n = reqs.len();
+        for (wi, w) in self.windows.iter().enumerate() {
+            for i in 0..n {
+                // Only a request whose last reuse step copies can give its source back.
+                let copies = matches!(
+                    plans[i].windows[wi].steps.last(),
+                    Some(PlannedReuse::Copy { .. })
+                );
+                let released =
+                    copies && w.releases_copy_source(plans[..n].iter().map(|p| &p.windows[wi]), i);
+                plans[i].windows[wi].releases_copy_source = released;
+            }
+        }
         self.plans = plans;
         Ok(())
     }
@@ -183,7 +196,6 @@ impl KvCacheManager {
             // Suspended blocks that could move to the host tier count too, computed only once
             // the free blocks fall short.
             let mut movable_counted = false;
-            let window_plans = plans.iter().map(|p| &p.windows[wi]);
             // Phase 1 claims every request's reused free blocks up front (`claims`); phase 2
             // allocates request by request, each copy source going back to the free queue once
             // its last copy is queued (`released`): the most blocks out of the free queue at
@@ -191,14 +203,7 @@ impl KvCacheManager {
             let (mut claims, mut allocated, mut peak) = (0, 0, 0);
             for (i, plan) in plans.iter().enumerate() {
                 let p = &plan.windows[wi];
-                // Only a request whose last reuse step copies can release a source.
-                let released = usize::from(
-                    matches!(p.steps.last(), Some(PlannedReuse::Copy { .. }))
-                        && w.copy_source_released_at(window_plans.clone(), i, |b| {
-                            w.is_free_primary(b)
-                        })
-                        .is_some(),
-                );
+                let released = usize::from(p.releases_copy_source);
                 let reuse_steps = p.allocations - p.fresh_allocations;
                 claims += p.primary_blocks_needed - p.allocations;
                 peak = peak

@@ -49,20 +49,19 @@ impl WindowBlockManager {
             }
         }
         self.make_room_for_batch(items, now_ms);
-        // A copy source goes back to the free queue once its last copy is queued (the fit check
-        // counted it so): phase 1 claimed it, so the free primary sources are the protected
-        // primary ones.
+        // A copy source goes back to the free queue once its last copy is queued, as the fit
+        // check counted (`releases_copy_source`).
         let mut released_early = Vec::new();
         let mut scratch = std::mem::take(&mut self.mm_scratch);
         let mut alloc_new = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
+        for item in items {
             let before = self.stats;
-            let release = if matches!(item.plan.steps.last(), Some(PlannedReuse::Copy { .. })) {
-                self.copy_source_released_at(items.iter().map(|it| it.plan), i, |b| {
-                    protected.contains(&b) && self.arena.level(b) == Level::Primary
-                })
-            } else {
-                None
+            let release = match item.plan.steps.last() {
+                Some(&PlannedReuse::Copy { source, .. }) if item.plan.releases_copy_source => {
+                    debug_assert!(protected.contains(&source), "claimed by phase 1");
+                    Some(source)
+                }
+                _ => None,
             };
             released_early.extend(release);
             self.allocate_planned(item, release, &mut scratch, now_ms);

@@ -29,6 +29,9 @@ pub struct AdmissionPlan {
     /// Of `allocations`, those made after the reuse steps (misses and per-beam blocks): a copy
     /// source released once its copy is queued may already be one of them.
     pub fresh_allocations: usize,
+    /// The copy source of the last reuse step goes back to the free queue once that copy is
+    /// queued (`WindowBlockManager::releases_copy_source`, recorded once the batch is planned).
+    pub releases_copy_source: bool,
     /// Free primary copy sources claimed only while the copy is queued; they return afterwards.
     pub protected_primary: usize,
     /// Free primary blocks an earlier request of the batch only protected (as a copy source)
@@ -398,43 +401,36 @@ impl WindowBlockManager {
         }
     }
 
-    /// The copy source of request `i` of a batch when it goes back to the free queue as soon as
-    /// that copy is queued: a source free in the primary pool before the batch (`free_primary`)
-    /// that no later request copies from and no request shares or takes over. The copies of a
-    /// batch execute in submission order (a backend puts a later write of a row an earlier copy
-    /// reads into a later launch), so the block may be written again once its last read is
-    /// queued. The fit check counts these releases and admission makes them (`admit_batch`).
-    /// Allocates nothing (a batch that does not fit allocates nothing).
-    pub fn copy_source_released_at<'p>(
+    /// Whether request `i` of a planned batch (`plans`, this window's plans in batch order)
+    /// gives its copy source back to the free queue as soon as its copy is queued: a source
+    /// free in the primary pool before the batch that no later request copies from and no
+    /// request shares or takes over. The copies of a batch execute in submission order (a
+    /// backend puts a later write of a row an earlier copy reads into a later launch), so the
+    /// block may be written again once its last read is queued. The manager records the answer
+    /// in `releases_copy_source`; the fit check counts the release and admission makes it.
+    /// Allocates nothing (a batch that does not fit allocates nothing); quadratic only in the
+    /// requests that copy.
+    pub fn releases_copy_source<'p>(
         &self,
         plans: impl Iterator<Item = &'p AdmissionPlan> + Clone,
         i: usize,
-        free_primary: impl Fn(u32) -> bool,
-    ) -> Option<u32> {
-        let source = match plans.clone().nth(i)?.steps.last() {
-            Some(&PlannedReuse::Copy { source, .. }) if free_primary(source) => source,
-            _ => return None,
-        };
-        for (j, plan) in plans.enumerate() {
-            for step in &plan.steps {
-                let other_use = match *step {
-                    PlannedReuse::Copy { source: s, .. } => s == source && j > i,
-                    PlannedReuse::Share { block } | PlannedReuse::TakeOver { block, .. } => {
-                        block == source
-                    }
-                };
-                if other_use {
-                    return None;
-                }
+    ) -> bool {
+        let source = match plans.clone().nth(i).and_then(|p| p.steps.last()) {
+            Some(&PlannedReuse::Copy { source, .. })
+                if self.queues.queued_level(source) == Some(Level::Primary) =>
+            {
+                source
             }
-        }
-        Some(source)
-    }
-
-    /// Whether `block` waits in the primary free queue (a copy source the fit check may count
-    /// as released early).
-    pub fn is_free_primary(&self, block: u32) -> bool {
-        self.queues.queued_level(block) == Some(Level::Primary)
+            _ => return false,
+        };
+        !plans.enumerate().any(|(j, plan)| {
+            plan.steps.iter().any(|step| match *step {
+                PlannedReuse::Copy { source: s, .. } => s == source && j > i,
+                PlannedReuse::Share { block } | PlannedReuse::TakeOver { block, .. } => {
+                    block == source
+                }
+            })
+        })
     }
 
     /// Fails with `OutOfBlocks` when one plan needs more primary blocks than are free.

@@ -44,6 +44,12 @@ pub(crate) fn init_sized<T: Copy>(
     Ok(())
 }
 
+/// The body of an `*_init_sized` entry point for a struct with one layout: `init_sized` under
+/// `guard`.
+pub(crate) fn init_exact<T: Copy>(out: *mut T, size: usize, what: &str, value: T) -> kvb_status_t {
+    super::handle::guard(|| init_sized(out, size, &[std::mem::size_of::<T>()], what, value))
+}
+
 pub(crate) fn check_struct_size(got: u32, expected: usize, what: &str) -> FfiResult {
     if got as usize != expected {
         return Err(FfiError(
