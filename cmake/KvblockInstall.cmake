@@ -2,7 +2,8 @@
 #
 #   <prefix>/lib/libkvblock.so.X.Y.Z            the library (SONAME libkvblock.so.X)
 #   <prefix>/lib/libkvblock.so.X, libkvblock.so symbolic links to it
-#   <prefix>/include/kvblock.h, kvblock.hpp, kvblock_disagg.hpp, kvblock_trtllm.hpp and
+#   <prefix>/include/kvblock.h, kvblock.hpp (with kvblock/*.hpp), kvblock_disagg.hpp,
+#   kvblock_trtllm.hpp and
 #   kvblock_trtllm/*.hpp
 #   <prefix>/lib/cmake/kvblock/                 find_package(kvblock CONFIG) -> kvblock::kvblock
 #   <prefix>/lib/pkgconfig/kvblock.pc           pkg-config --cflags --libs kvblock
@@ -36,6 +37,8 @@ install(FILES "${PROJECT_SOURCE_DIR}/include/kvblock.h" "${PROJECT_SOURCE_DIR}/i
               "${PROJECT_SOURCE_DIR}/include/kvblock_disagg.hpp"
               "${PROJECT_SOURCE_DIR}/include/kvblock_trtllm.hpp"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT kvblock)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvblock"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT kvblock FILES_MATCHING PATTERN "*.hpp")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/kvblock_trtllm"
         DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT kvblock FILES_MATCHING PATTERN "*.hpp")
 

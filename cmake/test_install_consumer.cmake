@@ -26,6 +26,8 @@ run("${CMAKE_COMMAND}" --install "${KVBLOCK_BUILD_DIR}" --prefix "${prefix}" --c
 # 1. The layout.
 set(expected include/kvblock.h include/kvblock.hpp include/kvblock_disagg.hpp
     include/kvblock_trtllm.hpp
+    include/kvblock/config.hpp include/kvblock/error.hpp include/kvblock/event.hpp
+    include/kvblock/request.hpp
     include/kvblock_trtllm/request.hpp include/kvblock_trtllm/types.hpp
     include/kvblock_trtllm/block_manager.hpp include/kvblock_trtllm/sizing.hpp
     include/kvblock_trtllm/kv_cache_manager.hpp
