@@ -21,7 +21,6 @@
 
 namespace kvb_bad_input {
 
-
 inline constexpr int32_t kTpb = 4;
 inline constexpr int32_t kWindow = 32;
 inline constexpr int32_t kMaxSeqLen = 32;

@@ -121,6 +121,34 @@ TEST(TrtllmFacadeShapes, StoreBlocksForReuseTakesTheExtentFromTheRequest) {
     EXPECT_EQ(again.prepopulatedPromptLen, 11);  // all but the last token, as always
 }
 
+// A kept difference (docs/trtllm-parity.md): a request released with fewer tokens than it was
+// admitted with (the engine discarded its tail) still leaves the prefix it reused in the tree.
+// That KV was computed for exactly those tokens and never rewritten; TensorRT-LLM drops the
+// partially reused block instead, and a later request recomputes one more token.
+TEST(TrtllmFacadeShapes, ReleasingWithAShorterRequestKeepsTheReusedPrefix) {
+    auto m = makeManager();
+    Request first(1, tokenRun(0, 11));  // stores [0..4) [4..8) and the partial [8, 9]
+    admit(*m, first, 11);
+    first.contextCurrentPosition = 11;
+    (void)m->removeSequence(1, std::make_shared<Request>(first));
+
+    std::vector<int32_t> prompt = tokenRun(0, 10);
+    prompt.push_back(99);
+    Request reusing(2, prompt);
+    admit(*m, reusing, 11);
+    ASSERT_EQ(reusing.prepopulatedPromptLen, 10);  // through token 9, in the partial block
+    int32_t const tail = m->getCacheBlockIds(2, kWindow)[0].at(2);
+    Request shortened(2, tokenRun(0, 9));  // the engine hands back only tokens 0..8
+    shortened.contextCurrentPosition = 9;
+    (void)m->removeSequence(2, std::make_shared<Request>(shortened));
+
+    prompt.back() = 77;
+    Request later(3, prompt);
+    admit(*m, later, 11);
+    EXPECT_EQ(later.prepopulatedPromptLen, 10);
+    EXPECT_EQ(m->getCacheBlockIds(3, kWindow)[0].at(2), tail);
+}
+
 TEST(TrtllmFacadeShapes, RetentionPrioritiesComeFromTheRequest) {
     auto m = makeManager();
     RetainedRequest r(1, tokenRun(0, 12));
