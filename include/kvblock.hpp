@@ -3,15 +3,14 @@
 // Every failing C status becomes a kvb::Error carrying the status and the library's message.
 // Method names follow TensorRT-LLM's KVCacheManager, but arguments and meanings are kvblock's
 // (e.g. addToken(id, token) appends a token; getPriorityByBlockId(window, block)). For call sites
-// that port mechanically, use the TensorRT-LLM facade in kvblock_trtllm.hpp.
+// that port mechanically, use the TensorRT-LLM facade in kvblock_trtllm.hpp. The value types
+// (kvb::Config, kvb::Request, kvb::Event, kvb::Error) are in kvblock/; include this header.
 #ifndef KVBLOCK_HPP
 #define KVBLOCK_HPP
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>

@@ -29,25 +29,9 @@ mod harness;
 mod model;
 mod regressions;
 
-use common::Rng;
 use harness::Harness;
-use model::{mix, Coverage, Pools, Scenario};
-use std::collections::{HashMap, HashSet};
+use model::{mix, Coverage, Pools, Scenario, MAX_SEQ};
 
-use kvblock::error::KvError;
-use kvblock::manager::{
-    CopyBackend, KvCacheManager, KvCacheStats, ManagerConfig, Request, RequestPhase, RequestState,
-    WindowSpec,
-};
-use kvblock::pool::Level;
-use kvblock::retention::{RetentionConfig, TokenRangeRetention};
-
-const TPB: usize = 4;
-const MAX_SEQ: usize = 64;
-const LAYERS: usize = 2;
-const HEADS: usize = 2;
-const HEAD_SIZE: usize = 2; // bytes per element is 1
-const MAX_LIVE: usize = 6;
 const STEPS: usize = 4000;
 const SEEDS: [u64; 5] = [
     0x5eed_0001,

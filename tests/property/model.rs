@@ -1,7 +1,18 @@
 //! The reference model: the byte pattern of a computed position, the scenarios, a live
 //! sequence as the test tracks it, and what a run reached.
 
-use crate::*;
+use kvblock::manager::{CopyBackend, ManagerConfig, WindowSpec};
+
+use crate::common;
+
+/// Tokens per block.
+pub(crate) const TPB: usize = 4;
+/// The managers' maximum sequence length (and the full-attention window).
+pub(crate) const MAX_SEQ: usize = 64;
+pub(crate) const LAYERS: usize = 2;
+pub(crate) const HEADS: usize = 2;
+/// Bytes of one head's slice of a token (one byte per element).
+pub(crate) const HEAD_SIZE: usize = 2;
 
 pub(crate) fn mix(h: u64, v: u64) -> u64 {
     let mut z = h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15);

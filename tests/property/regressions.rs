@@ -1,7 +1,10 @@
 //! Regressions found by the random runs, as fixed scenarios.
 
-use crate::common::window;
-use crate::*;
+use kvblock::manager::{CopyBackend, KvCacheManager, ManagerConfig, Request};
+use kvblock::pool::Level;
+
+use crate::common::{self, window};
+use crate::model::TPB;
 
 // ---- Regressions found by the random runs --------------------------------------------------
 //

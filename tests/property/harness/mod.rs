@@ -5,8 +5,18 @@ mod admission;
 mod generate;
 mod operations;
 
+use std::collections::{HashMap, HashSet};
+
+use kvblock::error::KvError;
+use kvblock::manager::{KvCacheManager, KvCacheStats, Request, RequestPhase, RequestState};
+use kvblock::pool::Level;
+use kvblock::retention::{RetentionConfig, TokenRangeRetention};
+
+use crate::common::Rng;
 use crate::model::*;
-use crate::*;
+
+/// The most sequences a run keeps live.
+const MAX_LIVE: usize = 6;
 
 pub(crate) struct Harness {
     sc: Scenario,
